@@ -1,0 +1,97 @@
+# tsshim: shared data loading for collocated training jobs.
+#
+#   make          build/libtsshim.so, build/tsshim-inspect, tools
+#   make test     install missing packages, build, run every test
+#   make asan     the same build and tests with ASan+UBSan (build-asan/)
+#   make demo     the main job on a built-in default
+#
+# CUDA_HOME points at the CUDA toolkit (headers only: nothing links CUDA).
+
+CUDA_HOME ?= /usr/local/cuda
+CC        ?= cc
+BUILD     ?= build
+SAN       ?=
+
+WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+           -Wno-unused-parameter -Wno-format-truncation
+CPPFLAGS := -D_GNU_SOURCE -Iinclude -Icore -Ishim -isystem $(CUDA_HOME)/include
+OPT     := -O2
+ifneq ($(SAN),)
+OPT     := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+CFLAGS  ?=
+CFLAGS  += -std=gnu11 -g $(OPT) $(WARN) -fPIC -fvisibility=hidden -ftls-model=initial-exec \
+           -pthread -MMD -MP
+LDFLAGS += -pthread $(if $(SAN),-fsanitize=address$(comma)undefined)
+comma   := ,
+
+CORE_SRC   := $(wildcard core/*.c)
+SHIM_SRC   := $(wildcard shim/*.c)
+TOOL_SRC   := $(wildcard tools/*.c)
+UNIT_SRC   := $(wildcard tests/unit/test_*.c)
+HELPER_SRC := $(wildcard tests/helpers/*.c)
+
+CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
+SHIM_OBJ := $(SHIM_SRC:%.c=$(BUILD)/obj/%.o)
+CORE_LIB := $(BUILD)/libtscore.a
+SHIM_LIB := $(BUILD)/libtsshim.so
+TOOLS    := $(TOOL_SRC:tools/%.c=$(BUILD)/tsshim-%)
+UNITS    := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+HELPERS  := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/%)
+
+.PHONY: all test asan demo deps clean check-build test-run
+all: $(SHIM_LIB) $(TOOLS) $(BUILD)/python
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(CORE_LIB): $(CORE_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+# The shim links only libc: no CUDA library, no liburing at load time.
+$(SHIM_LIB): $(SHIM_OBJ) $(CORE_LIB) shim/tsshim.map
+	$(CC) -shared -o $@ $(SHIM_OBJ) $(CORE_LIB) $(LDFLAGS) \
+	    -Wl,--version-script=shim/tsshim.map -Wl,-z,defs -Wl,-z,now -ldl
+
+$(BUILD)/tsshim-%: $(BUILD)/obj/tools/%.o $(CORE_LIB)
+	$(CC) -o $@ $^ $(LDFLAGS)
+
+$(BUILD)/python: $(wildcard shim/python/*.py)
+	@mkdir -p $@
+	$(if $^,cp $^ $@/,)
+	@touch $@
+
+$(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(CORE_LIB)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(LDFLAGS) -lcriterion
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/helpers/%.o $(CORE_LIB)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(LDFLAGS)
+
+check-build: all $(UNITS) $(HELPERS)
+
+deps:
+	@scripts/install-deps.sh
+
+# Everything a fresh Debian machine needs, then every test.
+test: deps
+	@$(MAKE) --no-print-directory check-build
+	@BUILD=$(BUILD) tests/run.sh
+
+test-run: check-build
+	@BUILD=$(BUILD) tests/run.sh
+
+asan: deps
+	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 test-run
+
+demo: deps
+	@$(MAKE) --no-print-directory all $(HELPERS)
+	@BUILD=$(BUILD) scripts/demo.sh
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

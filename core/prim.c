@@ -1,0 +1,161 @@
+/* SPDX-License-Identifier: MIT */
+#include "prim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t ts_prim_monotonic_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t ts_prim_realtime_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * /proc/PID/stat: "pid (comm) state ppid ... starttime(22nd field) ...".
+ * comm may hold spaces and parentheses, so parse from the last ')'.
+ * A zombie counts as gone: it will never beat again.
+ */
+static int parse_stat(const char *buf, uint64_t *start, uint32_t *ppid)
+{
+	const char *p = strrchr(buf, ')');
+	if (!p || p[1] != ' ')
+		return -EINVAL;
+	p += 2;
+	if (*p == 'Z' || *p == 'X')
+		return -ESRCH;
+	if (ppid) {
+		unsigned long pp = strtoul(p + 2, NULL, 10);
+		*ppid = (uint32_t)pp;
+	}
+	/* p now at field 3 (state); starttime is field 22: skip 19 fields */
+	for (int field = 3; field < 22; field++) {
+		p = strchr(p, ' ');
+		if (!p)
+			return -EINVAL;
+		p++;
+	}
+	char *end;
+	unsigned long long v = strtoull(p, &end, 10);
+	if (end == p)
+		return -EINVAL;
+	*start = v;
+	return 0;
+}
+
+int ts_prim_read_stat(uint32_t pid, uint64_t *start, uint32_t *ppid)
+{
+	int saved = errno, ret;
+	char path[32], buf[1024];
+	if (pid == 0 || pid > (uint32_t)0x3fffffff)
+		return -EINVAL;
+	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		ret = errno == ENOENT ? -ESRCH : -errno;
+		errno = saved;
+		return ret;
+	}
+	ssize_t n;
+	do
+		n = read(fd, buf, sizeof(buf) - 1);
+	while (n < 0 && errno == EINTR);
+	ret = n < 0 ? -errno : 0;
+	close(fd);
+	if (ret == 0) {
+		buf[n] = '\0';
+		ret = parse_stat(buf, start, ppid);
+	}
+	errno = saved;
+	return ret;
+}
+
+int ts_prim_read_start_time(uint32_t pid, uint64_t *out)
+{
+	return ts_prim_read_stat(pid, out, NULL);
+}
+
+struct ts_prim_ops ts_prim = {
+	.now_ns = ts_prim_monotonic_ns,
+	.proc_start_time = ts_prim_read_start_time,
+};
+
+static struct ts_ident self_cache;
+
+int ts_self_ident(struct ts_ident *out)
+{
+	uint32_t pid = (uint32_t)getpid();
+	if (self_cache.pid != pid) {
+		uint64_t st;
+		int ret = ts_prim.proc_start_time(pid, &st);
+		if (ret)
+			return ret;
+		self_cache.start_time = st;
+		self_cache.pid = pid;
+	}
+	*out = self_cache;
+	return 0;
+}
+
+enum ts_liveness ts_proc_liveness(uint32_t pid, uint64_t start_time)
+{
+	uint64_t st;
+	if (pid == 0)
+		return TS_PROC_DEAD;
+	if (ts_prim.proc_start_time(pid, &st) != 0)
+		return TS_PROC_DEAD;
+	return st == start_time ? TS_PROC_ALIVE : TS_PROC_DEAD;
+}
+
+int ts_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t timeout_ns)
+{
+	int saved = errno;
+	struct timespec ts = {
+		.tv_sec = (time_t)(timeout_ns / 1000000000ull),
+		.tv_nsec = (long)(timeout_ns % 1000000000ull),
+	};
+	/* Shared (not private) futex: waiters live in other processes. */
+	long r = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &ts, NULL, 0);
+	int ret = r == 0 ? 0 : -errno;
+	errno = saved;
+	return ret == -EWOULDBLOCK ? -EAGAIN : ret;
+}
+
+void ts_futex_wake_all(_Atomic uint32_t *word)
+{
+	int saved = errno;
+	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+	errno = saved;
+}
+
+void ts_sleep_ns(uint64_t ns)
+{
+	int saved = errno;
+	struct timespec req = {
+		.tv_sec = (time_t)(ns / 1000000000ull),
+		.tv_nsec = (long)(ns % 1000000000ull),
+	}, rem;
+	while (nanosleep(&req, &rem) != 0 && errno == EINTR)
+		req = rem;
+	errno = saved;
+}
+
+const char *ts_shm_dir(void)
+{
+	return "/dev/shm";
+}

@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * prim: the few OS services the core needs, behind one small layer so tests
+ * can fake time and process liveness. Every function returns 0 or -errno
+ * and leaves errno as it found it.
+ */
+#ifndef TSSHIM_CORE_PRIM_H
+#define TSSHIM_CORE_PRIM_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Process identity as the kernel sees it: pid plus start time (ticks since boot). */
+struct ts_ident {
+	uint32_t pid;
+	uint64_t start_time;
+};
+
+enum ts_liveness { TS_PROC_DEAD = 0, TS_PROC_ALIVE = 1 };
+
+/* Overridable by tests; production code calls through these. */
+struct ts_prim_ops {
+	uint64_t (*now_ns)(void);                           /* CLOCK_MONOTONIC */
+	int (*proc_start_time)(uint32_t pid, uint64_t *out); /* -ESRCH if gone */
+};
+extern struct ts_prim_ops ts_prim;
+
+static inline uint64_t ts_now_ns(void) { return ts_prim.now_ns(); }
+
+uint64_t ts_prim_monotonic_ns(void);
+uint64_t ts_prim_realtime_ns(void);
+int ts_prim_read_start_time(uint32_t pid, uint64_t *out);
+/* Start time and parent pid from /proc/PID/stat; -ESRCH for gone or zombie. */
+int ts_prim_read_stat(uint32_t pid, uint64_t *start, uint32_t *ppid);
+
+/* Our own identity, cached after the first call (re-read after fork). */
+int ts_self_ident(struct ts_ident *out);
+
+/* Alive: the pid exists, is not a zombie, and started when we recorded. */
+enum ts_liveness ts_proc_liveness(uint32_t pid, uint64_t start_time);
+
+/* futex on a 32-bit word in shared memory. wait: 0, -EAGAIN (value differed),
+ * -ETIMEDOUT, -EINTR (caller loops). */
+int ts_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t timeout_ns);
+void ts_futex_wake_all(_Atomic uint32_t *word);
+
+/* Sleep that survives EINTR. */
+void ts_sleep_ns(uint64_t ns);
+
+/* Directory that holds POSIX shared-memory objects ("/dev/shm"). */
+const char *ts_shm_dir(void);
+
+#endif

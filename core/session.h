@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Sessions: one shared segment per (user, session name), members, election.
+ *
+ * Joining and leaving take an flock on the segment's file for a few
+ * microseconds (released by the kernel if the holder dies); election and
+ * heartbeats are lock-free so that a stopped process can never hold the
+ * others back. The segment appears under its final name only once it is
+ * fully initialised (created under a temporary name, then link()ed).
+ */
+#ifndef TSSHIM_CORE_SESSION_H
+#define TSSHIM_CORE_SESSION_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "layout.h"
+#include "prim.h"
+
+#define TS_SEG_PREFIX "tsshim."
+#define TS_PATH_MAX   256
+
+struct ts_session_params {
+	uint32_t depth;      /* used only when creating */
+	uint32_t timeout_ms; /* used only when creating */
+};
+
+/* A process's handle on a session. */
+struct ts_session {
+	struct ts_segment *seg;
+	size_t map_size;
+	int fd;
+	int self;            /* member index, -1 when not a member */
+	struct ts_ident me;
+	char name[TS_NAME_MAX];
+	char path[TS_PATH_MAX];
+	char why[160];       /* reason for the last failed join */
+};
+
+enum ts_role { TS_ROLE_NONE = 0, TS_ROLE_PRODUCER = 1, TS_ROLE_CONSUMER = 2 };
+
+enum ts_member_health { TS_MEMBER_FREE, TS_MEMBER_LIVE, TS_MEMBER_STALE, TS_MEMBER_DEAD };
+
+static inline uint32_t ts_producer_epoch(uint64_t w) { return (uint32_t)(w >> 32); }
+static inline int ts_producer_index(uint64_t w) { return (int)(uint32_t)w - 1; } /* -1: none */
+static inline uint64_t ts_producer_word(uint32_t epoch, int index)
+{
+	return (uint64_t)epoch << 32 | (uint32_t)(index + 1);
+}
+
+/* Names: 1..63 chars of [A-Za-z0-9._-], not starting with '.'. */
+int ts_session_name_valid(const char *name);
+/* "/dev/shm/tsshim.<uid>.<name>" */
+int ts_segment_path(char *buf, size_t n, uid_t uid, const char *name);
+
+/* Join (creating the segment if needed); become producer if there is none. */
+int ts_session_join(struct ts_session *s, const char *name, const struct ts_session_params *p);
+/* Leave: hand producership on, free our slot; the last member out removes the segment. */
+void ts_session_leave(struct ts_session *s);
+/* Forget the mapping without touching shared state (forked child, tests). */
+void ts_session_forget(struct ts_session *s);
+
+/*
+ * One heartbeat: refresh our timestamp, then if the producer is missing,
+ * dead or silent for longer than the timeout, try to take over (exactly one
+ * contender wins). Returns our role afterwards.
+ */
+enum ts_role ts_session_tick(struct ts_session *s);
+enum ts_role ts_session_role(const struct ts_session *s);
+
+/* Health of a member slot as seen now. */
+enum ts_member_health ts_member_health(const struct ts_segment *seg, unsigned idx, uint64_t now_ns);
+
+/*
+ * Validation of a mapped segment of `size` bytes (possibly hostile): 0 or
+ * -EBADMSG / -EPROTO (other layout/build) / -EACCES (other user), with a
+ * human-readable reason.
+ */
+int ts_segment_validate(const struct ts_segment *seg, size_t size, uid_t uid, char *why, size_t whylen);
+/* Initialise a fresh segment image (creator and tests). */
+void ts_segment_init(struct ts_segment *seg, size_t size, const char *name, uid_t uid,
+		     const struct ts_session_params *p);
+uint32_t ts_static_checksum(const struct ts_static *st);
+
+/* Read-only mapping for inspection; never changes the segment. */
+struct ts_view {
+	const struct ts_segment *seg;
+	size_t map_size;
+	char path[TS_PATH_MAX];
+	char name[TS_NAME_MAX];
+};
+int ts_view_open(struct ts_view *v, const char *path, char *why, size_t whylen);
+void ts_view_close(struct ts_view *v);
+
+/* Enumerate the caller's segments: calls fn(path, name, arg) for each. */
+int ts_session_list(void (*fn)(const char *path, const char *name, void *arg), void *arg);
+
+/*
+ * Remove the segment at `path` if every member is dead (or there are none):
+ * 1 removed, 0 left alone (live members), -errno on error.
+ */
+int ts_session_remove_if_stale(const char *path);
+/* Remove temporary files left by creators that died mid-creation. */
+int ts_clean_temp_files(void);
+
+#endif

@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Resolving the real functions behind our hooks, lazily and once.
+ *
+ * dlsym itself may be interposed (CUDA's cuGetProcAddress path needs it),
+ * so the real dlsym comes from dlvsym, which nobody interposes.
+ *
+ * Wrapper pattern, one for every interposed call:
+ *
+ *     TS_REAL(ssize_t, read, (int, void *, size_t));
+ *     ssize_t read(int fd, void *buf, size_t n)
+ *     {
+ *             if (!TS_RESOLVE(read)) { errno = ENOSYS; return -1; }
+ *             if (!ts_hook_enter())
+ *                     return real_read(fd, buf, n);
+ *             ... ts_hook_leave(); ...
+ *     }
+ */
+#ifndef TSSHIM_SHIM_REAL_H
+#define TSSHIM_SHIM_REAL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+void *ts_real_dlsym(void *handle, const char *name);
+/* The next definition of `name` after ours (RTLD_NEXT). */
+void *ts_real_next(const char *name);
+
+#define TS_REAL(ret, name, params) static ret(*_Atomic real_##name) params
+
+/* Benign race: every thread resolves the same pointer; store is atomic. */
+#define TS_RESOLVE(name)                                                          \
+	(atomic_load_explicit(&real_##name, memory_order_relaxed)                 \
+		 ? 1                                                              \
+		 : (atomic_store_explicit(&real_##name, (__typeof__(real_##name))ts_real_next(#name), \
+					  memory_order_relaxed),                  \
+		    atomic_load_explicit(&real_##name, memory_order_relaxed) != NULL))
+
+#endif

@@ -1,0 +1,227 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Life cycle of the shim inside a host process: configuration at load,
+ * membership on demand, fork handlers, and leaving at exit.
+ *
+ * A process becomes a member only when it does shared work (today: when it
+ * calls tsshim_join(), as the PyTorch layer and the C API do). Loading the
+ * shim alone creates nothing, starts no thread and touches no file.
+ */
+#include "shim.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "heartbeat.h"
+#include "session.h"
+#define TSSHIM_WEAK /* the definitions are strong */
+#include "tsshim.h"
+
+#define TS_EXPORT __attribute__((visibility("default")))
+#define TS_ANCESTOR_DEPTH 8
+
+_Atomic int ts_init_state;
+struct ts_config ts_cfg;
+__thread int ts_in_hook;
+_Atomic int ts_is_fork_child;
+
+extern char **environ;
+
+/* Membership: written under join_lock, read by the API. */
+static pthread_mutex_t join_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	int tried;             /* join attempted (its result below) */
+	int result;            /* 0 or -errno */
+	int worker_of;         /* pid of the member we work for (exec'd child), else 0 */
+	struct ts_session session;
+	struct ts_heartbeat heartbeat;
+} member;
+
+static const char *env_get(const char *name)
+{
+	return getenv(name);
+}
+
+/* A typo in a variable name is worth one warning, not turning the shim off. */
+static void warn_unknown_vars(void)
+{
+	for (char **e = environ; e && *e; e++) {
+		if (strncmp(*e, "TSSHIM_", 7) != 0)
+			continue;
+		size_t n = strcspn(*e, "=");
+		int known = 0;
+		for (const char *const *v = ts_config_vars; *v && !known; v++)
+			known = strlen(*v) == n && strncmp(*v, *e, n) == 0;
+		if (!known)
+			ts_warn("unknown variable %.*s ignored", (int)(n > 64 ? 64 : n), *e);
+	}
+}
+
+static void on_role(enum ts_role role, uint32_t epoch, void *arg)
+{
+	const struct ts_session *s = arg;
+	ts_info("%s of session '%s' (epoch %u)", role == TS_ROLE_PRODUCER ? "producer" : "consumer", s->name, epoch);
+}
+
+static void atfork_prepare(void)
+{
+	/* No fork in the middle of a join: the child's copy stays consistent. */
+	pthread_mutex_lock(&join_lock);
+}
+
+static void atfork_parent(void)
+{
+	pthread_mutex_unlock(&join_lock);
+}
+
+static void atfork_child(void)
+{
+	pthread_mutex_unlock(&join_lock);
+	atomic_store(&ts_is_fork_child, 1);
+	/* The heartbeat thread stayed in the parent; the child never beats. */
+	ts_heartbeat_forget(&member.heartbeat);
+}
+
+__attribute__((constructor)) static void ts_shim_init(void)
+{
+	int expected = TS_UNINIT;
+	if (!atomic_compare_exchange_strong(&ts_init_state, &expected, TS_INITIALIZING))
+		return;
+	char err[512];
+	if (ts_config_parse(&ts_cfg, env_get, err, sizeof(err)) != 0) {
+		ts_log_threshold = TS_LOG_ERROR;
+		ts_error("%s", err);
+		atomic_store(&ts_init_state, TS_DISABLED);
+		return;
+	}
+	ts_log_threshold = (int)ts_cfg.log;
+	warn_unknown_vars();
+	if (ts_cfg.mode == TS_MODE_OFF) {
+		ts_debug("TSSHIM_MODE=off: passing everything through");
+		atomic_store(&ts_init_state, TS_DISABLED);
+		return;
+	}
+	if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) {
+		ts_warn("cannot install fork handlers; tsshim is off for this process");
+		atomic_store(&ts_init_state, TS_DISABLED);
+		return;
+	}
+	atomic_store_explicit(&ts_init_state, TS_READY, memory_order_release);
+}
+
+static int owns_membership(void)
+{
+	return member.session.seg && member.session.me.pid == (uint32_t)getpid();
+}
+
+__attribute__((destructor)) static void ts_shim_fini(void)
+{
+	int expected = TS_READY;
+	if (!atomic_compare_exchange_strong(&ts_init_state, &expected, TS_FINI))
+		return;
+	if (owns_membership()) {
+		ts_heartbeat_stop(&member.heartbeat);
+		ts_session_leave(&member.session);
+	}
+}
+
+/*
+ * A program exec'd by a member (or by its workers) with the shim preloaded
+ * works for that member: find the closest ancestor that is a live member.
+ */
+static int find_member_ancestor(void)
+{
+	char path[TS_PATH_MAX], why[160];
+	struct ts_view v;
+	if (ts_segment_path(path, sizeof(path), getuid(), ts_cfg.session) || ts_view_open(&v, path, why, sizeof(why)))
+		return 0;
+	int found = 0;
+	uint32_t pid = (uint32_t)getppid();
+	for (int depth = 0; depth < TS_ANCESTOR_DEPTH && pid > 1 && !found; depth++) {
+		uint64_t start;
+		uint32_t ppid;
+		if (ts_prim_read_stat(pid, &start, &ppid) != 0)
+			break;
+		for (unsigned i = 0; i < TS_MAX_MEMBERS && !found; i++) {
+			const struct ts_member *m = &v.seg->members[i];
+			if (atomic_load(&m->pid) == pid && atomic_load(&m->start_time) == start)
+				found = (int)pid;
+		}
+		pid = ppid;
+	}
+	ts_view_close(&v);
+	return found;
+}
+
+static int join_locked(void)
+{
+	if (atomic_load(&ts_is_fork_child))
+		return -ECHILD; /* a forked child of a non-member never joins */
+	member.worker_of = find_member_ancestor();
+	if (member.worker_of) {
+		ts_info("working for member %d of session '%s'", member.worker_of, ts_cfg.session);
+		return 0;
+	}
+	struct ts_session_params p = { .depth = ts_cfg.depth, .timeout_ms = ts_cfg.timeout_ms };
+	int ret = ts_session_join(&member.session, ts_cfg.session, &p);
+	if (ret) {
+		ts_warn("cannot join session '%s': %s%s%s; sharing is off for this process", ts_cfg.session,
+			strerror(-ret), member.session.why[0] ? ": " : "", member.session.why);
+		return ret;
+	}
+	if (member.session.seg->st.depth != ts_cfg.depth)
+		ts_info("session '%s' runs with depth %u (set by its creator), not %u", ts_cfg.session,
+			member.session.seg->st.depth, ts_cfg.depth);
+	ret = ts_heartbeat_start(&member.heartbeat, &member.session, on_role, &member.session);
+	if (ret) {
+		ts_warn("cannot start heartbeat thread: %s; sharing is off for this process", strerror(-ret));
+		ts_session_leave(&member.session);
+	}
+	return ret;
+}
+
+TS_EXPORT int tsshim_join(void)
+{
+	if (!ts_shim_ready())
+		return -ENOTSUP;
+	int saved = errno;
+	pthread_mutex_lock(&join_lock);
+	if (!member.tried) {
+		member.result = join_locked();
+		member.tried = 1;
+	}
+	int ret = member.result;
+	pthread_mutex_unlock(&join_lock);
+	errno = saved;
+	return ret;
+}
+
+TS_EXPORT int tsshim_role(void)
+{
+	if (!ts_shim_ready() || !member.tried || member.result)
+		return TSSHIM_ROLE_NONE;
+	if (member.worker_of || !owns_membership())
+		return TSSHIM_ROLE_WORKER;
+	return ts_session_role(&member.session) == TS_ROLE_PRODUCER ? TSSHIM_ROLE_PRODUCER : TSSHIM_ROLE_CONSUMER;
+}
+
+TS_EXPORT void tsshim_leave(void)
+{
+	int saved = errno;
+	pthread_mutex_lock(&join_lock);
+	if (owns_membership()) {
+		ts_heartbeat_stop(&member.heartbeat);
+		ts_session_leave(&member.session);
+		member.result = -ENOENT; /* left: a later join does not come back */
+	}
+	pthread_mutex_unlock(&join_lock);
+	errno = saved;
+}
+
+TS_EXPORT const char *tsshim_version(void)
+{
+	return "tsshim 0.1.0";
+}

@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Process-wide state of the shim and the rules every hook follows.
+ *
+ * Init state machine (jemalloc-style, explicit):
+ *
+ *   UNINIT --constructor--> INITIALIZING --config ok--> READY --exit--> FINI
+ *                                     \--invalid/off--> DISABLED
+ *
+ * Only READY does anything; every other state passes calls through.
+ *
+ * Hook rules: keep errno; never block without a timeout; never allocate or
+ * take a lock on a path a vfork child can reach (the child shares our memory
+ * and a lock held by another thread of the parent is never released there);
+ * anything not understood passes through untouched. A thread-local guard
+ * keeps the shim from handling its own calls.
+ */
+#ifndef TSSHIM_SHIM_SHIM_H
+#define TSSHIM_SHIM_SHIM_H
+
+#include <stdatomic.h>
+
+#include "config.h"
+
+enum ts_init_state { TS_UNINIT = 0, TS_INITIALIZING, TS_READY, TS_DISABLED, TS_FINI };
+
+extern _Atomic int ts_init_state;
+extern struct ts_config ts_cfg;
+
+static inline int ts_shim_ready(void)
+{
+	return atomic_load_explicit(&ts_init_state, memory_order_acquire) == TS_READY;
+}
+
+/* Reentrancy guard: initial-exec TLS, so touching it never allocates. */
+extern __thread int ts_in_hook;
+
+/* 1: handle this call (guard taken; pair with ts_hook_leave). 0: pass through. */
+static inline int ts_hook_enter(void)
+{
+	if (ts_in_hook || !ts_shim_ready())
+		return 0;
+	ts_in_hook = 1;
+	return 1;
+}
+
+static inline void ts_hook_leave(void)
+{
+	ts_in_hook = 0;
+}
+
+/* Set in a forked child: it belongs to its parent's member and never uses CUDA. */
+extern _Atomic int ts_is_fork_child;
+
+#endif

@@ -1,0 +1,71 @@
+# Shared helpers for the scenario scripts (sourced, not run).
+# Each scenario prints "ok - ..." / "not ok - ..." per check and ends with
+# "NAME: N passed, M failed"; its exit status is 0 only if nothing failed.
+
+BUILD=${BUILD:-build}
+TS_PRELOAD=${TS_PRELOAD:-$PWD/$BUILD/libtsshim.so}
+INSPECT=$PWD/$BUILD/tsshim-inspect
+MEMBER=$PWD/$BUILD/tests/ts-member
+T_PASSED=0
+T_FAILED=0
+T_PIDS=()
+T_TMP=$(mktemp -d /tmp/tsshim-test.XXXXXX)
+
+ok() { T_PASSED=$((T_PASSED + 1)); echo "ok - $*"; }
+not_ok() { T_FAILED=$((T_FAILED + 1)); echo "not ok - $*"; }
+check() { # description, command...
+	local d=$1; shift
+	if "$@"; then ok "$d"; else not_ok "$d"; fi
+}
+
+finish() { # scenario name
+	echo "$1: $T_PASSED passed, $T_FAILED failed"
+	[ "$T_FAILED" -eq 0 ]
+}
+
+cleanup() {
+	local p
+	for p in "${T_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+	wait 2>/dev/null
+	rm -f /dev/shm/tsshim."$(id -u)".t-"$$"-* 2>/dev/null
+	rm -rf "$T_TMP"
+}
+trap cleanup EXIT
+
+# Unique session name for this scenario run.
+session_name() { echo "t-$$-$1"; }
+
+# Start a member in the background: start_member VAR SESSION [args...]
+# Sets VAR to its pid; its stdout goes to $T_TMP/<pid>.out.
+start_member() {
+	local __var=$1 sess=$2; shift 2
+	local out
+	out=$(mktemp "$T_TMP/member.XXXXXX")
+	LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$sess" "$MEMBER" "$@" >"$out" 2>>"$T_TMP/stderr" &
+	local pid=$!
+	T_PIDS+=("$pid")
+	mv "$out" "$T_TMP/$pid.out"
+	printf -v "$__var" '%s' "$pid"
+}
+
+# wait_for FILE PATTERN [TIMEOUT_S]: wait until FILE has a line matching PATTERN.
+wait_for() {
+	local f=$1 pat=$2 t=${3:-10} i
+	for ((i = 0; i < t * 100; i++)); do
+		grep -qE "$pat" "$f" 2>/dev/null && return 0
+		sleep 0.01
+	done
+	return 1
+}
+
+# Last role a member printed: producer | consumer | worker | none.
+last_role() {
+	grep -oE 'role=[a-z]+' "$T_TMP/$1.out" | tail -n 1 | cut -d= -f2
+}
+
+# json_query SESSION PYTHON_EXPR: evaluate EXPR with `s` = inspect's session object.
+json_query() {
+	"$INSPECT" "$1" --json | python3 -c "import json,sys; s=json.load(sys.stdin)['session']; print($2)"
+}
+
+seg_path() { echo "/dev/shm/tsshim.$(id -u).$1"; }
