@@ -154,7 +154,7 @@ int ts_config_parse(struct ts_config *c, ts_getenv_fn get, char *err, size_t err
 	if ((v = get("TSSHIM_SESSION"))) {
 		if (!ts_session_name_valid(v))
 			return reject(err, errlen, "TSSHIM_SESSION", v,
-				      "1 to %u characters from A-Z a-z 0-9 . _ - (not starting with '.')",
+				      "1 to %u characters from A-Z a-z 0-9 . _ - (not starting with '.' or '-')",
 				      TS_NAME_MAX - 1);
 		snprintf(c->session, sizeof(c->session), "%s", v);
 	}

@@ -18,8 +18,6 @@
 #define TS_DATA_BUF       4096
 #define TS_DEPTH_DEFAULT  4u
 #define TS_TIMEOUT_DEFAULT_MS 1000u
-#define TS_TIMEOUT_MIN_MS 10u
-#define TS_TIMEOUT_MAX_MS 600000u
 #define TS_CACHE_MAX_MB   (1u << 20) /* 1 TiB */
 
 enum ts_mode { TS_MODE_AUTO = 0, TS_MODE_SOCKET, TS_MODE_EXACT, TS_MODE_OFF };

@@ -26,7 +26,8 @@ struct ts_heartbeat {
 };
 
 /* interval: a quarter of the session timeout, so takeover happens within
- * timeout + one beat. on_role runs on the heartbeat thread. */
+ * timeout + one beat. on_role reports the initial role on the caller's
+ * thread, then every change on the heartbeat thread. */
 int ts_heartbeat_start(struct ts_heartbeat *hb, struct ts_session *s, ts_role_fn on_role, void *arg);
 void ts_heartbeat_stop(struct ts_heartbeat *hb);
 /* In a forked child the thread does not exist: forget it without joining. */

@@ -22,6 +22,9 @@
 #define TS_MAX_DEPTH      64u
 #define TS_MAX_POSITIONS  16u
 #define TS_NAME_MAX       64u /* session name incl. NUL */
+/* Timeouts a segment may carry: heartbeats come every timeout/4. */
+#define TS_TIMEOUT_MIN_MS 10u
+#define TS_TIMEOUT_MAX_MS 600000u
 
 /* Written once by the creator before the segment becomes visible. */
 struct ts_static {
@@ -77,6 +80,7 @@ struct ts_batch_meta {
 	uint32_t flags;                  /* TS_BATCH_* */
 	uint64_t len[TS_MAX_POSITIONS];  /* bytes per position */
 	uint64_t tag;                    /* opaque to the ring (buffer id for the data plane) */
+	uint64_t nsamples;               /* samples in the batch: every len[p] is a multiple */
 };
 
 #define TS_BATCH_END_OF_EPOCH 1u

@@ -115,10 +115,10 @@ int ts_batch_meta_valid(const struct ts_batch_meta *m)
 		return -EBADMSG;
 	if (m->flags & ~TS_BATCH_END_OF_EPOCH)
 		return -EBADMSG;
-	if (m->len[0] == 0)
+	if (m->len[0] == 0 || m->nsamples == 0)
 		return -EBADMSG;
 	for (uint32_t p = 0; p < m->npos; p++)
-		if (m->len[p] >= LEN_LIMIT)
+		if (m->len[p] >= LEN_LIMIT || m->len[p] % m->nsamples)
 			return -EBADMSG;
 	return 0;
 }
@@ -411,6 +411,7 @@ static void meta_copy(struct ts_batch_meta *dst, const struct ts_batch_meta *src
 	for (unsigned p = 0; p < TS_MAX_POSITIONS; p++)
 		dst->len[p] = __atomic_load_n(&src->len[p], __ATOMIC_RELAXED);
 	dst->tag = __atomic_load_n(&src->tag, __ATOMIC_RELAXED);
+	dst->nsamples = __atomic_load_n(&src->nsamples, __ATOMIC_RELAXED);
 }
 
 /*
@@ -458,6 +459,9 @@ static int check_shape(const struct ts_batch_meta *m, uint32_t npos, const uint6
 		return -EPROTO;
 	if (off[0] >= m->len[0])
 		return -EBADMSG; /* sizes changed under an attached reader */
+	uint64_t sample0 = m->len[0] / m->nsamples;
+	if (want[0] % sample0 || off[0] % sample0)
+		return -EPROTO; /* a consumer batch must hold whole samples */
 	for (uint32_t p = 1; p < npos; p++) {
 		if ((u128)want[p] * m->len[0] != (u128)want[0] * m->len[p])
 			return -EPROTO;

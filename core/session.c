@@ -41,7 +41,7 @@ static size_t segment_bytes(void)
 int ts_session_name_valid(const char *name)
 {
 	size_t n = 0;
-	if (!name || !name[0] || name[0] == '.')
+	if (!name || !name[0] || name[0] == '.' || name[0] == '-')
 		return 0;
 	for (; name[n]; n++) {
 		char c = name[n];
@@ -123,7 +123,8 @@ int ts_segment_validate(const struct ts_segment *seg, size_t size, uid_t uid, ch
 			   (unsigned long long)st->segment_size);
 	if (st->uid != (uint32_t)uid)
 		return fail(why, whylen, -EACCES, "belongs to uid %u", st->uid);
-	if (st->depth < 1 || st->depth > TS_MAX_DEPTH || st->timeout_ms < 1)
+	if (st->depth < 1 || st->depth > TS_MAX_DEPTH || st->timeout_ms < TS_TIMEOUT_MIN_MS ||
+	    st->timeout_ms > TS_TIMEOUT_MAX_MS)
 		return fail(why, whylen, -EBADMSG, "out-of-range depth %u or timeout %u", st->depth, st->timeout_ms);
 	if (memchr(st->name, '\0', sizeof(st->name)) == NULL || !ts_session_name_valid(st->name))
 		return fail(why, whylen, -EBADMSG, "invalid session name in header");
@@ -271,6 +272,16 @@ static unsigned reap_dead(struct ts_segment *seg, uint64_t now)
 	return alive;
 }
 
+static unsigned count_alive(const struct ts_segment *seg, uint64_t now)
+{
+	unsigned alive = 0;
+	for (unsigned i = 0; i < TS_MAX_MEMBERS; i++) {
+		enum ts_member_health h = ts_member_health(seg, i, now);
+		alive += h == TS_MEMBER_LIVE || h == TS_MEMBER_STALE;
+	}
+	return alive;
+}
+
 static int claim_member(struct ts_segment *seg, const struct ts_ident *me, uint64_t now)
 {
 	for (unsigned i = 0; i < TS_MAX_MEMBERS; i++) {
@@ -359,7 +370,7 @@ static int join_once(struct ts_session *s, const struct ts_session_params *p, ch
 		fd = -errno;
 	}
 	if (fd < 0)
-		return fail(why, whylen, fd, "cannot create %s: %s", s->path, strerror(-fd));
+		return fail(why, whylen, fd, "cannot open or create %s: %s", s->path, strerror(-fd));
 	s->fd = fd;
 	int ret = lock_timed(fd, (uint64_t)p->timeout_ms * 1000000ull);
 	if (ret)
@@ -412,7 +423,8 @@ int ts_session_join(struct ts_session *s, const char *name, const struct ts_sess
 	memset(s, 0, sizeof(*s));
 	s->fd = -1;
 	s->self = -1;
-	if (!ts_session_name_valid(name) || p->depth < 1 || p->depth > TS_MAX_DEPTH || p->timeout_ms < 1)
+	if (!ts_session_name_valid(name) || p->depth < 1 || p->depth > TS_MAX_DEPTH ||
+	    p->timeout_ms < TS_TIMEOUT_MIN_MS || p->timeout_ms > TS_TIMEOUT_MAX_MS)
 		return -EINVAL;
 	int ret = ts_self_ident(&s->me);
 	if (ret)
@@ -561,7 +573,8 @@ int ts_session_remove_if_stale(const char *path)
 		ret = map_checked(fd, PROT_READ | PROT_WRITE, &map, &size, why, sizeof(why));
 	if (ret == 0) {
 		struct ts_segment *seg = map;
-		if (reap_dead(seg, ts_now_ns()) == 0) {
+		/* Count without reaping: a live session is never written to. */
+		if (count_alive(seg, ts_now_ns()) == 0) {
 			atomic_store(&seg->state, TS_SEG_CLOSED);
 			ret = unlink(path) == 0 ? 1 : -errno;
 		}

@@ -49,7 +49,7 @@ static inline uint64_t ts_producer_word(uint32_t epoch, int index)
 	return (uint64_t)epoch << 32 | (uint32_t)(index + 1);
 }
 
-/* Names: 1..63 chars of [A-Za-z0-9._-], not starting with '.'. */
+/* Names: 1..63 chars of [A-Za-z0-9._-], not starting with '.' or '-'. */
 int ts_session_name_valid(const char *name);
 /* "/dev/shm/tsshim.<uid>.<name>" */
 int ts_segment_path(char *buf, size_t n, uid_t uid, const char *name);

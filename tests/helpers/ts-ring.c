@@ -126,6 +126,7 @@ static int produce_one(struct ts_session *s, struct producer *p, const struct op
 	uint64_t g = p->next_sample, left = o->epoch - g % o->epoch;
 	uint64_t n = left < o->producer_batch ? left : o->producer_batch;
 	m->npos = 2;
+	m->nsamples = n;
 	m->len[0] = n * o->s0;
 	m->len[1] = n * o->s1;
 	m->tag = g;

@@ -101,6 +101,7 @@ static int produce_s(struct ts_ring_writer *w, const uint64_t *sz, uint64_t firs
 		return ret;
 	m->npos = 2;
 	m->flags = flags;
+	m->nsamples = n;
 	m->len[0] = n * sz[0];
 	m->len[1] = n * sz[1];
 	m->tag = first;
@@ -397,7 +398,7 @@ Test(ring, protocol_errors)
 
 Test(ring, meta_validation)
 {
-	struct ts_batch_meta m = { .npos = 2, .len = { 64, 8 } };
+	struct ts_batch_meta m = { .npos = 2, .len = { 64, 8 }, .nsamples = 8 };
 	cr_assert_eq(ts_batch_meta_valid(&m), 0);
 	m.npos = 0;
 	cr_assert_eq(ts_batch_meta_valid(&m), -EBADMSG);
@@ -665,7 +666,7 @@ Test(ring, takeover_steals_claim)
 
 	/* A claims seq 5 and is replaced (by member 1, epoch 2) before publishing */
 	cr_assert_eq(ts_ring_begin(seg, &a, 0, &ma), 0);
-	*ma = (struct ts_batch_meta){ .npos = 2, .len = { 64 * S0, 64 * S1 }, .tag = 0xA };
+	*ma = (struct ts_batch_meta){ .npos = 2, .len = { 64 * S0, 64 * S1 }, .tag = 0xA, .nsamples = 64 };
 	atomic_store(&seg->producer, ts_producer_word(2, 1));
 	cr_assert_eq(ts_ring_writer_init(seg, 1, &b), 0);
 	cr_assert_eq(b.next_seq, 5);
@@ -677,7 +678,7 @@ Test(ring, takeover_steals_claim)
 	cr_assert_eq(ts_ring_publish(seg, &a), -EPERM);
 	cr_assert_eq(ts_ring_begin(seg, &a, 0, &ma), -EPERM);
 
-	*mb = (struct ts_batch_meta){ .npos = 2, .len = { 32 * S0, 32 * S1 }, .tag = 0xB };
+	*mb = (struct ts_batch_meta){ .npos = 2, .len = { 32 * S0, 32 * S1 }, .tag = 0xB, .nsamples = 32 };
 	cr_assert_eq(ts_ring_publish(seg, &b), 0);
 	cr_assert_eq(atomic_load(&seg->ring.pub_seq), 6);
 
@@ -698,7 +699,7 @@ Test(ring, takeover_steals_claim)
 	atomic_store(&seg->producer, ts_producer_word(1, 0));
 	cr_assert_eq(ts_ring_begin(seg, &a, 0, &ma), -EPERM);
 	atomic_store(&seg->producer, ts_producer_word(2, 1));
-	*mb = (struct ts_batch_meta){ .npos = 2, .len = { 64 * S0, 64 * S1 }, .tag = 0xB6 };
+	*mb = (struct ts_batch_meta){ .npos = 2, .len = { 64 * S0, 64 * S1 }, .tag = 0xB6, .nsamples = 64 };
 	cr_assert_eq(ts_ring_publish(seg, &b), 0);
 	cr_assert_eq(peek_samples(&r, 64, &rd, 0), 0);
 	cr_assert(rd.r[0][0].seq == 6 && rd.r[0][0].tag == 0xB6);
@@ -917,7 +918,7 @@ static void *st_producer(void *p)
 		for (int q = 0; q < 2; q++)
 			for (uint64_t i = 0; i < n * SS[q]; i++)
 				st_data[w.slot][q][i] = pat(q, first * SS[q] + i);
-		*m = (struct ts_batch_meta){ .npos = 2, .flags = flags, .len = { n * SS[0], n * SS[1] },
+		*m = (struct ts_batch_meta){ .npos = 2, .flags = flags, .nsamples = n, .len = { n * SS[0], n * SS[1] },
 					     .tag = first };
 		if ((ret = ts_ring_publish(seg, &w)))
 			break;
@@ -1057,4 +1058,39 @@ Test(ring, threaded_stress, .timeout = 60)
 	cr_assert(args[4].samples > 0 && args[4].samples < total * 3 / 4);
 	cr_assert_eq(atomic_load(&seg->counters.evictions), 0);
 	cr_log_info("stress: %llu samples, %.0f ms", (unsigned long long)total, dt / 1e6);
+}
+
+/* nsamples tells the ring the sample size: a consumer batch of 1.5 samples is refused. */
+Test(ring, consumer_batch_must_hold_whole_samples)
+{
+	struct ts_ring_writer w;
+	struct ts_ring_reader r;
+	static struct ts_read rd;
+
+	cr_assert_eq(ts_ring_writer_init(seg, 0, &w), 0);
+	cr_assert_eq(ts_ring_attach(seg, 1, &r), 0);
+	cr_assert_eq(produce(&w, 0, 64, 0, 0), 0);
+	uint64_t half[2] = { 3 * S0 / 2, 3 * S1 / 2 };
+	cr_assert_eq(ts_ring_peek(seg, &r, 2, half, &rd, 0), -EPROTO, "1.5 samples cut a sample");
+	/* a single position has no partner to catch the cut: nsamples does */
+	struct ts_batch_meta *m;
+	cr_assert_eq(ts_ring_begin(seg, &w, 0, &m), 0);
+	m->npos = 1;
+	m->nsamples = 3;
+	m->len[0] = 3 * 10;
+	cr_assert_eq(ts_ring_publish(seg, &w), 0);
+	cr_assert_eq(peek_samples(&r, 64, &rd, 0), 0);
+	cr_assert_eq(ts_ring_advance(seg, &r, &rd, rd.got), 0);
+	uint64_t one[1] = { 15 };
+	cr_assert_eq(ts_ring_peek(seg, &r, 1, one, &rd, 0), -EPROTO, "15 bytes are 1.5 samples of 10");
+	one[0] = 20;
+	cr_assert_eq(ts_ring_peek(seg, &r, 1, one, &rd, 0), 0);
+	cr_assert_eq(rd.got[0], 20);
+	/* and a producer row whose sizes are not whole samples is refused at publish */
+	cr_assert_eq(ts_ring_begin(seg, &w, 0, &m), 0);
+	m->npos = 1;
+	m->nsamples = 3;
+	m->len[0] = 31;
+	cr_assert_eq(ts_ring_publish(seg, &w), -EINVAL);
+	cr_assert_eq(ts_ring_abort(seg, &w), 0);
 }
