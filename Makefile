@@ -40,6 +40,8 @@ UNITS    := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 HELPERS  := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/%)
 
 .PHONY: all test asan demo deps clean check-build test-run
+# Keep objects of tools and tests: they are not throw-away intermediates.
+.SECONDARY:
 all: $(SHIM_LIB) $(TOOLS) $(BUILD)/python
 
 $(BUILD)/obj/%.o: %.c

@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define TS_MAGIC          0x31304d4853535354ULL /* "TSSSHM01" little-endian */
-#define TS_LAYOUT_VERSION 1u
+#define TS_LAYOUT_VERSION 2u
 #define TS_MAX_MEMBERS    64u
 #define TS_MAX_DEPTH      64u
 #define TS_MAX_POSITIONS  16u

@@ -517,7 +517,8 @@ int ts_view_open(struct ts_view *v, const char *path, char *why, size_t whylen)
 {
 	memset(v, 0, sizeof(*v));
 	snprintf(v->path, sizeof(v->path), "%s", path);
-	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO planted at the path must not hang the reader. */
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0) {
 		int e = errno;
 		return fail(why, whylen, -e, "cannot open %s: %s", path, strerror(e));

@@ -43,7 +43,12 @@ enum ts_role { TS_ROLE_NONE = 0, TS_ROLE_PRODUCER = 1, TS_ROLE_CONSUMER = 2 };
 enum ts_member_health { TS_MEMBER_FREE, TS_MEMBER_LIVE, TS_MEMBER_STALE, TS_MEMBER_DEAD };
 
 static inline uint32_t ts_producer_epoch(uint64_t w) { return (uint32_t)(w >> 32); }
-static inline int ts_producer_index(uint64_t w) { return (int)(uint32_t)w - 1; } /* -1: none */
+/* Member index named by a producer word; -1 for none or out of range (hostile word). */
+static inline int ts_producer_index(uint64_t w)
+{
+	uint32_t i = (uint32_t)w;
+	return i == 0 || i > TS_MAX_MEMBERS ? -1 : (int)i - 1;
+}
 static inline uint64_t ts_producer_word(uint32_t epoch, int index)
 {
 	return (uint64_t)epoch << 32 | (uint32_t)(index + 1);

@@ -23,7 +23,7 @@ mkdir -p "$logdir"
 
 run_one() { # name, command...
 	local name=$1; shift
-	local log="$logdir/$name.log" start=$SECONDS rc
+	local log="$logdir/${name//\//_}.log" start=$SECONDS rc
 	"$@" >"$log" 2>&1
 	rc=$?
 	case $rc in

@@ -1,0 +1,1084 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tsshim-inspect: show the caller's tsshim sessions without changing them.
+ *
+ *   tsshim-inspect                  one line per live session
+ *   tsshim-inspect NAME             one session in detail
+ *   --json                          machine-readable output (schema below)
+ *   --watch [--interval SEC] [--count N]   refresh like top
+ *   --clean [NAME]                  remove sessions whose members are all dead
+ *
+ * Segments are mapped read-only and every value read from them is
+ * validated before use: a member may be buggy, dead half-way through a
+ * write, or hostile. Only --clean removes anything, and only through
+ * ts_session_remove_if_stale(), which never touches a live session.
+ *
+ * JSON schema 1
+ * -------------
+ * Every document is one line of JSON (with --watch, one document per
+ * refresh: JSON Lines). Strings are ASCII: other bytes appear as \u00XX.
+ * Integers are exact unsigned 64-bit values. Fields may be added within
+ * schema 1; removing or changing one bumps "schema".
+ *
+ * List (no NAME):
+ *   {"schema": 1, "sessions": [SUMMARY, ...]}          sorted by name
+ *   SUMMARY of a readable session:
+ *     {"name": str, "path": str, "state": "open"|"closed",
+ *      "members": int, "live": int, "stale": int, "dead": int,
+ *      "producer_pid": int|null, "depth": int, "claim_seq": int, "pub_seq": int}
+ *   SUMMARY of a segment that fails validation (corrupt, truncated,
+ *   another build's layout, foreign-owned or not mode 0600):
+ *     {"name": str, "path": str, "state": "corrupt", "error": str}
+ *
+ * One session (NAME):
+ *   {"schema": 1, "session": {
+ *     "name": str, "path": str,
+ *     "created_unix_ms": int, "creator_pid": int,
+ *     "depth": int,                      ring depth in batches
+ *     "timeout_ms": int,                 producer silence tolerated
+ *     "state": "open"|"closed",
+ *     "producer": {"slot": int, "pid": int, "epoch": int} | null,
+ *                                        pid 0: its slot was freed, a takeover is due
+ *     "members": [{
+ *       "slot": int, "pid": int, "start_time": int (clock ticks since boot),
+ *       "role": "producer"|"consumer",
+ *       "state": "live"|"stale"|"dead",  stale: alive but silent past timeout_ms
+ *       "attached": bool,                consumer attached to the ring
+ *       "lag": int|null,                 batches behind pub_seq (attached consumers only)
+ *       "read_seq": int, "batches_read": int, "heartbeat_age_ms": int}],
+ *     "ring": {"claim_seq": int, "pub_seq": int, "slots": [{
+ *       "index": int, "state": "free"|"writing"|"published"|"invalid",
+ *       "seq": int, "epoch": int (low 9 bits),
+ *       "writer": int|null,              member slot that filled it
+ *       "positions": [int, ...]|null,    bytes per tensor position (null when free)
+ *       "samples": int|null,             samples in the batch (null when free)
+ *       "end_of_epoch": bool,
+ *       "error": str}]},                 only when the slot fails validation
+ *     "counters": {"batches_shared": int, "decodes_skipped": int,
+ *       "decodes_shared": int, "bytes_not_copied": int,
+ *       "cpu_ns_saved": int, "takeovers": int, "evictions": int}}}
+ *
+ * Clean (--clean):
+ *   {"schema": 1, "clean": {"removed": [str, ...],
+ *     "left": [{"name": str, "reason": str}, ...], "temp_files_removed": int}}
+ *
+ * On failure (exit 1 or 2) nothing is written to stdout; the reason is one
+ * line on stderr.
+ */
+#include "ring.h"
+#include "session.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PROG "tsshim-inspect"
+
+enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
+
+struct opts {
+	int json, watch, clean;
+	double interval; /* seconds between refreshes */
+	long count;      /* refreshes, 0: until SIGINT/SIGTERM */
+	const char *name;
+};
+
+/* ---- a copy of one segment, taken once per refresh --------------------- */
+
+struct member_snap {
+	unsigned slot;
+	uint32_t pid;
+	uint64_t start_time;
+	enum ts_member_health health;
+	int producer;
+	int attached;
+	uint64_t read_seq, batches_read, hb_age_ms;
+};
+
+struct slot_snap {
+	unsigned index, state;
+	uint64_t seq;
+	uint32_t epoch;
+	int writer;      /* member index, -1: none or invalid */
+	int has_meta;    /* npos and len[] are valid */
+	uint32_t npos;
+	uint64_t len[TS_MAX_POSITIONS];
+	uint64_t nsamples;
+	int end_of_epoch;
+	char error[48];  /* non-empty: the slot failed validation */
+};
+
+struct snap {
+	char name[TS_NAME_MAX];
+	char path[TS_PATH_MAX];
+	uint64_t created_unix_ns;
+	uint32_t creator_pid, depth, timeout_ms, state;
+	int producer;            /* member index, -1: none or out of range */
+	int64_t producer_raw;    /* as stored: tells "none" from "out of range" */
+	uint32_t producer_epoch, producer_pid;
+	unsigned nmembers, live, stale, dead;
+	struct member_snap m[TS_MAX_MEMBERS];
+	uint64_t claim_seq, pub_seq;
+	struct slot_snap slots[TS_MAX_DEPTH];
+	uint64_t batches_shared, decodes_skipped, decodes_shared, bytes_not_copied,
+		cpu_ns_saved, takeovers, evictions;
+};
+
+#define LOAD(p) atomic_load_explicit((p), memory_order_relaxed)
+
+static void snap_members(const struct ts_segment *seg, struct snap *s, uint64_t now)
+{
+	for (unsigned i = 0; i < TS_MAX_MEMBERS; i++) {
+		enum ts_member_health h = ts_member_health(seg, i, now);
+		if (h == TS_MEMBER_FREE)
+			continue;
+		const struct ts_member *m = &seg->members[i];
+		struct member_snap *ms = &s->m[s->nmembers++];
+		uint64_t hb = LOAD(&m->heartbeat_ns);
+		ms->slot = i;
+		ms->pid = LOAD(&m->pid);
+		ms->start_time = LOAD(&m->start_time);
+		ms->health = h;
+		ms->producer = (int)i == s->producer;
+		ms->attached = (int)(LOAD(&m->attach) & 1);
+		ms->read_seq = LOAD(&m->read_seq);
+		ms->batches_read = LOAD(&m->batches_read);
+		ms->hb_age_ms = now > hb ? (now - hb) / 1000000u : 0;
+		s->live += h == TS_MEMBER_LIVE;
+		s->stale += h == TS_MEMBER_STALE;
+		s->dead += h == TS_MEMBER_DEAD;
+		if (ms->producer)
+			s->producer_pid = ms->pid;
+	}
+}
+
+static void snap_slot(const struct ts_ring *ring, unsigned i, struct slot_snap *ss)
+{
+	uint64_t w = LOAD(&ring->slots[i].word);
+	unsigned writer1 = ts_slot_writer1(w);
+	ss->index = i;
+	ss->state = ts_slot_state(w);
+	ss->seq = ts_slot_seq(w);
+	ss->epoch = ts_slot_epoch(w);
+	ss->writer = -1;
+	if (ss->state > TS_SLOT_PUBLISHED) {
+		snprintf(ss->error, sizeof(ss->error), "invalid slot state %u", ss->state);
+		return;
+	}
+	if (writer1 > TS_MAX_MEMBERS) {
+		snprintf(ss->error, sizeof(ss->error), "writer %u out of range", writer1 - 1);
+		return;
+	}
+	ss->writer = (int)writer1 - 1;
+	if (ss->writer < 0 || ss->state == TS_SLOT_FREE)
+		return;
+	/* Copy first, then validate the copy: the writer may change it meanwhile. */
+	struct ts_batch_meta meta;
+	memcpy(&meta, &ring->meta[ss->writer][i], sizeof(meta));
+	if (meta.npos > TS_MAX_POSITIONS) {
+		snprintf(ss->error, sizeof(ss->error), "npos %u > %u", meta.npos, TS_MAX_POSITIONS);
+		return;
+	}
+	ss->has_meta = 1;
+	ss->npos = meta.npos;
+	memcpy(ss->len, meta.len, sizeof(ss->len));
+	ss->nsamples = meta.nsamples;
+	ss->end_of_epoch = !!(meta.flags & TS_BATCH_END_OF_EPOCH);
+	/* A slot being written may be half-filled; a published one must be whole. */
+	if (ss->state == TS_SLOT_PUBLISHED && ts_batch_meta_valid(&meta) != 0)
+		snprintf(ss->error, sizeof(ss->error), "invalid batch metadata");
+}
+
+static void snapshot(const struct ts_view *v, struct snap *s)
+{
+	const struct ts_segment *seg = v->seg;
+	const struct ts_counters *c = &seg->counters;
+	memset(s, 0, sizeof(*s));
+	snprintf(s->name, sizeof(s->name), "%s", v->name);
+	snprintf(s->path, sizeof(s->path), "%s", v->path);
+	s->created_unix_ns = seg->st.created_unix_ns;
+	s->creator_pid = seg->st.creator_pid;
+	s->timeout_ms = seg->st.timeout_ms;
+	/* Validated at open, but the owner can still scribble: clamp what we index with. */
+	s->depth = seg->st.depth;
+	if (s->depth > TS_MAX_DEPTH)
+		s->depth = TS_MAX_DEPTH;
+	s->state = LOAD(&seg->state);
+	uint64_t pw = LOAD(&seg->producer);
+	/* Not ts_producer_index(): its int arithmetic overflows on hostile words. */
+	s->producer_raw = (int64_t)(uint32_t)pw - 1;
+	s->producer = s->producer_raw < TS_MAX_MEMBERS ? (int)s->producer_raw : -1;
+	s->producer_epoch = ts_producer_epoch(pw);
+	s->claim_seq = LOAD(&seg->ring.claim_seq);
+	s->pub_seq = LOAD(&seg->ring.pub_seq);
+	snap_members(seg, s, ts_now_ns());
+	for (unsigned i = 0; i < s->depth; i++)
+		snap_slot(&seg->ring, i, &s->slots[i]);
+	s->batches_shared = LOAD(&c->batches_shared);
+	s->decodes_skipped = LOAD(&c->decodes_skipped);
+	s->decodes_shared = LOAD(&c->decodes_shared);
+	s->bytes_not_copied = LOAD(&c->bytes_not_copied);
+	s->cpu_ns_saved = LOAD(&c->cpu_ns_saved);
+	s->takeovers = LOAD(&c->takeovers);
+	s->evictions = LOAD(&c->evictions);
+}
+
+/*
+ * The owner may shrink the file while we read its mapping, which raises
+ * SIGBUS; reading happens only in load(), where that becomes an ordinary
+ * "corrupt" result instead of a crash.
+ */
+static sigjmp_buf *volatile bus_jump;
+
+static void on_sigbus(int sig)
+{
+	if (bus_jump)
+		siglongjmp(*bus_jump, 1);
+	signal(SIGBUS, SIG_DFL);
+	raise(SIGBUS);
+}
+
+static int load(struct ts_view *v, const char *path, struct snap *s, char *why, size_t whylen)
+{
+	sigjmp_buf jb;
+	if (sigsetjmp(jb, 1)) {
+		bus_jump = NULL;
+		snprintf(why, whylen, "truncated while being read");
+		return -EBADMSG;
+	}
+	bus_jump = &jb;
+	int ret = ts_view_open(v, path, why, whylen);
+	if (ret == 0)
+		snapshot(v, s);
+	bus_jump = NULL;
+	return ret;
+}
+
+/* 0 or -errno with a one-line reason in why. */
+static int load_session(const char *path, struct snap *s, char *why, size_t whylen)
+{
+	struct ts_view v = {0};
+	int ret = load(&v, path, s, why, whylen);
+	ts_view_close(&v);
+	return ret;
+}
+
+/* ---- the caller's segments, sorted by name ------------------------------ */
+
+struct entry {
+	char path[TS_PATH_MAX];
+	char name[TS_NAME_MAX];
+	char left[176]; /* --clean: why it was left in place, "" if not */
+	int removed;    /* --clean: removed */
+};
+
+struct entries {
+	struct entry *v;
+	size_t n, cap;
+	int oom;
+};
+
+static void collect(const char *path, const char *name, void *arg)
+{
+	struct entries *l = arg;
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? 2 * l->cap : 16;
+		struct entry *v = realloc(l->v, cap * sizeof(*v));
+		if (!v) {
+			l->oom = 1;
+			return;
+		}
+		l->v = v;
+		l->cap = cap;
+	}
+	snprintf(l->v[l->n].path, sizeof(l->v[l->n].path), "%s", path);
+	snprintf(l->v[l->n].name, sizeof(l->v[l->n].name), "%s", name);
+	l->v[l->n].left[0] = '\0';
+	l->v[l->n].removed = 0;
+	l->n++;
+}
+
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(((const struct entry *)a)->name, ((const struct entry *)b)->name);
+}
+
+static int list_entries(struct entries *l)
+{
+	memset(l, 0, sizeof(*l));
+	int ret = ts_session_list(collect, l);
+	if (ret == 0 && l->oom)
+		ret = -ENOMEM;
+	if (ret) {
+		fprintf(stderr, PROG ": cannot list %s: %s\n", ts_shm_dir(), strerror(-ret));
+		free(l->v);
+		return ret;
+	}
+	if (l->n)
+		qsort(l->v, l->n, sizeof(*l->v), by_name);
+	return 0;
+}
+
+/* ---- labels and formatting ---------------------------------------------- */
+
+static const char *health_label(enum ts_member_health h)
+{
+	switch (h) {
+	case TS_MEMBER_LIVE: return "live";
+	case TS_MEMBER_STALE: return "stale";
+	case TS_MEMBER_DEAD: return "dead";
+	default: return "free";
+	}
+}
+
+static const char *slot_label(unsigned state)
+{
+	switch (state) {
+	case TS_SLOT_FREE: return "free";
+	case TS_SLOT_WRITING: return "writing";
+	case TS_SLOT_PUBLISHED: return "published";
+	default: return "invalid";
+	}
+}
+
+static const char *seg_state_label(uint32_t state)
+{
+	return state == TS_SEG_OPEN ? "open" : state == TS_SEG_CLOSED ? "closed" : "invalid";
+}
+
+/* Batches an attached consumer is behind the head; -1: not applicable. */
+static int64_t member_lag(const struct snap *s, const struct member_snap *m)
+{
+	if (!m->attached || m->producer)
+		return -1;
+	return s->pub_seq > m->read_seq ? (int64_t)(s->pub_seq - m->read_seq) : 0;
+}
+
+static const char *fmt_bytes(char *buf, size_t n, uint64_t v)
+{
+	static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+	double x = (double)v;
+	unsigned u = 0;
+	while (x >= 1024 && u + 1 < sizeof(unit) / sizeof(unit[0])) {
+		x /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, n, "%" PRIu64 " B", v);
+	else
+		snprintf(buf, n, "%.1f %s (%" PRIu64 " bytes)", x, unit[u], v);
+	return buf;
+}
+
+static const char *fmt_age(char *buf, size_t n, uint64_t sec)
+{
+	if (sec < 60)
+		snprintf(buf, n, "%" PRIu64 "s", sec);
+	else if (sec < 3600)
+		snprintf(buf, n, "%" PRIu64 "m%02" PRIu64 "s", sec / 60, sec % 60);
+	else if (sec < 86400)
+		snprintf(buf, n, "%" PRIu64 "h%02" PRIu64 "m", sec / 3600, sec / 60 % 60);
+	else
+		snprintf(buf, n, "%" PRIu64 "d%02" PRIu64 "h", sec / 86400, sec / 3600 % 24);
+	return buf;
+}
+
+/* ---- text output -------------------------------------------------------- */
+
+static void text_header(const struct snap *s)
+{
+	char when[32] = "?", age[32] = "?";
+	time_t t = (time_t)(s->created_unix_ns / 1000000000u);
+	struct tm tm;
+	if (localtime_r(&t, &tm))
+		strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+	uint64_t now = ts_prim_realtime_ns();
+	if (now >= s->created_unix_ns)
+		fmt_age(age, sizeof(age), (now - s->created_unix_ns) / 1000000000u);
+	printf("session   %s (%s)\n", s->name, seg_state_label(s->state));
+	printf("path      %s\n", s->path);
+	printf("created   %s, %s ago, by pid %u\n", when, age, s->creator_pid);
+	printf("depth     %u batches\n", s->depth);
+	printf("timeout   %u ms\n", s->timeout_ms);
+	if (s->producer_raw >= TS_MAX_MEMBERS)
+		printf("producer  invalid (slot %" PRId64 " out of range), epoch %u\n", s->producer_raw,
+		       s->producer_epoch);
+	else if (s->producer < 0)
+		printf("producer  none, epoch %u\n", s->producer_epoch);
+	else
+		printf("producer  slot %d, pid %u, epoch %u\n", s->producer, s->producer_pid,
+		       s->producer_epoch);
+}
+
+static void text_members(const struct snap *s)
+{
+	printf("\nmembers (%u: %u live, %u stale, %u dead)\n", s->nmembers, s->live, s->stale,
+	       s->dead);
+	if (!s->nmembers)
+		return;
+	printf("  %4s %10s  %-8s  %-5s  %-8s  %6s  %12s  %12s\n", "SLOT", "PID", "ROLE", "STATE",
+	       "ATTACHED", "LAG", "BATCHES READ", "HEARTBEAT");
+	for (unsigned i = 0; i < s->nmembers; i++) {
+		const struct member_snap *m = &s->m[i];
+		char lag[24] = "-", hb[32];
+		int64_t l = member_lag(s, m);
+		if (l >= 0)
+			snprintf(lag, sizeof(lag), "%" PRId64, l);
+		snprintf(hb, sizeof(hb), "%" PRIu64 " ms ago", m->hb_age_ms);
+		printf("  %4u %10u  %-8s  %-5s  %-8s  %6s  %12" PRIu64 "  %12s\n", m->slot, m->pid,
+		       m->producer ? "producer" : "consumer", health_label(m->health),
+		       m->attached ? "yes" : "no", lag, m->batches_read, hb);
+	}
+}
+
+static void text_ring(const struct snap *s)
+{
+	printf("\nring      claim_seq %" PRIu64 ", pub_seq %" PRIu64 "\n", s->claim_seq, s->pub_seq);
+	printf("  %4s  %-9s  %10s  %5s  %6s  %8s  %s\n", "SLOT", "STATE", "SEQ", "EPOCH", "WRITER",
+	       "SAMPLES", "POSITIONS (bytes)");
+	for (unsigned i = 0; i < s->depth; i++) {
+		const struct slot_snap *ss = &s->slots[i];
+		char writer[16] = "-", samples[24] = "-";
+		if (ss->writer >= 0)
+			snprintf(writer, sizeof(writer), "%d", ss->writer);
+		if (ss->has_meta)
+			snprintf(samples, sizeof(samples), "%" PRIu64, ss->nsamples);
+		printf("  %4u  %-9s  %10" PRIu64 "  %5u  %6s  %8s ", ss->index, slot_label(ss->state),
+		       ss->seq, ss->epoch, writer, samples);
+		if (ss->error[0])
+			printf(" (%s)", ss->error);
+		for (unsigned p = 0; ss->has_meta && p < ss->npos; p++)
+			printf(" %" PRIu64, ss->len[p]);
+		if (ss->end_of_epoch)
+			printf("  [end of epoch]");
+		putchar('\n');
+	}
+}
+
+static void text_counters(const struct snap *s)
+{
+	char b[64];
+	printf("\ncounters\n");
+	printf("  batches shared    %" PRIu64 "\n", s->batches_shared);
+	printf("  decodes skipped   %" PRIu64 "\n", s->decodes_skipped);
+	printf("  decodes shared    %" PRIu64 "\n", s->decodes_shared);
+	printf("  bytes not copied  %s\n", fmt_bytes(b, sizeof(b), s->bytes_not_copied));
+	printf("  cpu time saved    %.3f s\n", (double)s->cpu_ns_saved / 1e9);
+	printf("  takeovers         %" PRIu64 "\n", s->takeovers);
+	printf("  evictions         %" PRIu64 "\n", s->evictions);
+}
+
+static void text_session(const struct snap *s)
+{
+	text_header(s);
+	text_members(s);
+	text_ring(s);
+	text_counters(s);
+}
+
+static int name_width(const struct entries *l)
+{
+	size_t w = 4;
+	for (size_t i = 0; i < l->n; i++)
+		if (strlen(l->v[i].name) > w)
+			w = strlen(l->v[i].name);
+	return (int)w;
+}
+
+static void text_list_row(int w, const struct entry *e, const struct snap *s, const char *why)
+{
+	if (why) {
+		printf("%-*s  corrupt: %s\n", w, e->name, why);
+		return;
+	}
+	char members[32], producer[16] = "-";
+	snprintf(members, sizeof(members), "%u (%u live)", s->nmembers, s->live);
+	if (s->producer >= 0)
+		snprintf(producer, sizeof(producer), "%u", s->producer_pid);
+	const char *state = seg_state_label(s->state);
+	if (s->state == TS_SEG_OPEN && s->live + s->stale == 0)
+		state = "open, no live member (--clean removes it)";
+	printf("%-*s  %-12s  %8s  %10" PRIu64 "  %s\n", w, e->name, members, producer, s->pub_seq,
+	       state);
+}
+
+/* ---- JSON output -------------------------------------------------------- */
+
+struct jw {
+	FILE *f;
+	unsigned depth;
+	uint64_t started; /* bit d: depth d already holds a value (next one needs a comma) */
+};
+
+static void j_quoted(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			fprintf(f, "\\%c", *p);
+		else if (*p < 0x20 || *p >= 0x7f)
+			fprintf(f, "\\u%04x", *p);
+		else
+			fputc(*p, f);
+	}
+	fputc('"', f);
+}
+
+/* Separator and key of the next value; key is NULL inside arrays. */
+static void j_key(struct jw *j, const char *key)
+{
+	uint64_t bit = 1ull << j->depth;
+	if (j->started & bit)
+		fputc(',', j->f);
+	j->started |= bit;
+	if (key) {
+		j_quoted(j->f, key);
+		fputc(':', j->f);
+	}
+}
+
+static void j_open(struct jw *j, const char *key, char bracket)
+{
+	j_key(j, key);
+	fputc(bracket, j->f);
+	j->depth++;
+	j->started &= ~(1ull << j->depth);
+}
+
+static void j_close(struct jw *j, char bracket)
+{
+	j->depth--;
+	fputc(bracket, j->f);
+}
+
+static void j_str(struct jw *j, const char *key, const char *v)
+{
+	j_key(j, key);
+	j_quoted(j->f, v);
+}
+
+static void j_u64(struct jw *j, const char *key, uint64_t v)
+{
+	j_key(j, key);
+	fprintf(j->f, "%" PRIu64, v);
+}
+
+static void j_bool(struct jw *j, const char *key, int v)
+{
+	j_key(j, key);
+	fputs(v ? "true" : "false", j->f);
+}
+
+static void j_null(struct jw *j, const char *key)
+{
+	j_key(j, key);
+	fputs("null", j->f);
+}
+
+static void j_begin(struct jw *j)
+{
+	*j = (struct jw){.f = stdout};
+	j_open(j, NULL, '{');
+	j_u64(j, "schema", 1);
+}
+
+static void j_end(struct jw *j)
+{
+	j_close(j, '}');
+	fputc('\n', j->f);
+}
+
+static void json_members(struct jw *j, const struct snap *s)
+{
+	j_open(j, "members", '[');
+	for (unsigned i = 0; i < s->nmembers; i++) {
+		const struct member_snap *m = &s->m[i];
+		int64_t lag = member_lag(s, m);
+		j_open(j, NULL, '{');
+		j_u64(j, "slot", m->slot);
+		j_u64(j, "pid", m->pid);
+		j_u64(j, "start_time", m->start_time);
+		j_str(j, "role", m->producer ? "producer" : "consumer");
+		j_str(j, "state", health_label(m->health));
+		j_bool(j, "attached", m->attached);
+		if (lag >= 0)
+			j_u64(j, "lag", (uint64_t)lag);
+		else
+			j_null(j, "lag");
+		j_u64(j, "read_seq", m->read_seq);
+		j_u64(j, "batches_read", m->batches_read);
+		j_u64(j, "heartbeat_age_ms", m->hb_age_ms);
+		j_close(j, '}');
+	}
+	j_close(j, ']');
+}
+
+static void json_slot(struct jw *j, const struct slot_snap *ss)
+{
+	j_open(j, NULL, '{');
+	j_u64(j, "index", ss->index);
+	j_str(j, "state", slot_label(ss->state));
+	j_u64(j, "seq", ss->seq);
+	j_u64(j, "epoch", ss->epoch);
+	if (ss->writer >= 0)
+		j_u64(j, "writer", (uint64_t)ss->writer);
+	else
+		j_null(j, "writer");
+	if (ss->has_meta) {
+		j_open(j, "positions", '[');
+		for (unsigned p = 0; p < ss->npos; p++)
+			j_u64(j, NULL, ss->len[p]);
+		j_close(j, ']');
+		j_u64(j, "samples", ss->nsamples);
+	} else {
+		j_null(j, "positions");
+		j_null(j, "samples");
+	}
+	j_bool(j, "end_of_epoch", ss->end_of_epoch);
+	if (ss->error[0])
+		j_str(j, "error", ss->error);
+	j_close(j, '}');
+}
+
+static void json_ring(struct jw *j, const struct snap *s)
+{
+	j_open(j, "ring", '{');
+	j_u64(j, "claim_seq", s->claim_seq);
+	j_u64(j, "pub_seq", s->pub_seq);
+	j_open(j, "slots", '[');
+	for (unsigned i = 0; i < s->depth; i++)
+		json_slot(j, &s->slots[i]);
+	j_close(j, ']');
+	j_close(j, '}');
+}
+
+static void json_counters(struct jw *j, const struct snap *s)
+{
+	j_open(j, "counters", '{');
+	j_u64(j, "batches_shared", s->batches_shared);
+	j_u64(j, "decodes_skipped", s->decodes_skipped);
+	j_u64(j, "decodes_shared", s->decodes_shared);
+	j_u64(j, "bytes_not_copied", s->bytes_not_copied);
+	j_u64(j, "cpu_ns_saved", s->cpu_ns_saved);
+	j_u64(j, "takeovers", s->takeovers);
+	j_u64(j, "evictions", s->evictions);
+	j_close(j, '}');
+}
+
+static void json_session(const struct snap *s)
+{
+	struct jw j;
+	j_begin(&j);
+	j_open(&j, "session", '{');
+	j_str(&j, "name", s->name);
+	j_str(&j, "path", s->path);
+	j_u64(&j, "created_unix_ms", s->created_unix_ns / 1000000u);
+	j_u64(&j, "creator_pid", s->creator_pid);
+	j_u64(&j, "depth", s->depth);
+	j_u64(&j, "timeout_ms", s->timeout_ms);
+	j_str(&j, "state", seg_state_label(s->state));
+	if (s->producer >= 0) {
+		j_open(&j, "producer", '{');
+		j_u64(&j, "slot", (uint64_t)s->producer);
+		j_u64(&j, "pid", s->producer_pid);
+		j_u64(&j, "epoch", s->producer_epoch);
+		j_close(&j, '}');
+	} else {
+		j_null(&j, "producer");
+	}
+	json_members(&j, s);
+	json_ring(&j, s);
+	json_counters(&j, s);
+	j_close(&j, '}');
+	j_end(&j);
+}
+
+static void json_list_item(struct jw *j, const struct entry *e, const struct snap *s, const char *why)
+{
+	j_open(j, NULL, '{');
+	j_str(j, "name", e->name);
+	j_str(j, "path", e->path);
+	if (why) {
+		j_str(j, "state", "corrupt");
+		j_str(j, "error", why);
+	} else {
+		j_str(j, "state", seg_state_label(s->state));
+		j_u64(j, "members", s->nmembers);
+		j_u64(j, "live", s->live);
+		j_u64(j, "stale", s->stale);
+		j_u64(j, "dead", s->dead);
+		if (s->producer >= 0)
+			j_u64(j, "producer_pid", s->producer_pid);
+		else
+			j_null(j, "producer_pid");
+		j_u64(j, "depth", s->depth);
+		j_u64(j, "claim_seq", s->claim_seq);
+		j_u64(j, "pub_seq", s->pub_seq);
+	}
+	j_close(j, '}');
+}
+
+/* ---- commands ------------------------------------------------------------ */
+
+static int show_list(const struct opts *o)
+{
+	struct entries l;
+	if (list_entries(&l))
+		return EXIT_FAIL;
+	struct snap *s = malloc(sizeof(*s));
+	if (!s) {
+		free(l.v);
+		fprintf(stderr, PROG ": out of memory\n");
+		return EXIT_FAIL;
+	}
+	struct jw j;
+	int w = name_width(&l);
+	if (o->json) {
+		j_begin(&j);
+		j_open(&j, "sessions", '[');
+	} else if (l.n == 0) {
+		printf("no tsshim sessions for uid %u\n", (unsigned)getuid());
+	} else {
+		printf("%-*s  %-12s  %8s  %10s  %s\n", w, "NAME", "MEMBERS", "PRODUCER", "HEAD",
+		       "STATE");
+	}
+	for (size_t i = 0; i < l.n; i++) {
+		char why[160] = "";
+		int r = load_session(l.v[i].path, s, why, sizeof(why));
+		int bad = r != 0;
+		if (bad && !why[0])
+			snprintf(why, sizeof(why), "%s", strerror(-r));
+		if (o->json)
+			json_list_item(&j, &l.v[i], s, bad ? why : NULL);
+		else
+			text_list_row(w, &l.v[i], s, bad ? why : NULL);
+	}
+	if (o->json) {
+		j_close(&j, ']');
+		j_end(&j);
+	}
+	free(s);
+	free(l.v);
+	return EXIT_OK;
+}
+
+/* The user's NAME, safe to echo on one line. */
+static const char *printable(char *buf, size_t n, const char *s)
+{
+	size_t i = 0;
+	for (; s[i] && i + 1 < n; i++)
+		buf[i] = s[i] >= 0x20 && s[i] < 0x7f ? s[i] : '?';
+	buf[i] = '\0';
+	return buf;
+}
+
+static int show_one(const struct opts *o)
+{
+	char path[TS_PATH_MAX], why[160] = "", shown[80];
+	if (!ts_session_name_valid(o->name)) {
+		fprintf(stderr, PROG ": invalid session name '%s' (1..%u characters of "
+			"[A-Za-z0-9._-], not starting with '.')\n",
+			printable(shown, sizeof(shown), o->name), TS_NAME_MAX - 1);
+		return EXIT_FAIL;
+	}
+	if (ts_segment_path(path, sizeof(path), getuid(), o->name) != 0) {
+		fprintf(stderr, PROG ": session name '%s' too long\n", o->name);
+		return EXIT_FAIL;
+	}
+	struct snap *s = malloc(sizeof(*s));
+	if (!s) {
+		fprintf(stderr, PROG ": out of memory\n");
+		return EXIT_FAIL;
+	}
+	int ret = load_session(path, s, why, sizeof(why));
+	if (ret == -ENOENT)
+		fprintf(stderr, PROG ": no session '%s' (%s does not exist)\n", o->name, path);
+	else if (ret)
+		fprintf(stderr, PROG ": session '%s': %s\n", o->name, why[0] ? why : strerror(-ret));
+	else if (o->json)
+		json_session(s);
+	else
+		text_session(s);
+	free(s);
+	return ret ? EXIT_FAIL : EXIT_OK;
+}
+
+static int show(const struct opts *o)
+{
+	return o->name ? show_one(o) : show_list(o);
+}
+
+/* Wait `sec` seconds; 1 if SIGINT/SIGTERM (blocked by the caller) arrived. */
+static int stop_requested(const sigset_t *stop, double sec)
+{
+	uint64_t deadline = ts_prim_monotonic_ns() + (uint64_t)(sec * 1e9);
+	for (;;) {
+		uint64_t now = ts_prim_monotonic_ns();
+		if (now >= deadline)
+			return 0;
+		uint64_t left = deadline - now;
+		struct timespec ts = {.tv_sec = (time_t)(left / 1000000000u),
+				      .tv_nsec = (long)(left % 1000000000u)};
+		if (sigtimedwait(stop, NULL, &ts) > 0)
+			return 1;
+		if (errno != EINTR && errno != EAGAIN)
+			return 1;
+	}
+}
+
+/*
+ * Signals are blocked and taken with sigtimedwait(), so a Ctrl-C ends the
+ * loop between two refreshes, never in the middle of one.
+ */
+static int watch(const struct opts *o)
+{
+	sigset_t stop, old;
+	sigemptyset(&stop);
+	sigaddset(&stop, SIGINT);
+	sigaddset(&stop, SIGTERM);
+	sigprocmask(SIG_BLOCK, &stop, &old);
+	int ret = EXIT_OK;
+	for (long n = 0; o->count == 0 || n < o->count; n++) {
+		if (n > 0 && stop_requested(&stop, o->interval))
+			break;
+		if (!o->json) {
+			char clock[16] = "";
+			time_t t = time(NULL);
+			struct tm tm;
+			if (localtime_r(&t, &tm))
+				strftime(clock, sizeof(clock), "%H:%M:%S", &tm);
+			printf("\033[H\033[2J" PROG ": every %gs, %s (Ctrl-C quits)\n\n", o->interval,
+			       clock);
+		}
+		fflush(stdout);
+		ret = show(o);
+		fflush(stdout);
+	}
+	sigprocmask(SIG_SETMASK, &old, NULL);
+	return ret;
+}
+
+/*
+ * 1 removed, 0 left alone (reason in e->left: live, or unreadable and so
+ * not ours to judge), -1 an error while removing a readable segment.
+ */
+static int clean_one(struct entry *e)
+{
+	char why[160] = "";
+	struct ts_view v;
+	/* Open it first for a readable reason: remove_if_stale only says -errno. */
+	int r = ts_view_open(&v, e->path, why, sizeof(why));
+	ts_view_close(&v);
+	if (r == -ENOENT)
+		return 0; /* gone meanwhile */
+	if (r == 0)
+		r = ts_session_remove_if_stale(e->path);
+	if (r == 1)
+		return 1;
+	if (r == 0)
+		snprintf(e->left, sizeof(e->left), "has live members");
+	else if (why[0])
+		snprintf(e->left, sizeof(e->left), "corrupt: %s", why);
+	else if (r == -ETIMEDOUT)
+		snprintf(e->left, sizeof(e->left), "locked by a member; try again");
+	else {
+		snprintf(e->left, sizeof(e->left), "%s", strerror(-r));
+		return -1;
+	}
+	return 0;
+}
+
+static void clean_json(const struct entries *l, int tmp)
+{
+	struct jw j;
+	j_begin(&j);
+	j_open(&j, "clean", '{');
+	j_open(&j, "removed", '[');
+	for (size_t i = 0; i < l->n; i++)
+		if (l->v[i].removed)
+			j_str(&j, NULL, l->v[i].name);
+	j_close(&j, ']');
+	j_open(&j, "left", '[');
+	for (size_t i = 0; i < l->n; i++) {
+		if (!l->v[i].left[0])
+			continue;
+		j_open(&j, NULL, '{');
+		j_str(&j, "name", l->v[i].name);
+		j_str(&j, "reason", l->v[i].left);
+		j_close(&j, '}');
+	}
+	j_close(&j, ']');
+	j_u64(&j, "temp_files_removed", tmp > 0 ? (uint64_t)tmp : 0);
+	j_close(&j, '}');
+	j_end(&j);
+}
+
+static void clean_text(const struct entries *l, int tmp)
+{
+	int any = tmp > 0;
+	for (size_t i = 0; i < l->n; i++) {
+		if (l->v[i].removed)
+			printf("removed  %s (every member dead)\n", l->v[i].name);
+		any |= l->v[i].removed;
+	}
+	for (size_t i = 0; i < l->n; i++) {
+		if (l->v[i].left[0])
+			printf("left     %s (%s)\n", l->v[i].name, l->v[i].left);
+		any |= l->v[i].left[0] != '\0';
+	}
+	if (tmp > 0)
+		printf("removed  %d temporary file(s) of creators that died\n", tmp);
+	if (!any)
+		printf("nothing to clean\n");
+}
+
+static int clean(const struct opts *o)
+{
+	struct entries l;
+	if (list_entries(&l))
+		return EXIT_FAIL;
+	int ret = EXIT_OK;
+	for (size_t i = 0; i < l.n; i++) {
+		if (o->name && strcmp(o->name, l.v[i].name) != 0)
+			continue;
+		int r = clean_one(&l.v[i]);
+		l.v[i].removed = r == 1;
+		if (r < 0)
+			ret = EXIT_FAIL;
+	}
+	int tmp = ts_clean_temp_files();
+	if (o->json)
+		clean_json(&l, tmp);
+	else
+		clean_text(&l, tmp);
+	free(l.v);
+	return ret;
+}
+
+/* ---- command line -------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: " PROG " [--json] [--watch [--interval SEC] [--count N]] [NAME]\n"
+		"       " PROG " --clean [--json] [NAME]\n"
+		"\n"
+		"Show the tsshim sessions of the calling user (%s/" TS_SEG_PREFIX "<uid>.<name>)\n"
+		"without changing them.\n"
+		"\n"
+		"  (no NAME)        one line per session: name, members, producer pid,\n"
+		"                   ring head (pub_seq), state; a segment that fails\n"
+		"                   validation is listed as \"corrupt: <reason>\"\n"
+		"  NAME             one session: header, members (pid, role, state, ring\n"
+		"                   attachment, lag in batches, batches read, heartbeat\n"
+		"                   age), ring slots, counters\n"
+		"  --json           the same data as one line of JSON (schema 1, see the\n"
+		"                   comment at the top of tools/inspect.c)\n"
+		"  --watch          refresh like top until Ctrl-C/SIGTERM (with --json:\n"
+		"                   one JSON document per line per refresh)\n"
+		"  --interval SEC   seconds between refreshes (default 1, 0.01..86400)\n"
+		"  --count N        stop after N refreshes\n"
+		"  --clean          remove sessions (only NAME if given) whose members\n"
+		"                   are all dead, and temporary files of creators that\n"
+		"                   died; never touches a live or unreadable session\n"
+		"  -h, --help       this text\n"
+		"\n"
+		"Member states: live; stale (alive but silent for longer than the\n"
+		"session timeout); dead (the process is gone).\n"
+		"\n"
+		"Exit status:\n"
+		"  0  success (a list that shows corrupt segments is still a success;\n"
+		"     --clean that leaves live or corrupt segments alone, with the\n"
+		"     reason printed, is a success)\n"
+		"  1  NAME does not exist, is invalid, corrupt, foreign-owned or from\n"
+		"     another tsshim build; the session directory cannot be read;\n"
+		"     --clean failed to remove a dead session\n"
+		"  2  usage error\n",
+		ts_shm_dir());
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+	fprintf(stderr, PROG ": ");
+	fprintf(stderr, fmt, arg);
+	fputc('\n', stderr);
+	usage(stderr);
+	return -1;
+}
+
+/* 0: run, 1: --help done, -1: usage error (already reported). */
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+	enum { O_JSON = 256, O_WATCH, O_INTERVAL, O_COUNT, O_CLEAN };
+	static const struct option longopts[] = {
+		{"json", no_argument, NULL, O_JSON},
+		{"watch", no_argument, NULL, O_WATCH},
+		{"interval", required_argument, NULL, O_INTERVAL},
+		{"count", required_argument, NULL, O_COUNT},
+		{"clean", no_argument, NULL, O_CLEAN},
+		{"help", no_argument, NULL, 'h'},
+		{0},
+	};
+	int c, interval_set = 0, count_set = 0;
+	char *end;
+	*o = (struct opts){.interval = 1.0};
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+		switch (c) {
+		case O_JSON: o->json = 1; break;
+		case O_WATCH: o->watch = 1; break;
+		case O_CLEAN: o->clean = 1; break;
+		case 'h': usage(stdout); return 1;
+		case O_INTERVAL:
+			o->interval = strtod(optarg, &end);
+			if (end == optarg || *end || !(o->interval >= 0.01 && o->interval <= 86400))
+				return usage_error("invalid --interval '%s' (seconds, 0.01..86400)", optarg);
+			interval_set = 1;
+			break;
+		case O_COUNT:
+			errno = 0;
+			o->count = strtol(optarg, &end, 10);
+			if (errno || end == optarg || *end || o->count < 1)
+				return usage_error("invalid --count '%s' (a positive integer)", optarg);
+			count_set = 1;
+			break;
+		case ':':
+			return usage_error("option '%s' needs a value", argv[optind - 1]);
+		default:
+			return usage_error("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		o->name = argv[optind++];
+	if (optind < argc)
+		return usage_error("unexpected argument '%s' (one NAME at most)", argv[optind]);
+	if ((interval_set || count_set) && !o->watch)
+		return usage_error("%s needs --watch", interval_set ? "--interval" : "--count");
+	if (o->clean && o->watch)
+		return usage_error("%s", "--clean and --watch do not mix");
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o;
+	int r = parse_args(argc, argv, &o);
+	if (r)
+		return r > 0 ? EXIT_OK : EXIT_USAGE;
+	struct sigaction sa = {.sa_handler = on_sigbus};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGBUS, &sa, NULL);
+	int ret = o.clean ? clean(&o) : o.watch ? watch(&o) : show(&o);
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		fprintf(stderr, PROG ": cannot write output: %s\n", strerror(errno));
+		return EXIT_FAIL;
+	}
+	return ret;
+}
