@@ -16,7 +16,17 @@ SESSION=demo-$$
 export TSSHIM_SESSION=$SESSION TSSHIM_TIMEOUT_MS=500
 tmp=$(mktemp -d)
 pids=()
-trap 'kill -KILL "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"' EXIT
+cleanup() { kill -KILL "${pids[@]}" 2>/dev/null || true; rm -rf "$tmp"; }
+trap cleanup EXIT
+# Wait for pids that are not our waitable children (disowned), up to 5 s.
+wait_gone() {
+	local i
+	for ((i = 0; i < 500; i++)); do
+		kill -0 "$@" 2>/dev/null || return 0
+		sleep 0.01
+	done
+	return 1
+}
 
 say() { printf '\n== %s\n' "$*"; }
 
@@ -24,6 +34,7 @@ say "starting 3 jobs with LD_PRELOAD=$BUILD/libtsshim.so TSSHIM_SESSION=$SESSION
 for job in 1 2 3; do
 	LD_PRELOAD=$LIB "$MEMBER" >"$tmp/job$job" 2>&1 &
 	pids+=($!)
+	disown # no job-control chatter when we kill it
 	until grep -q '^join=' "$tmp/job$job"; do sleep 0.02; done
 	echo "job $job: pid ${pids[-1]}, $(head -n1 "$tmp/job$job" | grep -oE 'role=[a-z]+')"
 done
@@ -44,14 +55,34 @@ say "$BUILD/tsshim-inspect $SESSION"
 
 say "the other jobs finish"
 kill -TERM "${pids[1]}" "${pids[2]}"
-wait "${pids[1]}" "${pids[2]}" 2>/dev/null || true
+wait_gone "${pids[1]}" || { echo "job 2 did not exit"; exit 1; }
+wait_gone "${pids[2]}" || { echo "job 3 did not exit"; exit 1; }
 if ls /dev/shm/tsshim."$(id -u)"."$SESSION" >/dev/null 2>&1; then
 	echo "segment still present (unexpected)"; exit 1
 fi
 echo "session segment removed by the last job out: nothing left in /dev/shm"
 
+say "the ring: a producer publishes batches of 64; consumers read at their own batch size"
+RING=$PWD/$BUILD/tests/ts-ring
+RS=$SESSION-ring
+"$RING" --session "$RS" --produce-us 20000 >"$tmp/r0" 2>&1 &
+pids+=($!); disown
+sleep 0.1
+"$RING" --session "$RS" --batch 48 --consume-us 5000 --max-samples 3000 >"$tmp/r1" 2>&1 &
+pids+=($!); disown
+"$RING" --session "$RS" --batch 100 --max-samples 3000 >"$tmp/r2" 2>&1 &
+pids+=($!); disown
+sleep 0.4
+"$INSPECT" "$RS" | sed -n '/^members/,/^counters/p' | head -n -2
+wait_gone "${pids[-1]}" "${pids[-2]}" || true
+echo "consumer batch 48:  $(grep '^done' "$tmp/r1")"
+echo "consumer batch 100: $(grep '^done' "$tmp/r2")"
+echo "(each consumer checked every sample: in order, none skipped or repeated, positions paired)"
+kill -TERM "${pids[-3]}"; wait_gone "${pids[-3]}" || true
+
 say "summary"
 echo "3 jobs shared one session: 1 producer, 2 consumers; the producer died and exactly"
-echo "one consumer took over in ${ms} ms; the last job out cleaned up."
+echo "one consumer took over in ${ms} ms; the last job out cleaned up. Consumers read the"
+echo "producer's batches of 64 at batch sizes 48 and 100, every sample exactly once."
 echo "(Data sharing itself - dataset reads, JPEG decodes, GPU batches - comes with the"
 echo " dataset, PyTorch and GPU issues; see README.md.)"

@@ -12,6 +12,7 @@ PACKAGES=(
 	libcriterion-dev           # Criterion: unit tests
 	python3                    # test scripts parse tsshim-inspect --json
 	procps                     # ps/pkill in scenarios
+	valgrind                   # memcheck scenario
 )
 
 missing=()
