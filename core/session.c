@@ -15,6 +15,7 @@
  *    every contender read, so exactly one contender wins.
  */
 #include "session.h"
+#include "log.h"
 
 #include <dirent.h>
 #include <stdarg.h>
@@ -150,6 +151,12 @@ enum ts_member_health ts_member_health(const struct ts_segment *seg, unsigned id
 	if (now_ns > hb && now_ns - hb > limit)
 		return TS_MEMBER_STALE;
 	return TS_MEMBER_LIVE;
+}
+
+static const char *health_name(enum ts_member_health h)
+{
+	static const char *const names[] = { "free", "live", "stale", "dead" };
+	return (unsigned)h < 4 ? names[h] : "?";
 }
 
 /* ---- file-level helpers ------------------------------------------------ */
@@ -311,13 +318,20 @@ static int try_takeover(struct ts_segment *seg, int self, uint64_t w, uint64_t n
 	int idx = ts_producer_index(w);
 	if (idx == self && !joining)
 		return 1;
-	if (idx != self && idx >= 0 && idx < (int)TS_MAX_MEMBERS &&
-	    ts_member_health(seg, (unsigned)idx, now) == TS_MEMBER_LIVE)
-		return 0;
+	enum ts_member_health h = TS_MEMBER_FREE;
+	if (idx != self && idx >= 0) {
+		h = ts_member_health(seg, (unsigned)idx, now);
+		if (h == TS_MEMBER_LIVE)
+			return 0;
+	}
 	uint64_t next = ts_producer_word(ts_producer_epoch(w) + 1, self);
 	/* Every contender CASes from the same observed word: one wins. */
 	if (!atomic_compare_exchange_strong(&seg->producer, &w, next))
 		return 0;
+	if (idx >= 0 && idx != self)
+		ts_info("took over from member %d (pid %u): %s, heartbeat %llu ms old", idx,
+			atomic_load(&seg->members[idx].pid), health_name(h),
+			(unsigned long long)((now - atomic_load(&seg->members[idx].heartbeat_ns)) / 1000000));
 	if (idx >= 0)
 		atomic_fetch_add(&seg->counters.takeovers, 1);
 	atomic_fetch_add(&seg->election_ev, 1);

@@ -19,6 +19,9 @@ check() { # description, command...
 }
 
 finish() { # scenario name
+	if [ "$T_FAILED" -ne 0 ] && [ -s "$T_TMP/stderr" ]; then
+		echo "# members' stderr:"; sed 's/^/#   /' "$T_TMP/stderr"
+	fi
 	echo "$1: $T_PASSED passed, $T_FAILED failed"
 	[ "$T_FAILED" -eq 0 ]
 }
@@ -39,12 +42,14 @@ session_name() { echo "t-$$-$1"; }
 # Sets VAR to its pid; its stdout goes to $T_TMP/<pid>.out.
 start_member() {
 	local __var=$1 sess=$2; shift 2
-	local out
-	out=$(mktemp "$T_TMP/member.XXXXXX")
+	T_NMEMBERS=$((${T_NMEMBERS:-0} + 1))
+	local out="$T_TMP/member$T_NMEMBERS.out"
 	LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$sess" "$MEMBER" "$@" >"$out" 2>>"$T_TMP/stderr" &
 	local pid=$!
 	T_PIDS+=("$pid")
-	mv "$out" "$T_TMP/$pid.out"
+	# The child opens $out itself, maybe only after we get here: never rename
+	# it, point a pid-named link at it.
+	ln -s "$out" "$T_TMP/$pid.out"
 	printf -v "$__var" '%s' "$pid"
 }
 
