@@ -57,8 +57,13 @@ $(SHIM_LIB): $(SHIM_OBJ) $(CORE_LIB) shim/tsshim.map
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(CORE_LIB) $(LDFLAGS) \
 	    -Wl,--version-script=shim/tsshim.map -Wl,-z,defs -Wl,-z,now -ldl
 
+# Extra libraries per program: LIBS_<tool> for build/tsshim-<tool>,
+# LIBS_<name> for build/tests/<name>.
+LIBS_mkdata := -ljpeg -lm
+LIBS_train  := -ljpeg -ldl -lm
+
 $(BUILD)/tsshim-%: $(BUILD)/obj/tools/%.o $(CORE_LIB)
-	$(CC) -o $@ $^ $(LDFLAGS)
+	$(CC) -o $@ $^ $(LDFLAGS) $(LIBS_$*)
 
 $(BUILD)/python: $(wildcard shim/python/*.py)
 	@mkdir -p $@
@@ -67,11 +72,11 @@ $(BUILD)/python: $(wildcard shim/python/*.py)
 
 $(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(CORE_LIB)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $^ $(LDFLAGS) -lcriterion
+	$(CC) -o $@ $^ $(LDFLAGS) -lcriterion $(LIBS_test_$*)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/helpers/%.o $(CORE_LIB)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $^ $(LDFLAGS)
+	$(CC) -o $@ $^ $(LDFLAGS) $(LIBS_$*)
 
 check-build: all $(UNITS) $(HELPERS)
 
