@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "heartbeat.h"
+#include "io.h"
 #include "session.h"
 #define TSSHIM_WEAK /* the definitions are strong */
 #include "tsshim.h"
@@ -110,6 +111,7 @@ __attribute__((constructor)) static void ts_shim_init(void)
 		return;
 	}
 	atomic_store_explicit(&ts_init_state, TS_READY, memory_order_release);
+	ts_io_init();
 }
 
 static int owns_membership(void)

@@ -62,7 +62,11 @@ after=$(ls /dev/shm | grep -c "^tsshim\.$(id -u)\." || true)
 check "no segment created by loading the shim" [ "$before" = "$after" ]
 
 check "ldd shows no CUDA library" sh -c "! ldd '$BUILD/libtsshim.so' | grep -qiE 'libcuda|libcudart'"
-exported=$(nm -D --defined-only "$BUILD/libtsshim.so" | awk '{print $3}' | sort | tr '\n' ' ')
-check "only the API is exported ($exported)" [ "$exported" = "tsshim_join tsshim_leave tsshim_role tsshim_version " ]
+# Exactly the API and the hooks the version script names, nothing of the core.
+exported=$(nm -D --defined-only "$BUILD/libtsshim.so" | awk '{print $3}' | sort)
+listed=$(sed -n '/global:/,/local:/p' shim/tsshim.map | sed 's,/\*.*\*/,,' | tr ' ;\t' '\n\n\n' |
+	grep -E '^[A-Za-z_][A-Za-z0-9_]*$' | grep -vE '^(global|local)$' | sort)
+check "exports are exactly the version script's list ($(echo "$exported" | wc -l) symbols)" [ "$exported" = "$listed" ]
+check "no core symbol leaks out" sh -c "! nm -D --defined-only '$BUILD/libtsshim.so' | grep -q ' ts_'"
 
 finish passthrough

@@ -1,0 +1,540 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * File-read interposition. Every hook calls the real function first and
+ * returns exactly what it returned, errno included; tracking happens after,
+ * only for read-only regular files in the dataset scope (or, while the
+ * scope is still being detected, for JPEG files), and never changes what
+ * the program sees.
+ *
+ * Tracked per descriptor: the file's identity and a hash of the first read
+ * at offset 0. Per thread: the last tracked descriptor read. The JPEG layer
+ * asks ts_io_provenance() whether the buffer it is about to decode starts
+ * with those bytes: if so, the decode is of that file.
+ *
+ * The descriptor table is a static array (no allocation in any hook, safe
+ * after fork); entries are published with a sequence counter so a reader on
+ * another thread never mixes two files' fields.
+ */
+#include "io.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "hash.h"
+#include "log.h"
+#include "real.h"
+#include "scope.h"
+#include "shim.h"
+
+#define TS_EXPORT __attribute__((visibility("default")))
+
+#define MAX_TRACKED_FD 65536
+#define FIRST_READ_MAX (64 * 1024) /* bytes of the first read that are hashed */
+#define PATH_SLOTS 256
+#define HASH_SEED 0x74737368696d3031ull
+
+struct fd_entry {
+	_Atomic uint32_t seq;   /* odd while being written */
+	uint32_t tracked;
+	struct ts_file_id id;
+	uint64_t first_len;     /* 0 until the first read at offset 0 */
+	uint64_t first_hash;
+	uint32_t path_slot;     /* index into paths[] + 1, 0 when none */
+	uint32_t path_gen;
+};
+
+static struct fd_entry fds[MAX_TRACKED_FD];
+
+/* Paths of tracked files, for scope detection and messages (a ring). */
+static struct {
+	_Atomic uint32_t gen;
+	char path[TS_SCOPE_PATH_MAX];
+} paths[PATH_SLOTS];
+static _Atomic uint32_t path_next;
+
+static __thread int last_fd = -1;
+static __thread uint32_t last_seq;
+
+static struct ts_scope scope;
+static _Atomic int scope_state; /* 0 detecting, 1 known */
+static struct ts_scope_detector detector;
+static _Atomic int detector_busy;
+static char scope_text[TS_SCOPE_PATH_MAX * 2];
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static int valid_fd(int fd)
+{
+	return fd >= 0 && fd < MAX_TRACKED_FD;
+}
+
+static void entry_clear(int fd)
+{
+	if (!valid_fd(fd) || !fds[fd].tracked)
+		return;
+	struct fd_entry *e = &fds[fd];
+	atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
+	e->tracked = 0;
+	atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
+}
+
+static void entry_copy(int from, int to)
+{
+	if (!valid_fd(from) || !valid_fd(to) || from == to)
+		return;
+	struct fd_entry snap;
+	uint32_t s;
+	do {
+		s = atomic_load_explicit(&fds[from].seq, memory_order_acquire);
+		memcpy(&snap, &fds[from], sizeof(snap));
+		atomic_thread_fence(memory_order_acquire);
+	} while ((s & 1) || s != atomic_load_explicit(&fds[from].seq, memory_order_relaxed));
+	struct fd_entry *e = &fds[to];
+	atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
+	e->tracked = snap.tracked;
+	e->id = snap.id;
+	e->first_len = snap.first_len;
+	e->first_hash = snap.first_hash;
+	e->path_slot = snap.path_slot;
+	e->path_gen = snap.path_gen;
+	atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
+}
+
+static uint32_t store_path(const char *abs, uint32_t *gen)
+{
+	uint32_t i = atomic_fetch_add(&path_next, 1) % PATH_SLOTS;
+	*gen = atomic_fetch_add(&paths[i].gen, 2) + 2; /* even: stable */
+	snprintf(paths[i].path, sizeof(paths[i].path), "%s", abs);
+	return i + 1;
+}
+
+/* Absolute, normalised path for (dirfd, path); 0 or -errno. */
+static int absolute_path(int dirfd, const char *path, char *out, size_t outlen)
+{
+	char base[TS_SCOPE_PATH_MAX];
+	if (path[0] == '/')
+		return ts_path_normalize(NULL, path, out, outlen);
+	if (dirfd == AT_FDCWD) {
+		if (!getcwd(base, sizeof(base)))
+			return -errno;
+	} else {
+		char link[32];
+		snprintf(link, sizeof(link), "/proc/self/fd/%d", dirfd);
+		ssize_t n = readlink(link, base, sizeof(base) - 1);
+		if (n <= 0)
+			return -EINVAL;
+		base[n] = '\0';
+	}
+	return ts_path_normalize(base, path, out, outlen);
+}
+
+/* Should a file at this path be tracked? */
+static int wanted(const char *abs)
+{
+	if (atomic_load_explicit(&scope_state, memory_order_acquire))
+		return ts_scope_contains(&scope, abs);
+	return ts_path_is_jpeg(abs);
+}
+
+/* ---- the tracking half of every hook -------------------------------------- */
+
+static void track_open(int dirfd, const char *path, int flags, int fd)
+{
+	if (fd < 0 || !valid_fd(fd) || (flags & O_ACCMODE) != O_RDONLY || !path || !ts_hook_enter())
+		return;
+	int saved = errno;
+	char abs[TS_SCOPE_PATH_MAX];
+	struct stat sb;
+	if (absolute_path(dirfd, path, abs, sizeof(abs)) == 0 && wanted(abs) &&
+	    syscall(SYS_fstat, fd, &sb) == 0 && S_ISREG(sb.st_mode)) {
+		struct fd_entry *e = &fds[fd];
+		atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
+		e->id = (struct ts_file_id){ (uint64_t)sb.st_dev, (uint64_t)sb.st_ino, (uint64_t)sb.st_size,
+					     (uint64_t)sb.st_mtim.tv_sec * 1000000000ull + (uint64_t)sb.st_mtim.tv_nsec };
+		e->first_len = 0;
+		e->first_hash = 0;
+		e->path_slot = store_path(abs, &e->path_gen);
+		e->tracked = 1;
+		atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
+	}
+	errno = saved;
+	ts_hook_leave();
+}
+
+/* `off` is where the read started; -1: ask the kernel (read(2)); < -1: unknown. */
+static void track_read(int fd, const void *buf, ssize_t n, off_t off)
+{
+	if (n <= 0 || !valid_fd(fd) || !fds[fd].tracked || !ts_hook_enter())
+		return;
+	int saved = errno;
+	struct fd_entry *e = &fds[fd];
+	if (e->first_len == 0) {
+		if (off == -1) {
+			off_t now = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR);
+			off = now >= n ? now - n : -1;
+		}
+		if (off == 0) {
+			size_t len = (size_t)n < FIRST_READ_MAX ? (size_t)n : FIRST_READ_MAX;
+			atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
+			e->first_hash = ts_hash64(buf, len, HASH_SEED);
+			e->first_len = len;
+			atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
+		}
+	}
+	last_fd = fd;
+	last_seq = atomic_load_explicit(&e->seq, memory_order_acquire);
+	errno = saved;
+	ts_hook_leave();
+}
+
+static void track_readv(int fd, const struct iovec *iov, int cnt, ssize_t n, off_t off)
+{
+	/* Only the first buffer is hashed: enough to recognise the file. */
+	if (n <= 0 || cnt <= 0 || iov[0].iov_len == 0 || !valid_fd(fd) || !fds[fd].tracked)
+		return;
+	if (off == -1 && fds[fd].first_len == 0) { /* where the whole readv started */
+		int saved = errno;
+		off_t now = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR);
+		off = now >= n ? now - n : -2;
+		errno = saved;
+	}
+	ssize_t first = (size_t)n < iov[0].iov_len ? n : (ssize_t)iov[0].iov_len;
+	track_read(fd, iov[0].iov_base, first, off == -1 ? -2 : off);
+}
+
+/* ---- provenance and scope --------------------------------------------------- */
+
+int ts_io_provenance(const void *buf, size_t len, struct ts_file_id *id, char *path, size_t pathlen)
+{
+	int fd = last_fd;
+	if (!valid_fd(fd) || !buf)
+		return 0;
+	struct fd_entry snap;
+	const struct fd_entry *e = &fds[fd];
+	uint32_t s = atomic_load_explicit(&e->seq, memory_order_acquire);
+	memcpy(&snap, e, sizeof(snap));
+	atomic_thread_fence(memory_order_acquire);
+	if ((s & 1) || s != atomic_load_explicit(&e->seq, memory_order_relaxed) || s != last_seq)
+		return 0; /* closed or reused since this thread read it */
+	if (!snap.tracked || snap.first_len == 0 || len < snap.first_len)
+		return 0;
+	if (ts_hash64(buf, snap.first_len, HASH_SEED) != snap.first_hash)
+		return 0;
+	*id = snap.id;
+	if (path && pathlen) {
+		path[0] = '\0';
+		uint32_t i = snap.path_slot;
+		if (i && i <= PATH_SLOTS && atomic_load(&paths[i - 1].gen) == snap.path_gen) {
+			snprintf(path, pathlen, "%s", paths[i - 1].path);
+			if (atomic_load(&paths[i - 1].gen) != snap.path_gen)
+				path[0] = '\0'; /* recycled while we copied */
+		}
+	}
+	return 1;
+}
+
+static void format_scope(void)
+{
+	size_t off = 0;
+	scope_text[0] = '\0';
+	for (uint32_t i = 0; i < scope.n && off < sizeof(scope_text); i++)
+		off += (size_t)snprintf(scope_text + off, sizeof(scope_text) - off, "%s%s", i ? ":" : "",
+					scope.root[i]);
+}
+
+void ts_io_decoded(const char *path)
+{
+	if (atomic_load(&scope_state) || !path || !path[0])
+		return;
+	int expected = 0;
+	if (!atomic_compare_exchange_strong(&detector_busy, &expected, 1))
+		return; /* another thread is at it; one sample fewer does not matter */
+	if (ts_scope_detect_add(&detector, path) == 1) {
+		const char *root = detector.common;
+		if (ts_scope_set(&scope, &root, 1) == 0) {
+			format_scope();
+			atomic_store_explicit(&scope_state, 1, memory_order_release);
+			ts_info("dataset scope detected: %s (from the first %u decoded files)", scope_text,
+				TS_SCOPE_DETECT_FILES);
+		}
+	}
+	atomic_store(&detector_busy, 0);
+}
+
+const char *ts_io_scope_string(void)
+{
+	return atomic_load_explicit(&scope_state, memory_order_acquire) ? scope_text : "";
+}
+
+void ts_io_init(void)
+{
+	if (ts_cfg.ndata == 0)
+		return;
+	if (ts_scope_set(&scope, ts_cfg.data, ts_cfg.ndata) == 0) {
+		format_scope();
+		atomic_store(&scope_state, 1);
+		ts_info("dataset scope: %s (TSSHIM_DATA)", scope_text);
+	}
+}
+
+/* ---- hooks ------------------------------------------------------------------ */
+
+/* glibc's fortified entry points have no public prototypes. */
+int __open_2(const char *path, int flags);
+int __open64_2(const char *path, int flags);
+int __openat_2(int dirfd, const char *path, int flags);
+ssize_t __read_chk(int fd, void *buf, size_t count, size_t buflen);
+ssize_t __pread64_chk(int fd, void *buf, size_t count, off_t off, size_t buflen);
+
+#define OPEN_MODE(flags, mode)                                  \
+	do {                                                    \
+		if (__OPEN_NEEDS_MODE(flags)) {                 \
+			va_list ap;                             \
+			va_start(ap, flags);                    \
+			mode = va_arg(ap, mode_t);              \
+			va_end(ap);                             \
+		}                                               \
+	} while (0)
+
+/* Resolve the real function or fail the call the way libc would. */
+#define REAL_OR_FAIL(name, failval)                  \
+	do {                                         \
+		if (!TS_RESOLVE(name)) {             \
+			errno = ENOSYS;              \
+			return failval;              \
+		}                                    \
+	} while (0)
+
+TS_REAL(int, open, (const char *, int, ...));
+TS_EXPORT int open(const char *path, int flags, ...)
+{
+	mode_t mode = 0;
+	OPEN_MODE(flags, mode);
+	REAL_OR_FAIL(open, -1);
+	int fd = real_open(path, flags, mode);
+	track_open(AT_FDCWD, path, flags, fd);
+	return fd;
+}
+
+TS_REAL(int, open64, (const char *, int, ...));
+TS_EXPORT int open64(const char *path, int flags, ...)
+{
+	mode_t mode = 0;
+	OPEN_MODE(flags, mode);
+	REAL_OR_FAIL(open64, -1);
+	int fd = real_open64(path, flags, mode);
+	track_open(AT_FDCWD, path, flags, fd);
+	return fd;
+}
+
+TS_REAL(int, openat, (int, const char *, int, ...));
+TS_EXPORT int openat(int dirfd, const char *path, int flags, ...)
+{
+	mode_t mode = 0;
+	OPEN_MODE(flags, mode);
+	REAL_OR_FAIL(openat, -1);
+	int fd = real_openat(dirfd, path, flags, mode);
+	track_open(dirfd, path, flags, fd);
+	return fd;
+}
+
+TS_REAL(int, openat64, (int, const char *, int, ...));
+TS_EXPORT int openat64(int dirfd, const char *path, int flags, ...)
+{
+	mode_t mode = 0;
+	OPEN_MODE(flags, mode);
+	REAL_OR_FAIL(openat64, -1);
+	int fd = real_openat64(dirfd, path, flags, mode);
+	track_open(dirfd, path, flags, fd);
+	return fd;
+}
+
+/* Fortified variants (_FORTIFY_SOURCE): no mode argument. */
+TS_REAL(int, __open_2, (const char *, int));
+TS_EXPORT int __open_2(const char *path, int flags)
+{
+	REAL_OR_FAIL(__open_2, -1);
+	int fd = real___open_2(path, flags);
+	track_open(AT_FDCWD, path, flags, fd);
+	return fd;
+}
+
+TS_REAL(int, __open64_2, (const char *, int));
+TS_EXPORT int __open64_2(const char *path, int flags)
+{
+	REAL_OR_FAIL(__open64_2, -1);
+	int fd = real___open64_2(path, flags);
+	track_open(AT_FDCWD, path, flags, fd);
+	return fd;
+}
+
+TS_REAL(int, __openat_2, (int, const char *, int));
+TS_EXPORT int __openat_2(int dirfd, const char *path, int flags)
+{
+	REAL_OR_FAIL(__openat_2, -1);
+	int fd = real___openat_2(dirfd, path, flags);
+	track_open(dirfd, path, flags, fd);
+	return fd;
+}
+
+TS_REAL(ssize_t, read, (int, void *, size_t));
+TS_EXPORT ssize_t read(int fd, void *buf, size_t count)
+{
+	REAL_OR_FAIL(read, -1);
+	ssize_t n = real_read(fd, buf, count);
+	track_read(fd, buf, n, -1);
+	return n;
+}
+
+TS_REAL(ssize_t, __read_chk, (int, void *, size_t, size_t));
+TS_EXPORT ssize_t __read_chk(int fd, void *buf, size_t count, size_t buflen)
+{
+	REAL_OR_FAIL(__read_chk, -1);
+	ssize_t n = real___read_chk(fd, buf, count, buflen);
+	track_read(fd, buf, n, -1);
+	return n;
+}
+
+TS_REAL(ssize_t, pread, (int, void *, size_t, off_t));
+TS_EXPORT ssize_t pread(int fd, void *buf, size_t count, off_t off)
+{
+	REAL_OR_FAIL(pread, -1);
+	ssize_t n = real_pread(fd, buf, count, off);
+	track_read(fd, buf, n, off);
+	return n;
+}
+
+TS_REAL(ssize_t, pread64, (int, void *, size_t, off_t));
+TS_EXPORT ssize_t pread64(int fd, void *buf, size_t count, off_t off)
+{
+	REAL_OR_FAIL(pread64, -1);
+	ssize_t n = real_pread64(fd, buf, count, off);
+	track_read(fd, buf, n, off);
+	return n;
+}
+
+TS_REAL(ssize_t, __pread64_chk, (int, void *, size_t, off_t, size_t));
+TS_EXPORT ssize_t __pread64_chk(int fd, void *buf, size_t count, off_t off, size_t buflen)
+{
+	REAL_OR_FAIL(__pread64_chk, -1);
+	ssize_t n = real___pread64_chk(fd, buf, count, off, buflen);
+	track_read(fd, buf, n, off);
+	return n;
+}
+
+TS_REAL(ssize_t, readv, (int, const struct iovec *, int));
+TS_EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
+{
+	REAL_OR_FAIL(readv, -1);
+	ssize_t n = real_readv(fd, iov, cnt);
+	track_readv(fd, iov, cnt, n, -1);
+	return n;
+}
+
+TS_REAL(ssize_t, preadv, (int, const struct iovec *, int, off_t));
+TS_EXPORT ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off)
+{
+	REAL_OR_FAIL(preadv, -1);
+	ssize_t n = real_preadv(fd, iov, cnt, off);
+	track_readv(fd, iov, cnt, n, off);
+	return n;
+}
+
+TS_REAL(int, close, (int));
+TS_EXPORT int close(int fd)
+{
+	REAL_OR_FAIL(close, -1);
+	/* Forget first: once closed, another thread may get this number back. */
+	entry_clear(fd);
+	return real_close(fd);
+}
+
+TS_REAL(int, dup, (int));
+TS_EXPORT int dup(int fd)
+{
+	REAL_OR_FAIL(dup, -1);
+	int nfd = real_dup(fd);
+	if (nfd >= 0)
+		entry_copy(fd, nfd);
+	return nfd;
+}
+
+TS_REAL(int, dup2, (int, int));
+TS_EXPORT int dup2(int fd, int nfd)
+{
+	REAL_OR_FAIL(dup2, -1);
+	int saved = errno;
+	if (fd != nfd)
+		entry_clear(nfd);
+	errno = saved;
+	int r = real_dup2(fd, nfd);
+	if (r >= 0)
+		entry_copy(fd, r);
+	return r;
+}
+
+TS_REAL(int, dup3, (int, int, int));
+TS_EXPORT int dup3(int fd, int nfd, int flags)
+{
+	REAL_OR_FAIL(dup3, -1);
+	if (fd != nfd)
+		entry_clear(nfd);
+	int r = real_dup3(fd, nfd, flags);
+	if (r >= 0)
+		entry_copy(fd, r);
+	return r;
+}
+
+/* stdio: fread never reaches read(), so follow FILE streams too. */
+TS_REAL(FILE *, fopen, (const char *, const char *));
+TS_EXPORT FILE *fopen(const char *path, const char *mode)
+{
+	REAL_OR_FAIL(fopen, NULL);
+	FILE *f = real_fopen(path, mode);
+	if (f && mode && mode[0] == 'r' && !strchr(mode, '+'))
+		track_open(AT_FDCWD, path, O_RDONLY, fileno(f));
+	return f;
+}
+
+TS_REAL(FILE *, fopen64, (const char *, const char *));
+TS_EXPORT FILE *fopen64(const char *path, const char *mode)
+{
+	REAL_OR_FAIL(fopen64, NULL);
+	FILE *f = real_fopen64(path, mode);
+	if (f && mode && mode[0] == 'r' && !strchr(mode, '+'))
+		track_open(AT_FDCWD, path, O_RDONLY, fileno(f));
+	return f;
+}
+
+TS_REAL(size_t, fread, (void *, size_t, size_t, FILE *));
+TS_EXPORT size_t fread(void *buf, size_t size, size_t n, FILE *f)
+{
+	REAL_OR_FAIL(fread, 0);
+	int saved = errno;
+	/* ftell before the read tells whether this read starts the file. */
+	int fd = f ? fileno(f) : -1;
+	long start = valid_fd(fd) && fds[fd].tracked && fds[fd].first_len == 0 ? ftell(f) : -1;
+	errno = saved;
+	size_t got = real_fread(buf, size, n, f);
+	if (valid_fd(fd) && fds[fd].tracked && got > 0)
+		track_read(fd, buf, (ssize_t)(got * size), start == 0 ? 0 : -2);
+	return got;
+}
+
+TS_REAL(int, fclose, (FILE *));
+TS_EXPORT int fclose(FILE *f)
+{
+	REAL_OR_FAIL(fclose, EOF);
+	if (f)
+		entry_clear(fileno(f));
+	return real_fclose(f);
+}

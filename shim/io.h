@@ -1,0 +1,35 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * File-read tracking: which descriptors hold dataset files, and a proof of
+ * what their first bytes were, so a JPEG decode can be tied to the file it
+ * decodes (decode provenance) by content rather than by guesswork.
+ */
+#ifndef TSSHIM_SHIM_IO_H
+#define TSSHIM_SHIM_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The identity of a file as the cache keys it. */
+struct ts_file_id {
+	uint64_t dev, ino, size, mtime_ns;
+};
+
+/*
+ * Provenance of a compressed buffer about to be decoded on this thread:
+ * if the thread's most recent dataset read came from a file whose first
+ * bytes hash like buf's, fill *id (and the file's path, when known) and
+ * return 1; else 0. Never blocks, never allocates.
+ */
+int ts_io_provenance(const void *buf, size_t len, struct ts_file_id *id, char *path, size_t pathlen);
+
+/* A decode of `path` was proven: feeds scope detection. */
+void ts_io_decoded(const char *path);
+
+/* The scope as "root[:root...]" for display; "" while undetected. */
+const char *ts_io_scope_string(void);
+
+/* Set up from the configuration (constructor). */
+void ts_io_init(void);
+
+#endif

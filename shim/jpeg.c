@@ -1,0 +1,454 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libjpeg decompression interposition (the API Pillow and torchvision use).
+ *
+ * Finding the real library. Python loads extension modules RTLD_LOCAL, so
+ * the libjpeg that Pillow's _imaging.so is bound to is not in the global
+ * scope and dlsym(RTLD_NEXT) finds nothing (or another copy). We resolve
+ * from the caller: dladdr(return address) names the calling object, and
+ * dlsym on that object's handle searches its own dependency tree, which
+ * holds its libjpeg and not us. A decompress object stays bound to the
+ * library that created it, so two copies are never mixed within one object.
+ *
+ * What is hooked. Only entry points that libjpeg itself never calls through
+ * its PLT (it does call jpeg_abort, jpeg_destroy, jpeg_calc_output_dimensions
+ * and jpeg_consume_input that way): create, read_header, start, read_scanlines,
+ * skip/crop, finish, abort_decompress, destroy_decompress. Anything else goes
+ * straight to the real library.
+ *
+ * Exact mode. A decode whose compressed bytes are proven to be a dataset
+ * file's (ts_io_provenance) and whose parameters we understand is looked up
+ * in the shared decoded cache: a hit is served row by row from a private
+ * copy without decoding; a miss decodes for real and fills the cache.
+ * Anything unusual (raw output, colour quantisation, buffered image, crop,
+ * skip, a struct of another libjpeg version) decodes for real, untouched.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <jpeglib.h>
+
+#include "exact.h"
+#include "hash.h"
+#include "io.h"
+#include "log.h"
+#include "real.h"
+#include "shim.h"
+
+#define TS_EXPORT __attribute__((visibility("default")))
+#define CALLER() __builtin_return_address(0)
+
+/* ---- the real library, per calling object ---------------------------------- */
+
+struct jpeg_api {
+	const void *caller_base; /* dli_fbase of the calling object */
+	uint64_t lib_id;         /* identity of the real libjpeg file, for cache keys */
+	void (*create)(j_decompress_ptr, int, size_t);
+	int (*read_header)(j_decompress_ptr, boolean);
+	boolean (*start)(j_decompress_ptr);
+	JDIMENSION (*read_scanlines)(j_decompress_ptr, JSAMPARRAY, JDIMENSION);
+	JDIMENSION (*skip_scanlines)(j_decompress_ptr, JDIMENSION);
+	void (*crop_scanline)(j_decompress_ptr, JDIMENSION *, JDIMENSION *);
+	boolean (*finish)(j_decompress_ptr);
+	void (*abort_d)(j_decompress_ptr);
+	void (*destroy_d)(j_decompress_ptr);
+	void (*calc_output_dimensions)(j_decompress_ptr);
+	void (*abort)(j_common_ptr);
+};
+
+#define MAX_APIS 8
+static struct jpeg_api apis[MAX_APIS];
+static int napis;
+static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *pick(void *handle, const char *name, void *ours)
+{
+	void *f = handle ? ts_real_dlsym(handle, name) : NULL;
+	if (!f || f == ours)
+		f = ts_real_next(name);
+	return f == ours ? NULL : f;
+}
+
+static uint64_t library_id(void *fn)
+{
+	Dl_info info;
+	struct stat sb;
+	if (!fn || !dladdr(fn, &info) || !info.dli_fname || stat(info.dli_fname, &sb) != 0)
+		return 0;
+	uint64_t v[4] = { (uint64_t)sb.st_dev, (uint64_t)sb.st_ino, (uint64_t)sb.st_size,
+			  (uint64_t)sb.st_mtim.tv_sec };
+	return ts_hash64(v, sizeof(v), 0x6a706567ull);
+}
+
+TS_EXPORT int jpeg_read_header(j_decompress_ptr, boolean);
+
+static void fill_api(struct jpeg_api *a, void *h);
+
+/* The real functions for calls made from code at `caller`. */
+static const struct jpeg_api *api_for(const void *caller)
+{
+	Dl_info info;
+	const void *base = dladdr(caller, &info) ? info.dli_fbase : NULL;
+	for (int i = 0; i < __atomic_load_n(&napis, __ATOMIC_ACQUIRE); i++)
+		if (apis[i].caller_base == base)
+			return &apis[i];
+	pthread_mutex_lock(&api_lock);
+	struct jpeg_api *a = NULL;
+	for (int i = 0; i < napis && !a; i++)
+		if (apis[i].caller_base == base)
+			a = &apis[i];
+	if (!a && napis < MAX_APIS) {
+		a = &apis[napis];
+		a->caller_base = base;
+		void *h = base && info.dli_fname ? dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+		fill_api(a, h);
+		if (h)
+			dlclose(h); /* NOLOAD took a reference; the object stays loaded */
+		if (a->read_header)
+			__atomic_store_n(&napis, napis + 1, __ATOMIC_RELEASE);
+		else
+			a = NULL;
+	}
+	pthread_mutex_unlock(&api_lock);
+	return a;
+}
+
+/* ---- per decompress-object state --------------------------------------------- */
+
+enum dmode { D_PASS = 0, D_FILL, D_HIT };
+
+struct dstate {
+	_Atomic(const void *) cinfo;
+	const struct jpeg_api *api;
+	int trackable;        /* struct of our libjpeg version */
+	int headers;          /* read_header calls since the last start */
+	int proven;
+	struct ts_file_id id;
+	char path[512];
+	enum dmode mode;
+	int started;          /* real start_decompress has returned TRUE (FILL) */
+	uint64_t row_bytes, rows_done, t0;
+	unsigned char *hit;   /* HIT: private copy of the decoded image */
+	struct ts_exact_fill fill;
+};
+
+#define MAX_DSTATES 1024
+static struct dstate dstates[MAX_DSTATES];
+
+static unsigned slot_of(const void *p)
+{
+	return (unsigned)(ts_mix64((uint64_t)(uintptr_t)p) % MAX_DSTATES);
+}
+
+static struct dstate *state_find(const void *cinfo)
+{
+	unsigned i = slot_of(cinfo);
+	for (unsigned k = 0; k < MAX_DSTATES; k++, i = (i + 1) % MAX_DSTATES)
+		if (atomic_load_explicit(&dstates[i].cinfo, memory_order_acquire) == cinfo)
+			return &dstates[i];
+	return NULL;
+}
+
+static struct dstate *state_new(const void *cinfo)
+{
+	struct dstate *s = state_find(cinfo);
+	if (s)
+		return s;
+	unsigned i = slot_of(cinfo);
+	for (unsigned k = 0; k < MAX_DSTATES; k++, i = (i + 1) % MAX_DSTATES) {
+		const void *empty = NULL;
+		if (atomic_compare_exchange_strong(&dstates[i].cinfo, &empty, cinfo))
+			return &dstates[i];
+	}
+	return NULL; /* table full: this object passes through untracked */
+}
+
+/* End of one image: drop the hit copy, abort an unfinished fill. */
+static void image_reset(struct dstate *s)
+{
+	if (s->mode == D_FILL)
+		ts_exact_abort(&s->fill);
+	free(s->hit);
+	s->hit = NULL;
+	s->mode = D_PASS;
+	s->started = 0;
+	s->headers = 0;
+	s->proven = 0;
+	s->rows_done = 0;
+}
+
+static void state_free(struct dstate *s)
+{
+	image_reset(s);
+	s->api = NULL;
+	atomic_store_explicit(&s->cinfo, NULL, memory_order_release);
+}
+
+/* The real functions for this object: bound at creation, else by caller. */
+static const struct jpeg_api *api_of(j_decompress_ptr cinfo, const void *caller, struct dstate **sp)
+{
+	struct dstate *s = state_find(cinfo);
+	*sp = s;
+	return s && s->api ? s->api : api_for(caller);
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- exact mode: keys and the decision at start ------------------------------ */
+
+/* Only plain 8-bit full-image output is cached; everything else decodes. */
+static int params_supported(j_decompress_ptr c)
+{
+	return !c->buffered_image && !c->raw_data_out && !c->quantize_colors && c->data_precision == 8 &&
+	       c->output_components >= 1 && c->output_components <= 4 && c->output_width > 0 && c->output_height > 0;
+}
+
+/* Everything that changes the decoded bytes, plus the file and the library. */
+static void make_key(const struct dstate *s, j_decompress_ptr c, struct ts_exact_key *k)
+{
+	uint64_t p[20] = {
+		s->api->lib_id, s->id.dev, s->id.ino, s->id.size, s->id.mtime_ns,
+		(uint64_t)c->jpeg_color_space, (uint64_t)c->out_color_space, (uint64_t)c->scale_num,
+		(uint64_t)c->scale_denom, (uint64_t)c->dct_method, (uint64_t)c->do_fancy_upsampling,
+		(uint64_t)c->do_block_smoothing, (uint64_t)c->output_width, (uint64_t)c->output_height,
+		(uint64_t)c->output_components, (uint64_t)c->out_color_components, (uint64_t)c->data_precision,
+		(uint64_t)c->image_width, (uint64_t)c->image_height, JPEG_LIB_VERSION,
+	};
+	k->w[0] = ts_hash64(p, sizeof(p), 1);
+	k->w[1] = ts_hash64(p, sizeof(p), 2);
+	k->w[2] = s->id.ino;
+	k->w[3] = s->id.size;
+}
+
+/* Called instead of the real start: decide HIT / FILL / PASS. 1: handled as HIT. */
+static int exact_start(struct dstate *s, j_decompress_ptr c)
+{
+	if (!s->proven || !ts_exact_enabled())
+		return 0;
+	/* Allowed in DSTATE_READY; fills output_* without decoding anything. */
+	s->api->calc_output_dimensions(c);
+	if (!params_supported(c))
+		return 0;
+	s->row_bytes = (uint64_t)c->output_width * (uint64_t)c->output_components;
+	uint64_t len = s->row_bytes * c->output_height;
+	struct ts_exact_key k;
+	make_key(s, c, &k);
+	unsigned char *copy = malloc(len);
+	if (!copy)
+		return 0;
+	enum ts_exact_result r = ts_exact_get(&k, len, copy, &s->fill);
+	if (r == TS_EXACT_HIT) {
+		s->hit = copy;
+		s->mode = D_HIT;
+		c->output_scanline = 0;
+		return 1;
+	}
+	free(copy);
+	if (r == TS_EXACT_FILL) {
+		s->mode = D_FILL;
+		s->t0 = now_ns();
+	}
+	return 0;
+}
+
+/* ---- hooks ----------------------------------------------------------------------- */
+
+TS_EXPORT void jpeg_CreateDecompress(j_decompress_ptr cinfo, int version, size_t structsize)
+{
+	const struct jpeg_api *a = api_for(CALLER());
+	if (!a || !a->create) {
+		/* No libjpeg reachable from the caller: fail like a version mismatch would. */
+		if (cinfo && cinfo->err && cinfo->err->error_exit) {
+			cinfo->err->msg_code = 0;
+			cinfo->err->error_exit((j_common_ptr)cinfo);
+		}
+		abort();
+	}
+	a->create(cinfo, version, structsize);
+	struct dstate *s = state_new(cinfo);
+	if (s) {
+		image_reset(s);
+		s->api = a;
+		s->trackable = version == JPEG_LIB_VERSION && structsize == sizeof(struct jpeg_decompress_struct);
+	}
+}
+
+TS_EXPORT int jpeg_read_header(j_decompress_ptr cinfo, boolean require_image)
+{
+	struct dstate *s;
+	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
+	if (s && s->trackable && s->headers++ == 0 && ts_shim_ready() && cinfo->src &&
+	    cinfo->src->next_input_byte && cinfo->src->bytes_in_buffer > 0) {
+		/* The buffer now starts at the stream's first byte: prove whose it is. */
+		s->proven = ts_io_provenance(cinfo->src->next_input_byte, cinfo->src->bytes_in_buffer, &s->id,
+					     s->path, sizeof(s->path));
+		if (s->proven)
+			ts_io_decoded(s->path);
+		ts_debug("decode of %s: %s", s->proven ? s->path : "an unknown buffer",
+			 s->proven ? "proven dataset file" : "not a dataset file (passes through)");
+	}
+	return a->read_header(cinfo, require_image);
+}
+
+TS_EXPORT boolean jpeg_start_decompress(j_decompress_ptr cinfo)
+{
+	struct dstate *s;
+	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
+	if (s && s->trackable && s->mode == D_PASS && !s->started) {
+		if (exact_start(s, cinfo))
+			return TRUE;
+	}
+	if (s && s->mode == D_HIT)
+		return TRUE;
+	boolean ok = a->start(cinfo);
+	if (s && ok)
+		s->started = 1;
+	return ok;
+}
+
+TS_EXPORT JDIMENSION jpeg_read_scanlines(j_decompress_ptr cinfo, JSAMPARRAY rows, JDIMENSION max)
+{
+	struct dstate *s;
+	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
+	if (s && s->mode == D_HIT) {
+		JDIMENSION n = 0;
+		while (n < max && cinfo->output_scanline < cinfo->output_height) {
+			memcpy(rows[n], s->hit + (uint64_t)cinfo->output_scanline * s->row_bytes, s->row_bytes);
+			cinfo->output_scanline++;
+			n++;
+		}
+		return n;
+	}
+	JDIMENSION first = cinfo->output_scanline;
+	JDIMENSION n = a->read_scanlines(cinfo, rows, max);
+	if (s && s->mode == D_FILL) {
+		if (first != s->rows_done) { /* rows went past us (skip): cannot fill */
+			ts_exact_abort(&s->fill);
+			s->mode = D_PASS;
+		} else {
+			unsigned char *dst = (unsigned char *)s->fill.ptr + (uint64_t)first * s->row_bytes;
+			for (JDIMENSION i = 0; i < n; i++)
+				memcpy(dst + (uint64_t)i * s->row_bytes, rows[i], s->row_bytes);
+			s->rows_done += n;
+		}
+	}
+	return n;
+}
+
+TS_EXPORT JDIMENSION jpeg_skip_scanlines(j_decompress_ptr cinfo, JDIMENSION num)
+{
+	struct dstate *s;
+	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
+	if (s && s->mode == D_HIT) {
+		JDIMENSION left = cinfo->output_height - cinfo->output_scanline;
+		JDIMENSION n = num < left ? num : left;
+		cinfo->output_scanline += n;
+		return n;
+	}
+	if (s && s->mode == D_FILL) {
+		ts_exact_abort(&s->fill); /* skipped rows are never decoded */
+		s->mode = D_PASS;
+	}
+	if (!a->skip_scanlines) {
+		ts_error("jpeg_skip_scanlines is not in the real libjpeg");
+		abort();
+	}
+	return a->skip_scanlines(cinfo, num);
+}
+
+TS_EXPORT void jpeg_crop_scanline(j_decompress_ptr cinfo, JDIMENSION *xoffset, JDIMENSION *width)
+{
+	struct dstate *s;
+	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
+	if (s && s->mode == D_HIT) {
+		/* Cropping changes the output: decode this image for real after all. */
+		free(s->hit);
+		s->hit = NULL;
+		s->mode = D_PASS;
+		if (a->start(cinfo))
+			s->started = 1;
+	} else if (s && s->mode == D_FILL) {
+		ts_exact_abort(&s->fill);
+		s->mode = D_PASS;
+	}
+	if (!a->crop_scanline) {
+		ts_error("jpeg_crop_scanline is not in the real libjpeg");
+		abort();
+	}
+	a->crop_scanline(cinfo, xoffset, width);
+}
+
+TS_EXPORT boolean jpeg_finish_decompress(j_decompress_ptr cinfo)
+{
+	struct dstate *s;
+	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
+	if (s && s->mode == D_HIT) {
+		/* Nothing was decoded: return the object to its start state, as
+		 * finish would, and let the source manager finish its stream. */
+		if (cinfo->src && cinfo->src->term_source)
+			cinfo->src->term_source(cinfo);
+		a->abort_d(cinfo);
+		image_reset(s);
+		return TRUE;
+	}
+	boolean ok = a->finish(cinfo);
+	if (s && ok) {
+		if (s->mode == D_FILL && s->rows_done == cinfo->output_height) {
+			ts_exact_commit(&s->fill, now_ns() - s->t0);
+			s->mode = D_PASS;
+		}
+		image_reset(s);
+	}
+	return ok;
+}
+
+TS_EXPORT void jpeg_abort_decompress(j_decompress_ptr cinfo)
+{
+	struct dstate *s;
+	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
+	if (s)
+		image_reset(s);
+	a->abort_d(cinfo);
+}
+
+TS_EXPORT void jpeg_destroy_decompress(j_decompress_ptr cinfo)
+{
+	struct dstate *s;
+	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
+	if (s)
+		state_free(s);
+	a->destroy_d(cinfo);
+}
+
+static void fill_api(struct jpeg_api *a, void *h)
+{
+	a->create = pick(h, "jpeg_CreateDecompress", (void *)jpeg_CreateDecompress);
+	a->read_header = pick(h, "jpeg_read_header", (void *)jpeg_read_header);
+	a->start = pick(h, "jpeg_start_decompress", (void *)jpeg_start_decompress);
+	a->read_scanlines = pick(h, "jpeg_read_scanlines", (void *)jpeg_read_scanlines);
+	a->skip_scanlines = pick(h, "jpeg_skip_scanlines", (void *)jpeg_skip_scanlines);
+	a->crop_scanline = pick(h, "jpeg_crop_scanline", (void *)jpeg_crop_scanline);
+	a->finish = pick(h, "jpeg_finish_decompress", (void *)jpeg_finish_decompress);
+	a->abort_d = pick(h, "jpeg_abort_decompress", (void *)jpeg_abort_decompress);
+	a->destroy_d = pick(h, "jpeg_destroy_decompress", (void *)jpeg_destroy_decompress);
+	a->calc_output_dimensions = pick(h, "jpeg_calc_output_dimensions", NULL);
+	a->abort = pick(h, "jpeg_abort", NULL);
+	a->lib_id = library_id((void *)a->read_header);
+	/* A partial library is no library: decode calls would crash half-way. */
+	if (!a->create || !a->start || !a->read_scanlines || !a->finish || !a->abort_d || !a->destroy_d ||
+	    !a->calc_output_dimensions)
+		a->read_header = NULL;
+}
