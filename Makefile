@@ -52,15 +52,16 @@ $(CORE_LIB): $(CORE_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-# The shim links only libc: no CUDA library, no liburing at load time.
+# The shim links only libc: no CUDA library; liburing goes in statically.
 $(SHIM_LIB): $(SHIM_OBJ) $(CORE_LIB) shim/tsshim.map
-	$(CC) -shared -o $@ $(SHIM_OBJ) $(CORE_LIB) $(LDFLAGS) \
+	$(CC) -shared -o $@ $(SHIM_OBJ) $(CORE_LIB) -l:liburing.a $(LDFLAGS) \
 	    -Wl,--version-script=shim/tsshim.map -Wl,-z,defs -Wl,-z,now -ldl
 
 # Extra libraries per program: LIBS_<tool> for build/tsshim-<tool>,
 # LIBS_<name> for build/tests/<name>.
 LIBS_mkdata := -ljpeg -lm
 LIBS_train  := -ljpeg -ldl -lm
+LIBS_test_prefetch := -l:liburing.a
 
 $(BUILD)/tsshim-%: $(BUILD)/obj/tools/%.o $(CORE_LIB)
 	$(CC) -o $@ $^ $(LDFLAGS) $(LIBS_$*)

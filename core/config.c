@@ -178,7 +178,7 @@ int ts_config_parse(struct ts_config *c, ts_getenv_fn get, char *err, size_t err
 	if ((v = get("TSSHIM_PREFETCH"))) {
 		if ((i = pick(v, prefetch)) < 0)
 			return reject(err, errlen, "TSSHIM_PREFETCH", v, "off or warm");
-		c->prefetch = (enum ts_prefetch)i;
+		c->prefetch = (enum ts_prefetch_mode)i;
 	}
 	return 0;
 }

@@ -21,7 +21,7 @@
 #define TS_CACHE_MAX_MB   (1u << 20) /* 1 TiB */
 
 enum ts_mode { TS_MODE_AUTO = 0, TS_MODE_SOCKET, TS_MODE_EXACT, TS_MODE_OFF };
-enum ts_prefetch { TS_PREFETCH_OFF = 0, TS_PREFETCH_WARM };
+enum ts_prefetch_mode { TS_PREFETCH_OFF = 0, TS_PREFETCH_WARM };
 
 struct ts_config {
 	enum ts_mode mode;        /* AUTO: socket where it can apply, else exact */
@@ -33,7 +33,7 @@ struct ts_config {
 	uint64_t cache_mb;
 	uint32_t timeout_ms;
 	int python;
-	enum ts_prefetch prefetch;
+	enum ts_prefetch_mode prefetch;
 	enum ts_log_level log;
 };
 

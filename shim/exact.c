@@ -1,11 +1,111 @@
 /* SPDX-License-Identifier: MIT */
-/* Placeholder until the shared cache lands: every decode bypasses. */
 #include "exact.h"
 
-int ts_exact_enabled(void) { return 0; }
-enum ts_exact_result ts_exact_get(const struct ts_exact_key *k, uint64_t len, void *dst, struct ts_exact_fill *fill)
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "shim.h"
+
+enum { CACHE_UNTRIED = 0, CACHE_OPEN = 1, CACHE_FAILED = 2 };
+
+static struct ts_cache cache;
+static _Atomic int cache_state;
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int ts_exact_enabled(void)
 {
+	return ts_shim_ready() && (ts_cfg.mode == TS_MODE_EXACT || ts_cfg.mode == TS_MODE_AUTO) &&
+	       ts_cfg.cache_mb > 0 && atomic_load_explicit(&cache_state, memory_order_acquire) != CACHE_FAILED;
+}
+
+/* Open once per process; a failure turns sharing off for this process only. */
+static int cache_ready(void)
+{
+	int st = atomic_load_explicit(&cache_state, memory_order_acquire);
+	if (st != CACHE_UNTRIED)
+		return st == CACHE_OPEN;
+	pthread_mutex_lock(&open_lock);
+	if (atomic_load(&cache_state) == CACHE_UNTRIED) {
+		char why[200] = "";
+		int ret = ts_cache_open(&cache, ts_cfg.session, ts_cfg.cache_mb << 20, why, sizeof(why));
+		if (ret) {
+			ts_warn("decoded-image cache of session '%s' unavailable: %s%s%s; decoding privately",
+				ts_cfg.session, strerror(-ret), why[0] ? ": " : "", why);
+			atomic_store_explicit(&cache_state, CACHE_FAILED, memory_order_release);
+		} else {
+			ts_info("decoded-image cache of session '%s': %llu MiB", ts_cfg.session,
+				(unsigned long long)(cache.arena_size >> 20));
+			atomic_store_explicit(&cache_state, CACHE_OPEN, memory_order_release);
+		}
+	}
+	pthread_mutex_unlock(&open_lock);
+	return atomic_load(&cache_state) == CACHE_OPEN;
+}
+
+enum ts_exact_result ts_exact_get(const struct ts_cache_key *k, uint64_t len, void *dst,
+				  struct ts_cache_fill *fill)
+{
+	if (!cache_ready())
+		return TS_EXACT_BYPASS;
+	/* Wait for another job's decode of the same image at most as long as
+	 * we tolerate a silent producer: lockstep jobs then decode it once. */
+	uint64_t wait_ns = (uint64_t)ts_cfg.timeout_ms * 1000000ull;
+	int r = ts_cache_get(&cache, k, len, dst, wait_ns, fill);
+	if (r == TS_CACHE_HIT)
+		return TS_EXACT_HIT;
+	if (r == TS_CACHE_FILL)
+		return TS_EXACT_FILL;
+	if (r < 0)
+		ts_debug("cache lookup failed: %s", strerror(-r));
 	return TS_EXACT_BYPASS;
 }
-void ts_exact_commit(struct ts_exact_fill *fill, uint64_t decode_ns) {}
-void ts_exact_abort(struct ts_exact_fill *fill) {}
+
+void ts_exact_commit(struct ts_cache_fill *fill, uint64_t decode_ns)
+{
+	int r = ts_cache_commit(&cache, fill, decode_ns);
+	if (r)
+		ts_debug("cache fill not published: %s", strerror(-r));
+}
+
+void ts_exact_abort(struct ts_cache_fill *fill)
+{
+	ts_cache_abort(&cache, fill);
+}
+
+int ts_exact_stats(struct ts_cache_stats *st)
+{
+	if (atomic_load(&cache_state) != CACHE_OPEN)
+		return -ENOENT;
+	ts_cache_stats(&cache, st);
+	return 0;
+}
+
+/*
+ * Leave the cache at exit (the last user out removes it). DataLoader
+ * workers usually end with _exit() and never get here; their parent, the
+ * job, does: once every user is gone it removes the segment they left.
+ */
+__attribute__((destructor)) static void exact_fini(void)
+{
+	int init = atomic_load(&ts_init_state); /* FINI: the shim's own destructor ran first */
+	if ((init != TS_READY && init != TS_FINI) || ts_cfg.cache_mb == 0 ||
+	    (ts_cfg.mode != TS_MODE_EXACT && ts_cfg.mode != TS_MODE_AUTO))
+		return;
+	if (atomic_load(&cache_state) == CACHE_OPEN) {
+		struct ts_cache_stats st;
+		ts_cache_stats(&cache, &st);
+		ts_info("decoded-image cache: %llu hits, %llu fills, %llu bypasses",
+			(unsigned long long)st.hits, (unsigned long long)st.fills,
+			(unsigned long long)st.bypasses);
+		ts_cache_close(&cache);
+	}
+	if (!atomic_load(&ts_is_fork_child)) {
+		char path[TS_PATH_MAX];
+		if (ts_cache_path(path, sizeof(path), getuid(), ts_cfg.session) == 0)
+			ts_cache_remove_if_stale(path);
+	}
+}

@@ -4,7 +4,8 @@
  * every other decode of the same file with the same parameters from the
  * shared decoded cache (core/cache.c). This is the shim-side glue: the
  * cache is opened lazily on the first proven dataset decode of a process
- * (forked DataLoader workers open it themselves; it needs no membership).
+ * (forked DataLoader workers share their parent's mapping, or open it
+ * themselves; the cache needs no session membership).
  */
 #ifndef TSSHIM_SHIM_EXACT_H
 #define TSSHIM_SHIM_EXACT_H
@@ -12,17 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache.h"
+
 enum ts_exact_result { TS_EXACT_BYPASS = 0, TS_EXACT_HIT = 1, TS_EXACT_FILL = 2 };
-
-struct ts_exact_key {
-	uint64_t w[4];
-};
-
-struct ts_exact_fill {
-	void *ptr;     /* where the decoded bytes go (in the shared cache) */
-	uint64_t len;
-	uint64_t opaque[6];
-};
 
 /* Is exact-mode decode sharing on for this process? */
 int ts_exact_enabled(void);
@@ -32,9 +25,11 @@ int ts_exact_enabled(void);
  * decode would produce. FILL: decode for real into fill->ptr, then commit
  * (or abort on failure). BYPASS: decode privately.
  */
-enum ts_exact_result ts_exact_get(const struct ts_exact_key *k, uint64_t len, void *dst,
-				  struct ts_exact_fill *fill);
-void ts_exact_commit(struct ts_exact_fill *fill, uint64_t decode_ns);
-void ts_exact_abort(struct ts_exact_fill *fill);
+enum ts_exact_result ts_exact_get(const struct ts_cache_key *k, uint64_t len, void *dst,
+				  struct ts_cache_fill *fill);
+void ts_exact_commit(struct ts_cache_fill *fill, uint64_t decode_ns);
+void ts_exact_abort(struct ts_cache_fill *fill);
+/* Counters of this process's cache, for logs; 0 when not open. */
+int ts_exact_stats(struct ts_cache_stats *st);
 
 #endif

@@ -265,9 +265,20 @@ void ts_io_decoded(const char *path)
 			atomic_store_explicit(&scope_state, 1, memory_order_release);
 			ts_info("dataset scope detected: %s (from the first %u decoded files)", scope_text,
 				TS_SCOPE_DETECT_FILES);
+			ts_shim_scope_known();
 		}
 	}
 	atomic_store(&detector_busy, 0);
+}
+
+unsigned ts_io_scope_roots(const char **roots, unsigned max)
+{
+	if (!atomic_load_explicit(&scope_state, memory_order_acquire))
+		return 0;
+	unsigned n = scope.n < max ? scope.n : max;
+	for (unsigned i = 0; i < n; i++)
+		roots[i] = scope.root[i];
+	return n;
 }
 
 const char *ts_io_scope_string(void)

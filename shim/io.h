@@ -29,6 +29,9 @@ void ts_io_decoded(const char *path);
 /* The scope as "root[:root...]" for display; "" while undetected. */
 const char *ts_io_scope_string(void);
 
+/* The scope's roots (pointers stay valid); 0 while undetected. */
+unsigned ts_io_scope_roots(const char **roots, unsigned max);
+
 /* Set up from the configuration (constructor). */
 void ts_io_init(void);
 

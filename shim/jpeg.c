@@ -137,7 +137,7 @@ struct dstate {
 	int started;          /* real start_decompress has returned TRUE (FILL) */
 	uint64_t row_bytes, rows_done, t0;
 	unsigned char *hit;   /* HIT: private copy of the decoded image */
-	struct ts_exact_fill fill;
+	struct ts_cache_fill fill;
 };
 
 #define MAX_DSTATES 1024
@@ -212,25 +212,41 @@ static uint64_t now_ns(void)
 /* Only plain 8-bit full-image output is cached; everything else decodes. */
 static int params_supported(j_decompress_ptr c)
 {
+	/* Values must fit the key's bytes; anything odd decodes for real. */
+	if (c->scale_num > 255 || c->scale_denom > 255 || (unsigned)c->out_color_space > 255 ||
+	    (unsigned)c->jpeg_color_space > 255 || (unsigned)c->dct_method > 255)
+		return 0;
 	return !c->buffered_image && !c->raw_data_out && !c->quantize_colors && c->data_precision == 8 &&
 	       c->output_components >= 1 && c->output_components <= 4 && c->output_width > 0 && c->output_height > 0;
 }
 
-/* Everything that changes the decoded bytes, plus the file and the library. */
-static void make_key(const struct dstate *s, j_decompress_ptr c, struct ts_exact_key *k)
+/*
+ * Everything that changes the decoded bytes: the file, the library that
+ * decodes it, and every output parameter, packed raw (not hashed).
+ */
+static void make_key(const struct dstate *s, j_decompress_ptr c, struct ts_cache_key *k)
 {
-	uint64_t p[20] = {
-		s->api->lib_id, s->id.dev, s->id.ino, s->id.size, s->id.mtime_ns,
-		(uint64_t)c->jpeg_color_space, (uint64_t)c->out_color_space, (uint64_t)c->scale_num,
-		(uint64_t)c->scale_denom, (uint64_t)c->dct_method, (uint64_t)c->do_fancy_upsampling,
-		(uint64_t)c->do_block_smoothing, (uint64_t)c->output_width, (uint64_t)c->output_height,
-		(uint64_t)c->output_components, (uint64_t)c->out_color_components, (uint64_t)c->data_precision,
-		(uint64_t)c->image_width, (uint64_t)c->image_height, JPEG_LIB_VERSION,
-	};
-	k->w[0] = ts_hash64(p, sizeof(p), 1);
-	k->w[1] = ts_hash64(p, sizeof(p), 2);
-	k->w[2] = s->id.ino;
-	k->w[3] = s->id.size;
+	memset(k, 0, sizeof(*k));
+	k->dev = s->id.dev;
+	k->ino = s->id.ino;
+	k->size = s->id.size;
+	k->mtime_ns = (int64_t)s->id.mtime_ns;
+	uint8_t *p = k->params;
+	memcpy(p, &s->api->lib_id, 8);
+	uint32_t w = c->output_width, h = c->output_height;
+	memcpy(p + 8, &w, 4);
+	memcpy(p + 12, &h, 4);
+	p[16] = (uint8_t)c->jpeg_color_space;
+	p[17] = (uint8_t)c->out_color_space;
+	p[18] = (uint8_t)c->scale_num;
+	p[19] = (uint8_t)c->scale_denom;
+	p[20] = (uint8_t)c->dct_method;
+	p[21] = (uint8_t)c->do_fancy_upsampling;
+	p[22] = (uint8_t)c->do_block_smoothing;
+	p[23] = (uint8_t)c->output_components;
+	p[24] = (uint8_t)c->out_color_components;
+	p[25] = (uint8_t)c->data_precision;
+	p[26] = JPEG_LIB_VERSION;
 }
 
 /* Called instead of the real start: decide HIT / FILL / PASS. 1: handled as HIT. */
@@ -244,7 +260,7 @@ static int exact_start(struct dstate *s, j_decompress_ptr c)
 		return 0;
 	s->row_bytes = (uint64_t)c->output_width * (uint64_t)c->output_components;
 	uint64_t len = s->row_bytes * c->output_height;
-	struct ts_exact_key k;
+	struct ts_cache_key k;
 	make_key(s, c, &k);
 	unsigned char *copy = malloc(len);
 	if (!copy)
@@ -295,8 +311,10 @@ TS_EXPORT int jpeg_read_header(j_decompress_ptr cinfo, boolean require_image)
 		/* The buffer now starts at the stream's first byte: prove whose it is. */
 		s->proven = ts_io_provenance(cinfo->src->next_input_byte, cinfo->src->bytes_in_buffer, &s->id,
 					     s->path, sizeof(s->path));
-		if (s->proven)
+		if (s->proven) {
 			ts_io_decoded(s->path);
+			ts_shim_dataset_work();
+		}
 		ts_debug("decode of %s: %s", s->proven ? s->path : "an unknown buffer",
 			 s->proven ? "proven dataset file" : "not a dataset file (passes through)");
 	}

@@ -17,6 +17,7 @@
 
 #include "heartbeat.h"
 #include "io.h"
+#include "prefetch.h"
 #include "session.h"
 #define TSSHIM_WEAK /* the definitions are strong */
 #include "tsshim.h"
@@ -40,6 +41,49 @@ static struct {
 	struct ts_session session;
 	struct ts_heartbeat heartbeat;
 } member;
+
+/* TSSHIM_PREFETCH=warm: the producer reads the scope ahead, once per process. */
+static struct ts_prefetch prefetch;
+static _Atomic int prefetch_started;
+
+static void maybe_start_prefetch(void)
+{
+	const char *roots[TS_DATA_MAX_ROOTS];
+	if (ts_cfg.prefetch != TS_PREFETCH_WARM || atomic_load(&ts_is_fork_child) || !member.session.seg ||
+	    ts_session_role(&member.session) != TS_ROLE_PRODUCER)
+		return;
+	unsigned n = ts_io_scope_roots(roots, TS_DATA_MAX_ROOTS);
+	int expected = 0;
+	if (n == 0 || !atomic_compare_exchange_strong(&prefetch_started, &expected, 1))
+		return;
+	int ret = ts_prefetch_start(&prefetch, roots, n, NULL);
+	if (ret)
+		ts_warn("prefetch not started: %s", strerror(-ret));
+	else
+		ts_info("prefetch: reading %s ahead", ts_io_scope_string());
+}
+
+static void stop_prefetch(void)
+{
+	struct ts_prefetch_stats st;
+	if (!atomic_load(&prefetch_started) || ts_prefetch_stop(&prefetch, &st) == -ESRCH)
+		return;
+	ts_info("prefetch: %llu files, %llu bytes, %llu errors in %.2f s (%s)", (unsigned long long)st.files,
+		(unsigned long long)st.bytes, (unsigned long long)st.errors, (double)st.usec / 1e6,
+		st.used_uring ? "io_uring" : "plain reads");
+}
+
+void ts_shim_scope_known(void)
+{
+	maybe_start_prefetch();
+}
+
+void ts_shim_dataset_work(void)
+{
+	/* Cheap after the first call; forked workers work for their parent. */
+	if (!member.tried && !atomic_load(&ts_is_fork_child))
+		tsshim_join();
+}
 
 static const char *env_get(const char *name)
 {
@@ -65,6 +109,8 @@ static void on_role(enum ts_role role, uint32_t epoch, void *arg)
 {
 	const struct ts_session *s = arg;
 	ts_info("%s of session '%s' (epoch %u)", role == TS_ROLE_PRODUCER ? "producer" : "consumer", s->name, epoch);
+	if (role == TS_ROLE_PRODUCER)
+		maybe_start_prefetch();
 }
 
 static void atfork_prepare(void)
@@ -126,6 +172,7 @@ __attribute__((destructor)) static void ts_shim_fini(void)
 		return;
 	if (owns_membership()) {
 		ts_heartbeat_stop(&member.heartbeat);
+		stop_prefetch();
 		ts_session_leave(&member.session);
 	}
 }
@@ -216,6 +263,7 @@ TS_EXPORT void tsshim_leave(void)
 	pthread_mutex_lock(&join_lock);
 	if (owns_membership()) {
 		ts_heartbeat_stop(&member.heartbeat);
+		stop_prefetch();
 		ts_session_leave(&member.session);
 		member.result = -ENOENT; /* left: a later join does not come back */
 	}

@@ -49,6 +49,11 @@ static inline void ts_hook_leave(void)
 	ts_in_hook = 0;
 }
 
+/* A dataset decode was proven: the process takes part in its session. */
+void ts_shim_dataset_work(void);
+/* The dataset scope became known (given or detected). */
+void ts_shim_scope_known(void);
+
 /* Set in a forked child: it belongs to its parent's member and never uses CUDA. */
 extern _Atomic int ts_is_fork_child;
 

@@ -65,6 +65,7 @@
  * On failure (exit 1 or 2) nothing is written to stdout; the reason is one
  * line on stderr.
  */
+#include "cache.h"
 #include "ring.h"
 #include "session.h"
 
@@ -129,6 +130,10 @@ struct snap {
 	struct slot_snap slots[TS_MAX_DEPTH];
 	uint64_t batches_shared, decodes_skipped, decodes_shared, bytes_not_copied,
 		cpu_ns_saved, takeovers, evictions;
+	int has_session;                /* the session segment exists and is valid */
+	int has_cache;                  /* the session's decoded-image cache (exact mode) */
+	char cache_path[TS_PATH_MAX];
+	struct ts_cache_stats cache;
 };
 
 #define LOAD(p) atomic_load_explicit((p), memory_order_relaxed)
@@ -475,12 +480,33 @@ static void text_counters(const struct snap *s)
 	printf("  evictions         %" PRIu64 "\n", s->evictions);
 }
 
+static void text_cache(const struct snap *s)
+{
+	char b1[64], b2[64];
+	const struct ts_cache_stats *c = &s->cache;
+	if (!s->has_cache)
+		return;
+	printf("\ndecoded-image cache (exact mode)  %s\n", s->cache_path);
+	printf("  entries           %" PRIu64 " (%s of %s budget)\n", c->entries,
+	       fmt_bytes(b1, sizeof(b1), c->bytes_in_use), fmt_bytes(b2, sizeof(b2), c->budget));
+	printf("  decodes shared    %" PRIu64 " hits, %" PRIu64 " real decodes, %" PRIu64 " private\n",
+	       c->hits, c->fills, c->bypasses);
+	printf("  decode time saved %.3f s\n", (double)c->saved_decode_ns / 1e9);
+	printf("  evictions         %" PRIu64 "\n", c->evictions);
+	printf("  users             %" PRIu64 "\n", c->users);
+}
+
 static void text_session(const struct snap *s)
 {
-	text_header(s);
-	text_members(s);
-	text_ring(s);
-	text_counters(s);
+	if (s->has_session) {
+		text_header(s);
+		text_members(s);
+		text_ring(s);
+		text_counters(s);
+	} else {
+		printf("session   %s (no members: only its decoded-image cache exists)\n", s->name);
+	}
+	text_cache(s);
 }
 
 static int name_width(const struct entries *l)
@@ -672,12 +698,43 @@ static void json_counters(struct jw *j, const struct snap *s)
 	j_close(j, '}');
 }
 
+static void json_cache(struct jw *j, const struct snap *s)
+{
+	const struct ts_cache_stats *c = &s->cache;
+	if (!s->has_cache) {
+		j_null(j, "cache");
+		return;
+	}
+	j_open(j, "cache", '{');
+	j_str(j, "path", s->cache_path);
+	j_u64(j, "hits", c->hits);
+	j_u64(j, "misses", c->misses);
+	j_u64(j, "fills", c->fills);
+	j_u64(j, "bypasses", c->bypasses);
+	j_u64(j, "evictions", c->evictions);
+	j_u64(j, "entries", c->entries);
+	j_u64(j, "bytes_in_use", c->bytes_in_use);
+	j_u64(j, "budget", c->budget);
+	j_u64(j, "reserved_bytes", c->reserved_bytes);
+	j_u64(j, "users", c->users);
+	j_u64(j, "saved_decode_ns", c->saved_decode_ns);
+	j_close(j, '}');
+}
+
 static void json_session(const struct snap *s)
 {
 	struct jw j;
 	j_begin(&j);
 	j_open(&j, "session", '{');
 	j_str(&j, "name", s->name);
+	if (!s->has_session) {
+		j_null(&j, "path");
+		j_str(&j, "state", "cache-only");
+		json_cache(&j, s);
+		j_close(&j, '}');
+		j_end(&j);
+		return;
+	}
 	j_str(&j, "path", s->path);
 	j_u64(&j, "created_unix_ms", s->created_unix_ns / 1000000u);
 	j_u64(&j, "creator_pid", s->creator_pid);
@@ -696,6 +753,7 @@ static void json_session(const struct snap *s)
 	json_members(&j, s);
 	json_ring(&j, s);
 	json_counters(&j, s);
+	json_cache(&j, s);
 	j_close(&j, '}');
 	j_end(&j);
 }
@@ -732,7 +790,7 @@ static int show_list(const struct opts *o)
 	struct entries l;
 	if (list_entries(&l))
 		return EXIT_FAIL;
-	struct snap *s = malloc(sizeof(*s));
+	struct snap *s = calloc(1, sizeof(*s));
 	if (!s) {
 		free(l.v);
 		fprintf(stderr, PROG ": out of memory\n");
@@ -779,6 +837,18 @@ static const char *printable(char *buf, size_t n, const char *s)
 	return buf;
 }
 
+/* The session's decoded-image cache, if any: its counters join the session's. */
+static void load_cache(const char *name, struct snap *s)
+{
+	char why[160];
+	s->has_cache = ts_cache_path(s->cache_path, sizeof(s->cache_path), getuid(), name) == 0 &&
+		       ts_cache_view(s->cache_path, &s->cache, why, sizeof(why)) == 0;
+	if (s->has_cache) {
+		s->decodes_shared += s->cache.hits;
+		s->cpu_ns_saved += s->cache.saved_decode_ns;
+	}
+}
+
 static int show_one(const struct opts *o)
 {
 	char path[TS_PATH_MAX], why[160] = "", shown[80];
@@ -792,12 +862,18 @@ static int show_one(const struct opts *o)
 		fprintf(stderr, PROG ": session name '%s' too long\n", o->name);
 		return EXIT_FAIL;
 	}
-	struct snap *s = malloc(sizeof(*s));
+	struct snap *s = calloc(1, sizeof(*s));
 	if (!s) {
 		fprintf(stderr, PROG ": out of memory\n");
 		return EXIT_FAIL;
 	}
 	int ret = load_session(path, s, why, sizeof(why));
+	s->has_session = ret == 0;
+	load_cache(o->name, s);
+	if (ret == -ENOENT && s->has_cache) {
+		snprintf(s->name, sizeof(s->name), "%s", o->name);
+		ret = 0; /* exact mode with no member: the cache alone is the session */
+	}
 	if (ret == -ENOENT)
 		fprintf(stderr, PROG ": no session '%s' (%s does not exist)\n", o->name, path);
 	else if (ret)

@@ -1,0 +1,1496 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The shared decoded-image cache (see cache.h for the layout, the API and
+ * the eviction policy).
+ *
+ * Memory-ordering map
+ *
+ *  - Publication of a fill: the filler writes the image bytes with plain
+ *    stores, then commit CASes the entry word FILLING->READY with release.
+ *    Every reader loads the word with acquire before it trusts the entry
+ *    (under the lock, or in the lock-free wait loop), so the bytes and
+ *    decode_ns happen-before its copy.
+ *
+ *  - Hits are seqlock reads: the word W (READY, generation g) and the
+ *    entry's range are read under the lock, the lock is dropped, the bytes
+ *    are copied, then an acquire fence and a re-load of the word. Any change
+ *    that makes the range someone else's bumps the generation first (removal
+ *    CASes the word to TOMB|g+1 under the lock). The thread that later
+ *    writes into that range went through the lock after the removal and
+ *    issues a release fence before its first byte (end of the FILL path in
+ *    ts_cache_get). So if the copy saw any byte of the new owner, the fence
+ *    pair (writer's release fence, reader's acquire fence) makes the new
+ *    generation visible to the re-load, and the copy is rejected. The copy
+ *    itself is a benign, detected data race (as in every seqlock); it never
+ *    leaves [off, off+len), which was validated against the arena and the
+ *    reserved high-water mark, so it can never fault.
+ *
+ *  - A live filler's range is never handed to anyone else: FILLING and
+ *    ORPHAN entries are skipped by the allocator while the filler process
+ *    is alive (identity = pid + start time), and their slot is not reused
+ *    until commit/abort turned them into READY/DROPPED. That is what lets
+ *    commit/abort run without the lock, and what keeps a slow or stopped
+ *    filler from scribbling over someone else's bytes.
+ *
+ *  - Wake-ups: every change of an entry word is followed by a release
+ *    increment of the entry's futex counter and a wake. A waiter loads the
+ *    counter (acquire) before it re-checks the word, so a change between
+ *    check and futex_wait turns the wait into -EAGAIN, never a lost wake.
+ *    Waits are sliced (10 ms) to re-check the filler's liveness and are
+ *    bounded by the caller's wait_ns.
+ *
+ *  - The lock is a robust, process-shared mutex, always taken with a
+ *    timeout. EOWNERDEAD (a holder died) and any inconsistency found while
+ *    walking the index run repair(), which rebuilds everything derived
+ *    (list, cursor, byte count) from the entry words and ranges; every
+ *    critical section leaves entries either invisible or complete, because
+ *    an entry becomes visible only by the final release store of its word.
+ */
+#include "cache.h"
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NONE          TS_CACHE_NONE
+#define SLICE_NS      10000000ull /* longest single futex wait: filler liveness is rechecked this often */
+#define MAX_ROUNDS    8           /* lock acquisitions per get() besides waits */
+#define OPEN_ATTEMPTS 16
+#define E_SHM         4095        /* internal: reserving arena pages failed (/dev/shm full) */
+
+_Static_assert(sizeof(struct ts_cache_key) == 64, "key must be 64 bytes without padding");
+_Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex must fit its slot");
+_Static_assert(sizeof(struct ts_cache_entry) % 8 == 0, "entry alignment");
+
+uint64_t (*ts_cache_hash_fn)(const struct ts_cache_key *k) = ts_cache_key_hash;
+
+/* ---- small helpers ------------------------------------------------------ */
+
+__attribute__((format(printf, 4, 5)))
+static int fail(char *why, size_t whylen, int err, const char *fmt, ...)
+{
+	if (why && whylen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(why, whylen, fmt, ap);
+		va_end(ap);
+	}
+	return err;
+}
+
+static uint64_t page_size(void)
+{
+	long p = sysconf(_SC_PAGESIZE);
+	return p > 0 ? (uint64_t)p : 4096;
+}
+
+static uint64_t round_up(uint64_t v, uint64_t a)
+{
+	return (v + a - 1) / a * a;
+}
+
+static inline uint64_t min_u64(uint64_t a, uint64_t b)
+{
+	return a < b ? a : b;
+}
+
+static inline uint64_t deadline_after(uint64_t timeout_ns)
+{
+	uint64_t now = ts_now_ns();
+	return timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
+}
+
+static inline void count(_Atomic uint64_t *ctr)
+{
+	atomic_fetch_add_explicit(ctr, 1, memory_order_relaxed);
+}
+
+/* release: the change we announce is visible to a waiter that acquires the counter */
+static inline void bump_wake(_Atomic uint32_t *ev)
+{
+	atomic_fetch_add_explicit(ev, 1, memory_order_release);
+	ts_futex_wake_all(ev);
+}
+
+static inline bool is_holder(uint32_t s)
+{
+	return s == TS_CENT_FILLING || s == TS_CENT_READY || s == TS_CENT_ORPHAN || s == TS_CENT_DROPPED;
+}
+
+static inline uint64_t fmix64(uint64_t h)
+{
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdull;
+	h ^= h >> 33;
+	h *= 0xc4ceb9fe1a85ec53ull;
+	h ^= h >> 33;
+	return h;
+}
+
+uint64_t ts_cache_key_hash(const struct ts_cache_key *k)
+{
+	const unsigned char *p = (const unsigned char *)k;
+	uint64_t h = 0x9e3779b97f4a7c15ull;
+	for (unsigned i = 0; i < sizeof(*k) / 8; i++) {
+		uint64_t v;
+		memcpy(&v, p + 8 * i, 8);
+		h ^= fmix64(v + 0x632be59bd9b4e019ull * (i + 1));
+		h = (h << 29 | h >> 35) * 0xbf58476d1ce4e5b9ull;
+	}
+	return fmix64(h);
+}
+
+uint32_t ts_cache_static_checksum(const struct ts_cache_static *st)
+{
+	const unsigned char *p = (const unsigned char *)st;
+	uint32_t h = 2166136261u;
+	for (size_t i = 0; i < offsetof(struct ts_cache_static, checksum); i++)
+		h = (h ^ p[i]) * 16777619u;
+	return h;
+}
+
+int ts_cache_path(char *buf, size_t n, uid_t uid, const char *session)
+{
+	if (!ts_session_name_valid(session))
+		return -EINVAL;
+	int len = snprintf(buf, n, "%s/" TS_CACHE_PREFIX "%u.%s", ts_shm_dir(), (unsigned)uid, session);
+	return len < 0 || (size_t)len >= n ? -ENAMETOOLONG : 0;
+}
+
+/* ---- geometry and validation ---------------------------------------------- */
+
+static uint32_t entries_for(uint64_t arena)
+{
+	uint64_t want = arena / TS_CACHE_BYTES_PER_ENTRY;
+	uint32_t n = TS_CACHE_MIN_ENTRIES;
+	while (n < want && n < TS_CACHE_MAX_ENTRIES)
+		n <<= 1;
+	return n;
+}
+
+static void geometry(uint64_t budget, struct ts_cache_static *st)
+{
+	uint64_t page = page_size();
+	st->arena_size = round_up(budget, page);
+	st->nentries = entries_for(st->arena_size);
+	st->index_off = round_up(sizeof(struct ts_cache_header), page);
+	st->arena_off = round_up(st->index_off + (uint64_t)st->nentries * sizeof(struct ts_cache_entry), page);
+	st->segment_size = st->arena_off + st->arena_size;
+	st->chunk_size = TS_CACHE_CHUNK;
+}
+
+int ts_cache_validate(const struct ts_cache_header *h, size_t size, uid_t uid, char *why, size_t whylen)
+{
+	const struct ts_cache_static *st = &h->st;
+	uint64_t page = page_size();
+	if (size < sizeof(*st))
+		return fail(why, whylen, -EBADMSG, "truncated: %zu bytes, smaller than its header", size);
+	if (st->magic != TS_CACHE_MAGIC)
+		return fail(why, whylen, -EBADMSG, "not a tsshim cache segment (bad magic)");
+	if (st->layout_version != TS_CACHE_LAYOUT_VERSION || st->header_size != sizeof(*h) ||
+	    st->entry_size != sizeof(struct ts_cache_entry) || st->mutex_size != sizeof(pthread_mutex_t))
+		return fail(why, whylen, -EPROTO,
+			    "written by another tsshim build (cache layout %u, header %u, entry %u, mutex %u; this build: %u, %zu, %zu, %zu)",
+			    st->layout_version, st->header_size, st->entry_size, st->mutex_size,
+			    TS_CACHE_LAYOUT_VERSION, sizeof(*h), sizeof(struct ts_cache_entry), sizeof(pthread_mutex_t));
+	if (st->checksum != ts_cache_static_checksum(st))
+		return fail(why, whylen, -EBADMSG, "header checksum mismatch (corrupted)");
+	if (st->uid != (uint32_t)uid)
+		return fail(why, whylen, -EACCES, "belongs to uid %u", st->uid);
+	uint32_t n = st->nentries;
+	if (n < TS_CACHE_MIN_ENTRIES || n > TS_CACHE_MAX_ENTRIES || (n & (n - 1)))
+		return fail(why, whylen, -EBADMSG, "invalid index size %u", n);
+	if (st->arena_size < TS_CACHE_MIN_BUDGET || st->arena_size > TS_CACHE_MAX_BUDGET || st->arena_size % page ||
+	    st->index_off < sizeof(*h) || st->index_off % page || st->arena_off % page ||
+	    st->index_off > TS_CACHE_MAX_BUDGET || st->arena_off > TS_CACHE_MAX_BUDGET ||
+	    st->arena_off < st->index_off + (uint64_t)n * sizeof(struct ts_cache_entry) ||
+	    st->segment_size != st->arena_off + st->arena_size)
+		return fail(why, whylen, -EBADMSG, "inconsistent geometry (index at %llu, arena %llu bytes at %llu, size %llu)",
+			    (unsigned long long)st->index_off, (unsigned long long)st->arena_size,
+			    (unsigned long long)st->arena_off, (unsigned long long)st->segment_size);
+	if (st->chunk_size < page || st->chunk_size % page || st->chunk_size > (1ull << 34))
+		return fail(why, whylen, -EBADMSG, "invalid reservation chunk %llu", (unsigned long long)st->chunk_size);
+	if (st->segment_size > size)
+		return fail(why, whylen, -EBADMSG, "truncated: %zu bytes, header says %llu", size,
+			    (unsigned long long)st->segment_size);
+	if (memchr(st->session, '\0', sizeof(st->session)) == NULL || !ts_session_name_valid(st->session))
+		return fail(why, whylen, -EBADMSG, "invalid session name in header");
+	uint32_t state = atomic_load_explicit(&h->state, memory_order_relaxed);
+	if (state != TS_CACHE_SEG_OPEN && state != TS_CACHE_SEG_CLOSED)
+		return fail(why, whylen, -EBADMSG, "invalid state %u", state);
+	return 0;
+}
+
+/* ---- the lock and repair ---------------------------------------------------- */
+
+static void repair(struct ts_cache *c);
+
+static int cache_lock(struct ts_cache *c, uint64_t timeout_ns)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t ns = (uint64_t)ts.tv_nsec + timeout_ns % 1000000000ull;
+	ts.tv_sec += (time_t)(timeout_ns / 1000000000ull + ns / 1000000000ull);
+	ts.tv_nsec = (long)(ns % 1000000000ull);
+	int r = pthread_mutex_clocklock(&c->hdr->lock.m, CLOCK_MONOTONIC, &ts);
+	if (r == EOWNERDEAD) {
+		/*
+		 * A holder died inside a critical section. Repair first, then
+		 * mark the mutex consistent: if we die while repairing, the next
+		 * one gets EOWNERDEAD again and repairs again.
+		 */
+		ts_warn("cache %s: a process died holding the cache lock; repairing the index", c->session);
+		repair(c);
+		pthread_mutex_consistent(&c->hdr->lock.m);
+		return 0;
+	}
+	return -r;
+}
+
+static void cache_unlock(struct ts_cache *c)
+{
+	if (c->need_repair)
+		repair(c);
+	pthread_mutex_unlock(&c->hdr->lock.m);
+}
+
+static void corrupt(struct ts_cache *c)
+{
+	c->need_repair = 1;
+}
+
+/* Range of an entry, validated against the arena and what is reserved of it. */
+static bool range_ok(const struct ts_cache *c, uint64_t off, uint64_t len)
+{
+	uint64_t hwm = atomic_load_explicit(&c->hdr->falloc_hwm, memory_order_acquire);
+	return len > 0 && len <= c->arena_size && off <= c->arena_size - len && off + len <= hwm &&
+	       hwm <= c->arena_size;
+}
+
+static bool link_ok(const struct ts_cache *c, uint32_t i)
+{
+	return i == NONE || i < c->nentries;
+}
+
+/* Is the filler of e alive? Our own process without reading /proc. */
+static bool filler_alive(const struct ts_cache_entry *e)
+{
+	struct ts_ident me;
+	if (ts_self_ident(&me) == 0 && me.pid == e->filler_pid && me.start_time == e->filler_start)
+		return true;
+	return ts_proc_liveness(e->filler_pid, e->filler_start) == TS_PROC_ALIVE;
+}
+
+/* ---- the offset-ordered list (under the lock, links validated) --------------- */
+
+static void list_unlink(struct ts_cache *c, uint32_t i)
+{
+	struct ts_cache_header *h = c->hdr;
+	struct ts_cache_entry *e = &c->ents[i];
+	uint32_t p = e->prev, nx = e->next;
+	if (!link_ok(c, p) || !link_ok(c, nx) || p == i || nx == i) {
+		corrupt(c); /* repair() rebuilds the list from the entry words */
+		e->prev = e->next = NONE;
+		return;
+	}
+	if (p != NONE)
+		c->ents[p].next = nx;
+	else
+		h->first = nx;
+	if (nx != NONE)
+		c->ents[nx].prev = p;
+	else
+		h->last = p;
+	if (h->cursor == i)
+		h->cursor = nx;
+	e->prev = e->next = NONE;
+}
+
+static void list_insert_before(struct ts_cache *c, uint32_t i, uint32_t succ)
+{
+	struct ts_cache_header *h = c->hdr;
+	uint32_t p = succ == NONE ? h->last : c->ents[succ].prev;
+	if (!link_ok(c, p)) {
+		corrupt(c);
+		p = NONE;
+	}
+	c->ents[i].prev = p;
+	c->ents[i].next = succ;
+	if (p == NONE)
+		h->first = i;
+	else
+		c->ents[p].next = i;
+	if (succ == NONE)
+		h->last = i;
+	else
+		c->ents[succ].prev = i;
+}
+
+/* A TOMB right before an EMPTY ends every chain through it: make it EMPTY
+ * too, so tombstones do not pile up. The generation is kept. */
+static void tomb_cleanup(struct ts_cache *c, uint32_t i)
+{
+	uint32_t mask = c->nentries - 1;
+	uint64_t nw = atomic_load_explicit(&c->ents[(i + 1) & mask].word, memory_order_relaxed);
+	if (TS_CENT_STATE(nw) != TS_CENT_EMPTY)
+		return;
+	for (uint32_t k = 0, j = i; k < TS_CACHE_PROBE; k++, j = (j - 1) & mask) {
+		uint64_t w = atomic_load_explicit(&c->ents[j].word, memory_order_relaxed);
+		if (TS_CENT_STATE(w) != TS_CENT_TOMB)
+			break;
+		atomic_store_explicit(&c->ents[j].word, TS_CENT_WORD(TS_CENT_GEN(w), TS_CENT_EMPTY),
+				      memory_order_relaxed);
+	}
+}
+
+/*
+ * Remove range holder i (under the lock): a new generation first (any copy
+ * in flight is rejected from here on), then its range is given back.
+ * Returns the state it had, or -1 if it was not a holder.
+ */
+static int remove_holder(struct ts_cache *c, uint32_t i)
+{
+	struct ts_cache_entry *e = &c->ents[i];
+	uint64_t w = atomic_load_explicit(&e->word, memory_order_acquire);
+	for (;;) {
+		if (!is_holder(TS_CENT_STATE(w)))
+			return -1;
+		/* CAS: commit and abort change FILLING/ORPHAN words without the lock. */
+		if (atomic_compare_exchange_weak_explicit(&e->word, &w,
+							  TS_CENT_WORD(TS_CENT_GEN(w) + 1, TS_CENT_TOMB),
+							  memory_order_acq_rel, memory_order_acquire))
+			break;
+	}
+	list_unlink(c, i);
+	uint64_t used = atomic_load_explicit(&c->hdr->bytes_in_use, memory_order_relaxed);
+	atomic_store_explicit(&c->hdr->bytes_in_use, used >= e->len ? used - e->len : 0, memory_order_relaxed);
+	bump_wake(&e->wake);
+	tomb_cleanup(c, i);
+	return (int)TS_CENT_STATE(w);
+}
+
+/* Count an eviction by the state the entry had. */
+static void count_removal(struct ts_cache *c, int state)
+{
+	if (state == TS_CENT_READY)
+		count(&c->hdr->counters.evictions);
+	else if (state == TS_CENT_FILLING || state == TS_CENT_ORPHAN)
+		count(&c->hdr->counters.reclaims);
+}
+
+/* ---- repair ------------------------------------------------------------------- */
+
+/* Merge sort of a singly linked list (through next) by offset: no allocation. */
+static uint32_t sort_by_off(struct ts_cache_entry *E, uint32_t list)
+{
+	if (list == NONE)
+		return NONE;
+	for (uint32_t insize = 1;; insize *= 2) {
+		uint32_t p = list, tail = NONE;
+		unsigned merges = 0;
+		list = NONE;
+		while (p != NONE) {
+			merges++;
+			uint32_t q = p, psize = 0, qsize = insize;
+			for (uint32_t k = 0; k < insize && q != NONE; k++) {
+				psize++;
+				q = E[q].next;
+			}
+			while (psize > 0 || (qsize > 0 && q != NONE)) {
+				uint32_t x;
+				if (psize == 0) {
+					x = q, q = E[q].next, qsize--;
+				} else if (qsize == 0 || q == NONE || E[p].off <= E[q].off) {
+					x = p, p = E[p].next, psize--;
+				} else {
+					x = q, q = E[q].next, qsize--;
+				}
+				if (tail != NONE)
+					E[tail].next = x;
+				else
+					list = x;
+				tail = x;
+			}
+			p = q;
+		}
+		E[tail].next = NONE;
+		if (merges <= 1)
+			return list;
+	}
+}
+
+static void drop_entry(struct ts_cache *c, uint32_t i)
+{
+	struct ts_cache_entry *e = &c->ents[i];
+	uint64_t w = atomic_load_explicit(&e->word, memory_order_acquire);
+	while (!atomic_compare_exchange_weak_explicit(&e->word, &w, TS_CENT_WORD(TS_CENT_GEN(w) + 1, TS_CENT_TOMB),
+						      memory_order_acq_rel, memory_order_acquire))
+		;
+	e->prev = e->next = NONE;
+	bump_wake(&e->wake);
+}
+
+/*
+ * Rebuild everything derived from the entries (under the lock): entries
+ * with an unknown state or an invalid range are dropped, the list of range
+ * holders is rebuilt in offset order, overlaps are resolved, the byte count
+ * and the cursor recomputed. Called after EOWNERDEAD and whenever a walk
+ * found something inconsistent.
+ */
+static void repair(struct ts_cache *c)
+{
+	struct ts_cache_header *h = c->hdr;
+	struct ts_cache_entry *E = c->ents;
+	uint32_t n = c->nentries, list = NONE;
+
+	c->need_repair = 0;
+	count(&h->counters.repairs);
+	uint64_t hwm = atomic_load_explicit(&h->falloc_hwm, memory_order_relaxed);
+	if (hwm > c->arena_size)
+		/* Not trusted: reserving again what is already reserved is harmless. */
+		atomic_store_explicit(&h->falloc_hwm, 0, memory_order_relaxed);
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t w = atomic_load_explicit(&E[i].word, memory_order_acquire);
+		uint32_t s = TS_CENT_STATE(w);
+		if (s == TS_CENT_EMPTY || s == TS_CENT_TOMB)
+			continue;
+		if (!is_holder(s) || !range_ok(c, E[i].off, E[i].len)) {
+			drop_entry(c, i);
+			continue;
+		}
+		E[i].next = list;
+		list = i;
+	}
+	list = sort_by_off(E, list);
+	uint64_t used = 0, end = 0;
+	uint32_t prev = NONE;
+	h->first = NONE;
+	for (uint32_t i = list, nx; i != NONE; i = nx) {
+		nx = E[i].next;
+		if (prev != NONE && E[i].off < end) {
+			/* Overlap: only corruption makes one. Keep the older range. */
+			drop_entry(c, i);
+			continue;
+		}
+		E[i].prev = prev;
+		E[i].next = NONE;
+		if (prev == NONE)
+			h->first = i;
+		else
+			E[prev].next = i;
+		prev = i;
+		end = E[i].off + E[i].len;
+		used += E[i].len;
+	}
+	h->last = prev;
+	if (h->head > c->arena_size)
+		h->head = 0;
+	/* The head must not lie inside a range: move it to that range's end. */
+	h->cursor = NONE;
+	for (uint32_t i = h->first; i != NONE; i = E[i].next) {
+		if (E[i].off < h->head && E[i].off + E[i].len > h->head)
+			h->head = E[i].off + E[i].len;
+		if (E[i].off >= h->head) {
+			h->cursor = i;
+			break;
+		}
+	}
+	atomic_store_explicit(&h->bytes_in_use, used, memory_order_relaxed);
+}
+
+/* ---- lookup -------------------------------------------------------------------- */
+
+struct probe {
+	uint32_t slot;      /* found entry, or NONE */
+	uint64_t word;      /* its word when found */
+	uint32_t free_slot; /* first EMPTY/TOMB in the window, or NONE */
+};
+
+/* Under the lock: find k (FILLING or READY) in its probe window. */
+static void probe(struct ts_cache *c, const struct ts_cache_key *k, uint64_t hash, struct probe *p)
+{
+	uint32_t mask = c->nentries - 1;
+	p->slot = NONE;
+	p->free_slot = NONE;
+	for (uint32_t d = 0; d < TS_CACHE_PROBE; d++) {
+		uint32_t i = (uint32_t)(hash + d) & mask;
+		struct ts_cache_entry *e = &c->ents[i];
+		/* acquire: pairs with the release of commit (lock-free) */
+		uint64_t w = atomic_load_explicit(&e->word, memory_order_acquire);
+		switch (TS_CENT_STATE(w)) {
+		case TS_CENT_EMPTY:
+			if (p->free_slot == NONE)
+				p->free_slot = i;
+			return; /* end of every chain through here */
+		case TS_CENT_TOMB:
+			if (p->free_slot == NONE)
+				p->free_slot = i;
+			break;
+		case TS_CENT_FILLING:
+		case TS_CENT_READY:
+			/* The full key decides; the hash only saves the compare. */
+			if (e->hash == hash && memcmp(&e->key, k, sizeof(*k)) == 0) {
+				p->slot = i;
+				p->word = w;
+				return;
+			}
+			break;
+		case TS_CENT_ORPHAN:
+		case TS_CENT_DROPPED:
+			break;
+		default:
+			corrupt(c);
+			break;
+		}
+	}
+}
+
+/*
+ * Every slot of k's window holds a range: free one. Aborted entries first,
+ * then the least recently hit READY one, then fills of dead processes.
+ */
+static uint32_t make_room(struct ts_cache *c, uint64_t hash)
+{
+	uint32_t mask = c->nentries - 1, best = NONE, dead = NONE;
+	uint64_t best_hit = UINT64_MAX;
+	for (uint32_t d = 0; d < TS_CACHE_PROBE; d++) {
+		uint32_t i = (uint32_t)(hash + d) & mask;
+		struct ts_cache_entry *e = &c->ents[i];
+		uint32_t s = TS_CENT_STATE(atomic_load_explicit(&e->word, memory_order_acquire));
+		if (s == TS_CENT_DROPPED) {
+			best = i;
+			break;
+		}
+		if (s == TS_CENT_READY) {
+			uint64_t t = atomic_load_explicit(&e->last_hit, memory_order_relaxed);
+			if (t < best_hit) {
+				best_hit = t;
+				best = i;
+			}
+		} else if ((s == TS_CENT_FILLING || s == TS_CENT_ORPHAN) && dead == NONE && !filler_alive(e)) {
+			dead = i;
+		}
+	}
+	if (best == NONE)
+		best = dead;
+	if (best == NONE)
+		return NONE;
+	int old = remove_holder(c, best);
+	if (old < 0)
+		return NONE;
+	count_removal(c, old);
+	return best;
+}
+
+/* ---- allocation ----------------------------------------------------------------- */
+
+enum { V_EVICT = 0, V_SKIP = 1 };
+
+/* What the hand does with holder e on pass 0 (second chance) or 1 (none). */
+static int classify(struct ts_cache *c, struct ts_cache_entry *e, int pass)
+{
+	uint32_t s = TS_CENT_STATE(atomic_load_explicit(&e->word, memory_order_acquire));
+	switch (s) {
+	case TS_CENT_READY:
+		/* CLOCK: a hit since the hand last passed buys one more lap. */
+		if (pass == 0 && atomic_exchange_explicit(&e->ref, 0, memory_order_relaxed))
+			return V_SKIP;
+		return V_EVICT;
+	case TS_CENT_DROPPED:
+		return V_EVICT;
+	case TS_CENT_FILLING:
+	case TS_CENT_ORPHAN:
+		return filler_alive(e) ? V_SKIP : V_EVICT;
+	default:
+		return -EBADMSG;
+	}
+}
+
+/*
+ * Phase 1: where does a range of len go? Walks the list from the cursor
+ * without changing anything but reference bits. *vstart: first list entry
+ * that may overlap the placement.
+ */
+static int place(struct ts_cache *c, uint64_t len, int pass, uint64_t *start, uint32_t *vstart)
+{
+	struct ts_cache_header *h = c->hdr;
+	uint64_t A = c->arena_size, s = h->head, prev_off;
+	uint32_t cur = h->cursor, first = cur;
+	bool wrapped = false;
+
+	if (s > A || !link_ok(c, cur))
+		return -EBADMSG;
+	/* The range before the cursor must end at or before the head, or we
+	 * would allocate over it (the head is only ever set by us, but it lives
+	 * in shared memory). */
+	uint32_t before = cur == NONE ? h->last : c->ents[cur].prev;
+	if (!link_ok(c, before))
+		return -EBADMSG;
+	if (before != NONE) {
+		const struct ts_cache_entry *b = &c->ents[before];
+		if (!is_holder(TS_CENT_STATE(atomic_load_explicit(&b->word, memory_order_relaxed))) ||
+		    !range_ok(c, b->off, b->len) || b->off + b->len > s || b->next != cur)
+			return -EBADMSG;
+	}
+	prev_off = s;
+	for (uint64_t steps = 0; steps <= 2 * (uint64_t)c->nentries + 4; steps++) {
+		if (len > A - s) {
+			if (wrapped)
+				return -ENOSPC;
+			wrapped = true;
+			s = 0;
+			cur = first = h->first;
+			prev_off = 0;
+			if (!link_ok(c, cur))
+				return -EBADMSG;
+			continue;
+		}
+		if (cur == NONE)
+			goto found;
+		struct ts_cache_entry *e = &c->ents[cur];
+		uint32_t st = TS_CENT_STATE(atomic_load_explicit(&e->word, memory_order_acquire));
+		if (!is_holder(st) || !range_ok(c, e->off, e->len) || e->off < prev_off || !link_ok(c, e->next))
+			return -EBADMSG;
+		prev_off = e->off;
+		if (e->off >= s + len)
+			goto found;
+		int v = classify(c, e, pass);
+		if (v < 0)
+			return v;
+		if (v == V_SKIP) {
+			s = e->off + e->len;
+			first = e->next;
+		}
+		cur = e->next;
+	}
+	return -EBADMSG; /* a cycle */
+found:
+	*start = s;
+	*vstart = first;
+	return 0;
+}
+
+/* Reserve the arena up to `end` in /dev/shm (under the lock). */
+static int reserve(struct ts_cache *c, uint64_t end)
+{
+	struct ts_cache_header *h = c->hdr;
+	uint64_t hwm = atomic_load_explicit(&h->falloc_hwm, memory_order_relaxed);
+	if (end <= hwm)
+		return 0;
+	uint64_t chunk = h->st.chunk_size;
+	uint64_t nhwm = min_u64(round_up(end, chunk), c->arena_size);
+	/* The host program may have closed our descriptor and reused the number. */
+	struct stat sb;
+	if (fstat(c->fd, &sb) != 0 || sb.st_dev != c->dev || sb.st_ino != c->ino) {
+		static _Atomic int warned;
+		if (!atomic_exchange(&warned, 1))
+			ts_warn("cache %s: our descriptor was closed or replaced by the program; not growing the cache",
+				c->session);
+		return -E_SHM;
+	}
+	int r, tries = 0;
+	do
+		r = posix_fallocate(c->fd, (off_t)(h->st.arena_off + hwm), (off_t)(nhwm - hwm));
+	while (r == EINTR && ++tries < 8);
+	if (r) {
+		static _Atomic int warned;
+		if (!atomic_exchange(&warned, 1))
+			ts_warn("cache %s: cannot reserve %llu more bytes in %s (%s): decoding privately",
+				c->session, (unsigned long long)(nhwm - hwm), ts_shm_dir(), strerror(r));
+		return -E_SHM;
+	}
+	/* release: the pages exist before anyone trusts a range below nhwm */
+	atomic_store_explicit(&h->falloc_hwm, nhwm, memory_order_release);
+	return 0;
+}
+
+/*
+ * Find room for len bytes (under the lock): find the place (second chance
+ * first, then without), reserve its pages, evict what overlaps it. Returns
+ * the start and the first list entry after the range; the caller links
+ * the new entry in front of it and advances the head.
+ */
+static int alloc_range(struct ts_cache *c, uint64_t len, uint64_t *start, uint32_t *succ)
+{
+	uint64_t s = 0;
+	uint32_t cur = NONE;
+	int r = -ENOSPC, pass = 0;
+
+	for (int attempt = 0; attempt < 4; attempt++) {
+		r = place(c, len, pass, &s, &cur);
+		if (r == -EBADMSG) {
+			repair(c);
+			continue;
+		}
+		if (r == -ENOSPC && pass == 0) {
+			pass = 1; /* everything left is hot or pinned: hot goes after all */
+			continue;
+		}
+		break;
+	}
+	if (r)
+		return r;
+	uint64_t end = s + len;
+	if ((r = reserve(c, end)) != 0)
+		return r;
+	/* Phase 2: evict everything in [s, end); phase 1 saw no live fill there. */
+	while (cur != NONE) {
+		struct ts_cache_entry *e = &c->ents[cur];
+		if (e->off >= end)
+			break;
+		uint32_t nx = e->next;
+		if (e->off + e->len > s) {
+			uint32_t st = TS_CENT_STATE(atomic_load_explicit(&e->word, memory_order_acquire));
+			if ((st == TS_CENT_FILLING || st == TS_CENT_ORPHAN) && filler_alive(e))
+				return -EAGAIN; /* cannot happen unless the list lied: no harm done */
+			count_removal(c, remove_holder(c, cur));
+		}
+		if (c->need_repair || !link_ok(c, nx))
+			return -EBADMSG;
+		cur = nx;
+	}
+	*start = s;
+	*succ = cur;
+	return 0;
+}
+
+/* ---- get / commit / abort ------------------------------------------------------ */
+
+static int bypass(struct ts_cache *c, _Atomic uint64_t *reason, int saved_errno)
+{
+	count(&c->hdr->counters.bypasses);
+	if (reason)
+		count(reason);
+	errno = saved_errno;
+	return TS_CACHE_BYPASS;
+}
+
+static void note_hit(struct ts_cache *c, struct ts_cache_entry *e)
+{
+	uint64_t t = atomic_fetch_add_explicit(&c->hdr->tick, 1, memory_order_relaxed);
+	atomic_store_explicit(&e->last_hit, t, memory_order_relaxed);
+	atomic_store_explicit(&e->ref, 1, memory_order_relaxed);
+}
+
+/* Seqlock read of a READY entry whose word was w: 1 copied intact, 0 torn. */
+static int copy_out(struct ts_cache *c, uint32_t slot, uint64_t w, uint64_t off, uint64_t len, void *dst)
+{
+	struct ts_cache_entry *e = &c->ents[slot];
+	uint64_t decode_ns = atomic_load_explicit(&e->decode_ns, memory_order_relaxed);
+	memcpy(dst, c->arena + off, len);
+	if (c->after_copy)
+		c->after_copy(c, c->after_copy_arg);
+	/* acquire fence: if the copy saw a new owner's bytes, we see its generation */
+	atomic_thread_fence(memory_order_acquire);
+	if (atomic_load_explicit(&e->word, memory_order_relaxed) != w) {
+		count(&c->hdr->counters.torn);
+		return 0;
+	}
+	count(&c->hdr->counters.hits);
+	atomic_fetch_add_explicit(&c->hdr->counters.saved_decode_ns, decode_ns, memory_order_relaxed);
+	return 1;
+}
+
+enum { W_READY, W_ABORTED, W_TIMEOUT, W_CHANGED };
+
+static uint64_t fill_age(const struct ts_cache_entry *e)
+{
+	uint64_t now = ts_now_ns();
+	return now > e->fill_start_ns ? now - e->fill_start_ns : 0;
+}
+
+/* Wait (lock-free) for the fill with word w to change. */
+static int wait_fill(struct ts_cache *c, uint32_t slot, uint64_t w, uint32_t pid, uint64_t start,
+		     uint64_t deadline)
+{
+	struct ts_cache_entry *e = &c->ents[slot];
+	uint64_t next_check = 0;
+	for (;;) {
+		/* acquire the counter before re-checking: no lost wake-up */
+		uint32_t ev = atomic_load_explicit(&e->wake, memory_order_acquire);
+		uint64_t cur = atomic_load_explicit(&e->word, memory_order_acquire);
+		if (cur != w) {
+			if (cur == TS_CENT_WORD(TS_CENT_GEN(w), TS_CENT_READY))
+				return W_READY;
+			if (cur == TS_CENT_WORD(TS_CENT_GEN(w) + 1, TS_CENT_DROPPED))
+				return W_ABORTED;
+			return W_CHANGED;
+		}
+		uint64_t now = ts_now_ns();
+		if (now >= deadline)
+			return W_TIMEOUT;
+		if (now >= next_check) {
+			if (ts_proc_liveness(pid, start) != TS_PROC_ALIVE)
+				return W_CHANGED; /* dead filler: look again and reclaim */
+			next_check = now + SLICE_NS;
+		}
+		(void)ts_futex_wait(&e->wake, ev, min_u64(deadline - now, SLICE_NS));
+	}
+}
+
+/*
+ * Under the lock, k known absent: make a FILLING entry of k. The slot is
+ * chosen only after the allocation, whose evictions may turn tombstones
+ * into EMPTY: an entry must never sit behind an EMPTY in its own chain.
+ */
+static int insert(struct ts_cache *c, const struct ts_cache_key *k, uint64_t hash, uint64_t len,
+		  uint32_t slot, const struct ts_ident *me, struct ts_cache_fill *fill)
+{
+	struct ts_cache_header *h = c->hdr;
+	if (slot == NONE && make_room(c, hash) == NONE)
+		return -ENOSPC;
+	uint64_t start;
+	uint32_t succ;
+	int r = alloc_range(c, len, &start, &succ);
+	if (r)
+		return r;
+	struct probe p;
+	probe(c, k, hash, &p);
+	if (p.slot != NONE || p.free_slot == NONE)
+		return -EAGAIN; /* cannot happen: we hold the lock and freed a slot */
+	slot = p.free_slot;
+	struct ts_cache_entry *e = &c->ents[slot];
+	uint64_t w = atomic_load_explicit(&e->word, memory_order_relaxed);
+	e->hash = hash;
+	e->key = *k;
+	e->off = start;
+	e->len = len;
+	e->filler_pid = me->pid;
+	e->filler_start = me->start_time;
+	e->fill_start_ns = ts_now_ns();
+	atomic_store_explicit(&e->decode_ns, 0, memory_order_relaxed);
+	/* an insertion counts as a use: least recently inserted-or-hit goes first */
+	atomic_store_explicit(&e->last_hit, atomic_fetch_add_explicit(&h->tick, 1, memory_order_relaxed),
+			      memory_order_relaxed);
+	atomic_store_explicit(&e->ref, 0, memory_order_relaxed);
+	list_insert_before(c, slot, succ);
+	h->head = start + len;
+	h->cursor = succ;
+	atomic_fetch_add_explicit(&h->bytes_in_use, len, memory_order_relaxed);
+	uint64_t nw = TS_CENT_WORD(TS_CENT_GEN(w) + 1, TS_CENT_FILLING);
+	/* release: the fields above are complete before the entry is findable */
+	atomic_store_explicit(&e->word, nw, memory_order_release);
+	*fill = (struct ts_cache_fill){ .ptr = c->arena + start, .len = len, .word = nw, .slot = slot };
+	return 0;
+}
+
+int ts_cache_get(struct ts_cache *c, const struct ts_cache_key *k, uint64_t len, void *dst,
+		 uint64_t wait_ns, struct ts_cache_fill *fill)
+{
+	int saved = errno;
+	if (fill)
+		*fill = (struct ts_cache_fill){ .slot = NONE };
+	if (!c || !c->hdr || !k || !dst || !fill || len == 0)
+		return -EINVAL;
+	struct ts_cache_counters *ctr = &c->hdr->counters;
+	struct ts_ident me;
+	if (len > c->arena_size || ts_self_ident(&me) != 0)
+		return bypass(c, &ctr->bypass_other, saved);
+	uint64_t hash = ts_cache_hash_fn(k);
+	uint64_t deadline = deadline_after(wait_ns);
+	bool missed = false, waited = false;
+	unsigned wakes = 0;
+
+	for (int round = 0; round < MAX_ROUNDS; round++) {
+		if (cache_lock(c, c->lock_timeout_ns) != 0)
+			return bypass(c, &ctr->bypass_lock, saved);
+		struct probe p;
+		probe(c, k, hash, &p);
+		if (p.slot != NONE) {
+			struct ts_cache_entry *e = &c->ents[p.slot];
+			uint32_t s = TS_CENT_STATE(p.word);
+			uint64_t off = e->off, elen = e->len;
+			if (!range_ok(c, off, elen)) {
+				/* Corrupted: never read through it. */
+				count_removal(c, remove_holder(c, p.slot));
+				repair(c);
+				probe(c, k, hash, &p);
+			} else if (elen != len) {
+				/* Same key, other size: the caller's key misses a parameter. */
+				cache_unlock(c);
+				return bypass(c, &ctr->bypass_other, saved);
+			} else if (s == TS_CENT_READY) {
+				note_hit(c, e);
+				cache_unlock(c);
+				if (copy_out(c, p.slot, p.word, off, len, dst)) {
+					errno = saved;
+					return TS_CACHE_HIT;
+				}
+				continue; /* evicted while we copied: look again */
+			} else if (!filler_alive(e)) {
+				/* Its filler died: take the entry back and fill it ourselves. */
+				count_removal(c, remove_holder(c, p.slot));
+				probe(c, k, hash, &p);
+			} else if (fill_age(e) > c->stale_fill_ns) {
+				/*
+				 * Alive but far too slow (stopped, or it lost its fill
+				 * handle): orphan it. Its range stays pinned while it lives,
+				 * but the key can be filled again right away.
+				 */
+				uint64_t w = p.word;
+				if (atomic_compare_exchange_strong_explicit(&e->word, &w,
+									    TS_CENT_WORD(TS_CENT_GEN(w), TS_CENT_ORPHAN),
+									    memory_order_acq_rel, memory_order_acquire)) {
+					count(&ctr->orphans);
+					bump_wake(&e->wake);
+				}
+				probe(c, k, hash, &p);
+			} else {
+				uint32_t pid = e->filler_pid;
+				uint64_t start = e->filler_start;
+				cache_unlock(c);
+				if (!waited)
+					count(&ctr->waits);
+				waited = true;
+				switch (wait_fill(c, p.slot, p.word, pid, start, deadline)) {
+				case W_READY: {
+					uint64_t rw = TS_CENT_WORD(TS_CENT_GEN(p.word), TS_CENT_READY);
+					note_hit(c, e);
+					if (copy_out(c, p.slot, rw, off, len, dst)) {
+						errno = saved;
+						return TS_CACHE_HIT;
+					}
+					continue;
+				}
+				case W_ABORTED:
+					return bypass(c, &ctr->bypass_aborted, saved);
+				case W_TIMEOUT:
+					return bypass(c, &ctr->bypass_wait, saved);
+				default:
+					/* Orphaned, reclaimed or its filler died: look again. A
+					 * wake-up is not a retry, but a bounded number of them. */
+					if (++wakes < 64)
+						round--;
+					continue;
+				}
+			}
+			if (p.slot != NONE) {
+				/* The key reappeared between our two probes: never two entries for a key. */
+				cache_unlock(c);
+				continue;
+			}
+		}
+		if (!missed)
+			count(&ctr->misses);
+		missed = true;
+		int r = insert(c, k, hash, len, p.free_slot, &me, fill);
+		cache_unlock(c);
+		if (r == 0) {
+			count(&ctr->fills);
+			/*
+			 * release fence: every generation bump we (or the removers
+			 * before us) made to the range we now own is ordered before
+			 * the caller's first store into it (see the top of the file).
+			 */
+			atomic_thread_fence(memory_order_release);
+			errno = saved;
+			return TS_CACHE_FILL;
+		}
+		*fill = (struct ts_cache_fill){ .slot = NONE };
+		if (r == -ENOSPC)
+			return bypass(c, &ctr->bypass_nospace, saved);
+		return bypass(c, r == -E_SHM ? &ctr->bypass_shm : &ctr->bypass_other, saved);
+	}
+	return bypass(c, &ctr->bypass_other, saved);
+}
+
+static bool fill_ok(const struct ts_cache *c, const struct ts_cache_fill *f)
+{
+	return c && c->hdr && f && f->slot < c->nentries && TS_CENT_STATE(f->word) == TS_CENT_FILLING;
+}
+
+int ts_cache_commit(struct ts_cache *c, struct ts_cache_fill *fill, uint64_t decode_ns)
+{
+	int saved = errno;
+	if (!fill_ok(c, fill))
+		return -EINVAL;
+	struct ts_cache_entry *e = &c->ents[fill->slot];
+	uint64_t w = fill->word;
+	/* Our slot is never reused before we commit or abort (see the top of the
+	 * file), so this store cannot land on somebody else's entry; the release
+	 * CAS below publishes it with the bytes. */
+	atomic_store_explicit(&e->decode_ns, decode_ns, memory_order_relaxed);
+	int ret = 0;
+	if (atomic_compare_exchange_strong_explicit(&e->word, &w, TS_CENT_WORD(TS_CENT_GEN(w), TS_CENT_READY),
+						    memory_order_release, memory_order_acquire)) {
+		count(&c->hdr->counters.commits);
+	} else {
+		ret = -ESTALE;
+		uint64_t orphan = TS_CENT_WORD(TS_CENT_GEN(fill->word), TS_CENT_ORPHAN);
+		if (w == orphan)
+			atomic_compare_exchange_strong_explicit(&e->word, &w,
+								TS_CENT_WORD(TS_CENT_GEN(orphan) + 1, TS_CENT_DROPPED),
+								memory_order_release, memory_order_relaxed);
+	}
+	bump_wake(&e->wake);
+	*fill = (struct ts_cache_fill){ .slot = NONE };
+	errno = saved;
+	return ret;
+}
+
+void ts_cache_abort(struct ts_cache *c, struct ts_cache_fill *fill)
+{
+	int saved = errno;
+	if (!fill_ok(c, fill))
+		return;
+	struct ts_cache_entry *e = &c->ents[fill->slot];
+	uint64_t g = TS_CENT_GEN(fill->word);
+	uint64_t dropped = TS_CENT_WORD(g + 1, TS_CENT_DROPPED);
+	uint64_t w = fill->word;
+	if (atomic_compare_exchange_strong_explicit(&e->word, &w, dropped, memory_order_release, memory_order_relaxed) ||
+	    (w == TS_CENT_WORD(g, TS_CENT_ORPHAN) &&
+	     atomic_compare_exchange_strong_explicit(&e->word, &w, dropped, memory_order_release, memory_order_relaxed)))
+		count(&c->hdr->counters.aborts);
+	bump_wake(&e->wake);
+	*fill = (struct ts_cache_fill){ .slot = NONE };
+	errno = saved;
+}
+
+int ts_cache_peek(struct ts_cache *c, const struct ts_cache_key *k)
+{
+	int saved = errno;
+	if (!c || !c->hdr || !k)
+		return -EINVAL;
+	int r = cache_lock(c, c->lock_timeout_ns);
+	if (r) {
+		errno = saved;
+		return r;
+	}
+	struct probe p;
+	probe(c, k, ts_cache_hash_fn(k), &p);
+	r = p.slot != NONE && TS_CENT_STATE(p.word) == TS_CENT_READY &&
+	    range_ok(c, c->ents[p.slot].off, c->ents[p.slot].len);
+	cache_unlock(c);
+	errno = saved;
+	return r;
+}
+
+/* ---- segment files ---------------------------------------------------------------- */
+
+/* Refuse anything we did not create ourselves, exactly as we create it. */
+static int check_owner(const struct stat *sb)
+{
+	if (!S_ISREG(sb->st_mode))
+		return -EINVAL;
+	if (sb->st_uid != getuid() || (sb->st_mode & 07777) != 0600)
+		return -EACCES;
+	return 0;
+}
+
+static int init_mutex(pthread_mutex_t *m)
+{
+	pthread_mutexattr_t a;
+	int r = pthread_mutexattr_init(&a);
+	if (r)
+		return -r;
+	if (!(r = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED)) &&
+	    !(r = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST)))
+		r = pthread_mutex_init(m, &a);
+	pthread_mutexattr_destroy(&a);
+	return -r;
+}
+
+/* Build a segment under a temporary name, with us as its first user, then
+ * link it into place: nobody ever maps a half-initialised one. */
+static int create_segment(const char *path, const char *session, uint64_t budget, const struct ts_ident *me,
+			  char *why, size_t whylen)
+{
+	static _Atomic unsigned counter;
+	char tmp[TS_PATH_MAX];
+	struct ts_cache_static geo = { 0 };
+	geometry(budget, &geo);
+	/* Same prefix as session.c's temporaries: ts_clean_temp_files() removes ours too. */
+	snprintf(tmp, sizeof(tmp), "%s/tsshim-tmp.%u.%u.cache%u", ts_shm_dir(), (unsigned)getuid(),
+		 (unsigned)getpid(), atomic_fetch_add(&counter, 1));
+	int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return fail(why, whylen, -errno, "cannot create %s: %s", tmp, strerror(errno));
+	int ret = 0;
+	void *map = MAP_FAILED;
+	/* The arena stays sparse; header and index are reserved now so that
+	 * touching them can never SIGBUS. */
+	if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)geo.segment_size) != 0) {
+		ret = fail(why, whylen, -errno, "cannot size %s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	if ((ret = -posix_fallocate(fd, 0, (off_t)geo.arena_off)) != 0) {
+		ret = fail(why, whylen, ret, "cannot reserve %llu bytes in %s: %s", (unsigned long long)geo.arena_off,
+			   ts_shm_dir(), strerror(-ret));
+		goto out;
+	}
+	map = mmap(NULL, geo.arena_off, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED) {
+		ret = fail(why, whylen, -errno, "cannot map %s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	struct ts_cache_header *h = map;
+	struct ts_cache_static *st = &h->st;
+	*st = geo;
+	st->magic = TS_CACHE_MAGIC;
+	st->layout_version = TS_CACHE_LAYOUT_VERSION;
+	st->header_size = sizeof(*h);
+	st->entry_size = sizeof(struct ts_cache_entry);
+	st->mutex_size = sizeof(pthread_mutex_t);
+	st->uid = (uint32_t)getuid();
+	st->created_unix_ns = ts_prim_realtime_ns();
+	st->creator_pid = me->pid;
+	snprintf(st->session, sizeof(st->session), "%s", session);
+	st->checksum = ts_cache_static_checksum(st);
+	if ((ret = init_mutex(&h->lock.m)) != 0) {
+		ret = fail(why, whylen, ret, "cannot initialise the cache lock: %s", strerror(-ret));
+		goto out;
+	}
+	h->head = 0;
+	h->first = h->last = h->cursor = NONE;
+	/* Entries are all zero: EMPTY, generation 0. */
+	atomic_store(&h->users[0].start_time, me->start_time);
+	atomic_store(&h->users[0].pid, me->pid);
+	atomic_store(&h->state, TS_CACHE_SEG_OPEN);
+	munmap(map, geo.arena_off);
+	map = MAP_FAILED;
+	if (link(tmp, path) != 0) {
+		ret = -errno;
+		if (ret != -EEXIST)
+			fail(why, whylen, ret, "cannot create %s: %s", path, strerror(-ret));
+		goto out;
+	}
+	unlink(tmp);
+	return fd;
+out:
+	if (map != MAP_FAILED)
+		munmap(map, geo.arena_off);
+	unlink(tmp);
+	close(fd);
+	return ret;
+}
+
+static int map_checked(int fd, int prot, void **map, size_t *size, struct stat *sbo, char *why, size_t whylen)
+{
+	struct stat sb;
+	if (fstat(fd, &sb) != 0)
+		return fail(why, whylen, -errno, "cannot stat: %s", strerror(errno));
+	int ret = check_owner(&sb);
+	if (ret)
+		return fail(why, whylen, ret, "refused: not a 0600 file owned by uid %u", (unsigned)getuid());
+	if ((uint64_t)sb.st_size < sizeof(struct ts_cache_header))
+		return fail(why, whylen, -EBADMSG, "truncated: %lld bytes", (long long)sb.st_size);
+	void *m = mmap(NULL, (size_t)sb.st_size, prot, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED)
+		return fail(why, whylen, -errno, "cannot map: %s", strerror(errno));
+	ret = ts_cache_validate(m, (size_t)sb.st_size, getuid(), why, whylen);
+	if (ret) {
+		munmap(m, (size_t)sb.st_size);
+		return ret;
+	}
+	*map = m;
+	*size = (size_t)sb.st_size;
+	if (sbo)
+		*sbo = sb;
+	return 0;
+}
+
+static void attach_handle(struct ts_cache *c, void *map, size_t size, const struct stat *sb)
+{
+	struct ts_cache_header *h = map;
+	c->hdr = h;
+	c->map_size = size;
+	c->ents = (struct ts_cache_entry *)((unsigned char *)map + h->st.index_off);
+	c->arena = (unsigned char *)map + h->st.arena_off;
+	c->arena_size = h->st.arena_size;
+	c->nentries = h->st.nentries;
+	c->dev = sb->st_dev;
+	c->ino = sb->st_ino;
+}
+
+static void detach_handle(struct ts_cache *c)
+{
+	if (c->hdr)
+		munmap(c->hdr, c->map_size);
+	if (c->fd >= 0)
+		close(c->fd);
+	c->hdr = NULL;
+	c->ents = NULL;
+	c->arena = NULL;
+	c->fd = -1;
+}
+
+/* Free the slots of users whose process is gone (under the lock); count the rest. */
+static unsigned reap_users(struct ts_cache_header *h, bool reap)
+{
+	unsigned alive = 0;
+	for (unsigned i = 0; i < TS_CACHE_MAX_USERS; i++) {
+		uint32_t pid = atomic_load_explicit(&h->users[i].pid, memory_order_acquire);
+		if (pid == 0)
+			continue;
+		uint64_t st = atomic_load_explicit(&h->users[i].start_time, memory_order_relaxed);
+		if (ts_proc_liveness(pid, st) == TS_PROC_ALIVE)
+			alive++;
+		else if (reap)
+			atomic_store_explicit(&h->users[i].pid, 0, memory_order_release);
+	}
+	return alive;
+}
+
+static int register_user(struct ts_cache_header *h, const struct ts_ident *me)
+{
+	for (unsigned i = 0; i < TS_CACHE_MAX_USERS; i++) {
+		struct ts_cache_user *u = &h->users[i];
+		if (atomic_load_explicit(&u->pid, memory_order_relaxed) != 0)
+			continue;
+		atomic_store_explicit(&u->start_time, me->start_time, memory_order_relaxed);
+		/* release: the start time is visible before the pid */
+		atomic_store_explicit(&u->pid, me->pid, memory_order_release);
+		return (int)i;
+	}
+	return -EUSERS;
+}
+
+/* Is path still the file we have open? (Do not unlink a successor.) */
+static bool path_is_ours(const struct ts_cache *c, const char *path)
+{
+	struct stat sb;
+	return lstat(path, &sb) == 0 && sb.st_dev == c->dev && sb.st_ino == c->ino;
+}
+
+static int open_once(struct ts_cache *c, uint64_t budget, const struct ts_ident *me, char *why, size_t whylen)
+{
+	bool created = false;
+	int fd = open(c->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT) {
+		fd = create_segment(c->path, c->session, budget, me, why, whylen);
+		if (fd == -EEXIST)
+			return -EAGAIN;
+		created = fd >= 0;
+	} else if (fd < 0) {
+		int e = errno;
+		fd = fail(why, whylen, -e, "cannot open %s: %s", c->path, strerror(e));
+	}
+	if (fd < 0)
+		return fd;
+	c->fd = fd;
+	void *map;
+	size_t size;
+	struct stat sb;
+	int ret = map_checked(fd, PROT_READ | PROT_WRITE, &map, &size, &sb, why, whylen);
+	if (ret) {
+		char tmp[200];
+		snprintf(tmp, sizeof(tmp), "%s", why ? why : "");
+		fail(why, whylen, ret, "%s: %s", c->path, tmp);
+		return ret;
+	}
+	attach_handle(c, map, size, &sb);
+	ret = cache_lock(c, TS_CACHE_OPEN_TIMEOUT_NS);
+	if (ret)
+		return fail(why, whylen, ret == -ETIMEDOUT ? -ETIMEDOUT : ret, "%s: the cache lock is %s", c->path,
+			    ret == -ETIMEDOUT ? "held by a stopped process" : "unusable");
+	if (fstat(fd, &sb) != 0 || sb.st_nlink == 0 ||
+	    atomic_load(&c->hdr->state) != TS_CACHE_SEG_OPEN) {
+		cache_unlock(c);
+		return -EAGAIN; /* removed by the last user while we got here */
+	}
+	unsigned alive = reap_users(c->hdr, true);
+	if (created) {
+		c->user_slot = 0; /* registered in the image before it was linked */
+	} else if (alive == 0) {
+		/* Every user died without closing: start afresh rather than
+		 * inherit a cache nobody looks after (and free its memory). */
+		atomic_store(&c->hdr->state, TS_CACHE_SEG_CLOSED);
+		if (path_is_ours(c, c->path))
+			unlink(c->path);
+		cache_unlock(c);
+		return -EAGAIN;
+	} else {
+		c->user_slot = register_user(c->hdr, me);
+		if (c->user_slot < 0) {
+			cache_unlock(c);
+			return fail(why, whylen, -EUSERS, "%s: too many users (%u)", c->path, TS_CACHE_MAX_USERS);
+		}
+	}
+	cache_unlock(c);
+	return 0;
+}
+
+int ts_cache_open(struct ts_cache *c, const char *session, uint64_t budget_bytes, char *why, size_t whylen)
+{
+	int saved = errno, ret;
+	memset(c, 0, sizeof(*c));
+	c->fd = -1;
+	c->user_slot = -1;
+	c->lock_timeout_ns = TS_CACHE_LOCK_TIMEOUT_NS;
+	c->stale_fill_ns = TS_CACHE_STALE_FILL_NS;
+	if (why && whylen)
+		why[0] = '\0';
+	if (!session || !ts_session_name_valid(session))
+		return fail(why, whylen, -EINVAL, "invalid session name");
+	if (budget_bytes < TS_CACHE_MIN_BUDGET || budget_bytes > TS_CACHE_MAX_BUDGET)
+		return fail(why, whylen, -EINVAL, "cache budget %llu bytes out of range (%llu..%llu)",
+			    (unsigned long long)budget_bytes, (unsigned long long)TS_CACHE_MIN_BUDGET,
+			    (unsigned long long)TS_CACHE_MAX_BUDGET);
+	struct ts_ident me;
+	if ((ret = ts_self_ident(&me)) != 0)
+		return fail(why, whylen, ret, "cannot read our own process identity");
+	snprintf(c->session, sizeof(c->session), "%s", session);
+	if ((ret = ts_cache_path(c->path, sizeof(c->path), getuid(), session)) != 0)
+		return fail(why, whylen, ret, "invalid cache path");
+	for (int attempt = 0; attempt < OPEN_ATTEMPTS; attempt++) {
+		ret = open_once(c, budget_bytes, &me, why, whylen);
+		if (ret == 0) {
+			c->opener_pid = me.pid;
+			errno = saved;
+			return 0;
+		}
+		detach_handle(c);
+		c->need_repair = 0;
+		if (ret != -EAGAIN) {
+			errno = saved;
+			return ret;
+		}
+	}
+	errno = saved;
+	return fail(why, whylen, -EBUSY, "%s keeps changing under us", c->path);
+}
+
+void ts_cache_close(struct ts_cache *c)
+{
+	if (!c || !c->hdr)
+		return;
+	int saved = errno;
+	struct ts_ident me;
+	if ((uint32_t)getpid() == c->opener_pid && ts_self_ident(&me) == 0) {
+		struct ts_cache_header *h = c->hdr;
+		bool locked = cache_lock(c, TS_CACHE_OPEN_TIMEOUT_NS) == 0;
+		if (c->user_slot >= 0 && (unsigned)c->user_slot < TS_CACHE_MAX_USERS) {
+			struct ts_cache_user *u = &h->users[c->user_slot];
+			if (atomic_load(&u->pid) == me.pid && atomic_load(&u->start_time) == me.start_time)
+				atomic_store_explicit(&u->pid, 0, memory_order_release);
+		}
+		/* Only under the lock may we decide that we were the last one out. */
+		if (locked && reap_users(h, true) == 0) {
+			atomic_store(&h->state, TS_CACHE_SEG_CLOSED);
+			if (path_is_ours(c, c->path))
+				unlink(c->path);
+		}
+		if (locked)
+			cache_unlock(c);
+	}
+	/* A forked child (or a failed identity read) only drops its mapping. */
+	detach_handle(c);
+	c->user_slot = -1;
+	errno = saved;
+}
+
+/* ---- statistics and inspection --------------------------------------------------- */
+
+static void collect(const struct ts_cache_header *h, const struct ts_cache_entry *ents, struct ts_cache_stats *o)
+{
+	const struct ts_cache_counters *k = &h->counters;
+	memset(o, 0, sizeof(*o));
+#define GET(f) o->f = atomic_load_explicit(&k->f, memory_order_relaxed)
+	GET(hits);
+	GET(misses);
+	GET(fills);
+	GET(commits);
+	GET(aborts);
+	GET(bypasses);
+	GET(bypass_lock);
+	GET(bypass_nospace);
+	GET(bypass_shm);
+	GET(bypass_wait);
+	GET(bypass_aborted);
+	GET(bypass_other);
+	GET(waits);
+	GET(evictions);
+	GET(reclaims);
+	GET(orphans);
+	GET(torn);
+	GET(repairs);
+	GET(saved_decode_ns);
+#undef GET
+	o->bytes_in_use = atomic_load_explicit(&h->bytes_in_use, memory_order_relaxed);
+	o->reserved_bytes = atomic_load_explicit(&h->falloc_hwm, memory_order_relaxed);
+	o->capacity = h->st.nentries;
+	o->budget = h->st.arena_size;
+	o->created_unix_ns = h->st.created_unix_ns;
+	for (uint32_t i = 0; i < h->st.nentries; i++) {
+		uint32_t s = TS_CENT_STATE(atomic_load_explicit(&ents[i].word, memory_order_relaxed));
+		o->entries += s == TS_CENT_READY;
+		o->filling += s == TS_CENT_FILLING;
+	}
+	for (unsigned i = 0; i < TS_CACHE_MAX_USERS; i++)
+		o->users += atomic_load_explicit(&h->users[i].pid, memory_order_relaxed) != 0;
+}
+
+void ts_cache_stats(const struct ts_cache *c, struct ts_cache_stats *out)
+{
+	if (!c || !c->hdr) {
+		memset(out, 0, sizeof(*out));
+		return;
+	}
+	collect(c->hdr, c->ents, out);
+}
+
+int ts_cache_view(const char *path, struct ts_cache_stats *out, char *why, size_t whylen)
+{
+	int saved = errno;
+	/* O_NONBLOCK: a FIFO planted at the path must not hang the reader. */
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		int e = errno;
+		errno = saved;
+		return fail(why, whylen, -e, "cannot open %s: %s", path, strerror(e));
+	}
+	void *map;
+	size_t size;
+	int ret = map_checked(fd, PROT_READ, &map, &size, NULL, why, whylen);
+	close(fd);
+	if (ret == 0) {
+		const struct ts_cache_header *h = map;
+		collect(h, (const struct ts_cache_entry *)((const unsigned char *)map + h->st.index_off), out);
+		munmap(map, size);
+	}
+	errno = saved;
+	return ret;
+}
+
+int ts_cache_remove_if_stale(const char *path)
+{
+	int saved = errno, ret;
+	char why[160];
+	struct ts_cache c;
+	memset(&c, 0, sizeof(c));
+	c.fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (c.fd < 0) {
+		ret = errno == ENOENT ? 0 : -errno;
+		errno = saved;
+		return ret;
+	}
+	void *map;
+	size_t size;
+	struct stat sb;
+	ret = map_checked(c.fd, PROT_READ | PROT_WRITE, &map, &size, &sb, why, sizeof(why));
+	if (ret == 0) {
+		attach_handle(&c, map, size, &sb);
+		snprintf(c.session, sizeof(c.session), "%s", c.hdr->st.session);
+		ret = cache_lock(&c, 100000000ull);
+		if (ret == 0) {
+			if (fstat(c.fd, &sb) == 0 && sb.st_nlink > 0 && reap_users(c.hdr, false) == 0) {
+				/* Nobody alive: nobody will mind (a live cache is never written). */
+				atomic_store(&c.hdr->state, TS_CACHE_SEG_CLOSED);
+				ret = path_is_ours(&c, path) && unlink(path) == 0 ? 1 : 0;
+			}
+			cache_unlock(&c);
+		}
+	}
+	detach_handle(&c);
+	errno = saved;
+	return ret;
+}

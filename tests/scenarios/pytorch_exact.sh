@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Real PyTorch (Debian's torch/torchvision/Pillow) under the shim in exact
+# mode: a torchvision ImageFolder + DataLoader job trains on bit-identical
+# batches with and without the shim (workers 0 and 2), and several same-seed
+# jobs at once decode each image once, the others being served from the
+# shared decoded cache.
+set -u
+cd "$(dirname "$0")/../.."
+. tests/lib.sh
+PY=/usr/bin/python3
+"$PY" -c 'import torch, torchvision, PIL' 2>/dev/null || { echo "python3-torch/torchvision/pil not installed"; exit 77; }
+JOB="$PWD/tests/py/imagefolder_job.py"
+MKDATA="$PWD/$BUILD/tsshim-mkdata"
+[ -x "$MKDATA" ] || { echo "needs $MKDATA"; exit 77; }
+
+"$MKDATA" --classes 4 --train 12 --val 1 --seed 7 "$T_TMP/data" >/dev/null 2>&1 || { echo "mkdata failed"; exit 1; }
+DATA="$T_TMP/data/train"
+NIMG=$(find "$DATA" -name '*.jpg' | wc -l)
+S=$(session_name exact)
+export TSSHIM_SESSION=$S TSSHIM_MODE=exact
+sum_of() { sed -n 's/.*checksum=\([0-9a-f]*\).*/\1/p' "$1"; }
+total() { awk '{s += $1} END {print s + 0}'; }
+cpu_of() { sed -n 's/.*cpu_s=\([0-9.]*\).*/\1/p' "$1"; }
+
+# --- bit-identical with and without the shim ----------------------------------
+for w in 0 2; do
+	"$PY" "$JOB" "$DATA" --seed 11 --batch 8 --workers $w --size 96 --records >"$T_TMP/plain$w" 2>&1
+	LD_PRELOAD="$TS_PRELOAD" TSSHIM_LOG=info "$PY" "$JOB" "$DATA" --seed 11 --batch 8 --workers $w --size 96 \
+		--records >"$T_TMP/shim$w" 2>"$T_TMP/shim$w.err"
+	check "workers=$w: every batch bit-identical with the shim ($(sum_of "$T_TMP/plain$w" | cut -c1-12))" \
+		cmp -s <(grep -v cpu_s "$T_TMP/plain$w"; sum_of "$T_TMP/plain$w") <(grep -v cpu_s "$T_TMP/shim$w"; sum_of "$T_TMP/shim$w")
+	check "workers=$w: the job ran its $NIMG images" grep -q "samples=$NIMG " "$T_TMP/shim$w"
+done
+check "decodes were recognised as dataset files (scope detected)" grep -q "dataset scope detected: $DATA" "$T_TMP/shim0.err"
+
+# --- N same-seed jobs at once: each image decoded once ---------------------------
+CACHETOOL="$PWD/$BUILD/tests/ts-cachetool"
+stat_of() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" "$2"; }
+for n in 2 3; do
+	S=$(session_name exact$n)
+	# A holder keeps the cache (and its counters) alive after the jobs end.
+	mkfifo "$T_TMP/hold$n"
+	"$CACHETOOL" hold "$S" --budget-mb 512 <"$T_TMP/hold$n" >/dev/null &
+	holder=$!
+	exec 9>"$T_TMP/hold$n"
+	pids=()
+	for j in $(seq 1 "$n"); do
+		LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION=$S TSSHIM_LOG=info "$PY" "$JOB" "$DATA" --seed 11 --batch 8 \
+			--workers 2 --size 96 >"$T_TMP/j$n.$j" 2>"$T_TMP/j$n.$j.err" &
+		pids+=($!)
+	done
+	# While they run, inspect shows the cache being shared.
+	shared=0
+	while kill -0 "${pids[@]}" 2>/dev/null; do
+		h=$("$INSPECT" "$S" --json 2>/dev/null | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["session"]["cache"]["hits"])' 2>/dev/null)
+		[ -n "$h" ] && [ "$h" -gt "$shared" ] && shared=$h
+		sleep 0.2
+	done
+	wait "${pids[@]}"
+	ok_all=1
+	for j in $(seq 1 "$n"); do
+		if [ "$(sum_of "$T_TMP/j$n.$j")" != "$(sum_of "$T_TMP/plain2")" ]; then
+			ok_all=0
+			echo "# job $j of $n:"; tail -n 5 "$T_TMP/j$n.$j" "$T_TMP/j$n.$j.err" | sed 's/^/#   /'
+		fi
+	done
+	check "$n same-seed jobs: each trained on exactly the batches it would have alone" [ "$ok_all" = 1 ]
+	"$CACHETOOL" stats "$S" >"$T_TMP/stats$n"
+	fills=$(stat_of fills "$T_TMP/stats$n")
+	hits=$(stat_of hits "$T_TMP/stats$n")
+	bypasses=$(stat_of bypasses "$T_TMP/stats$n")
+	exec 9>&-
+	wait "$holder"
+	echo "# $n jobs: $NIMG images, $fills real decodes, $hits served from the cache, $bypasses private"
+	check "$n same-seed jobs: each image decoded once ($fills decodes for $NIMG images)" [ "${fills:-0}" = "$NIMG" ]
+	check "$n same-seed jobs: the other $((n - 1)) jobs were served every image ($hits hits)" [ "${hits:-0}" = $(((n - 1) * NIMG)) ]
+	check "$n same-seed jobs: tsshim-inspect --json showed shared decodes while they ran ($shared)" [ "$shared" -gt 0 ]
+	cpu_shim=$(for j in $(seq 1 "$n"); do cpu_of "$T_TMP/j$n.$j"; done | total)
+	echo "# $n jobs: CPU seconds with the shim $cpu_shim (alone: $(cpu_of "$T_TMP/plain2") each); ratios are measured by scripts/bench.sh"
+	check "$n same-seed jobs: no cache segment left behind" [ ! -e "/dev/shm/tsshim-cache.$(id -u).$S" ]
+done
+
+finish pytorch_exact
