@@ -62,6 +62,7 @@ $(SHIM_LIB): $(SHIM_OBJ) $(CORE_LIB) shim/tsshim.map
 LIBS_mkdata := -ljpeg -lm
 LIBS_train  := -ljpeg -ldl -lm
 LIBS_test_prefetch := -l:liburing.a
+LIBS_ts-jpegcheck  := -ljpeg
 
 $(BUILD)/tsshim-%: $(BUILD)/obj/tools/%.o $(CORE_LIB)
 	$(CC) -o $@ $^ $(LDFLAGS) $(LIBS_$*)

@@ -115,8 +115,10 @@ int ts_scope_detect_add(struct ts_scope_detector *d, const char *abs_path)
 			if (d->common[i] == '/' || d->common[i] == '\0')
 				last = (abs_path[i] == '/' || i == dlen) ? i : last;
 		}
+		if (d->common[last] != '\0' || last != dlen)
+			d->spans_dirs = 1;
 		d->common[last] = '\0';
 	}
 	d->files++;
-	return d->files >= TS_SCOPE_DETECT_FILES;
+	return d->files >= (d->spans_dirs ? TS_SCOPE_DETECT_FILES : TS_SCOPE_DETECT_ONE_DIR);
 }

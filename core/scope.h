@@ -15,7 +15,8 @@
 #include "config.h"
 
 #define TS_SCOPE_PATH_MAX 1024
-#define TS_SCOPE_DETECT_FILES 8 /* decoded files that fix a detected scope */
+#define TS_SCOPE_DETECT_FILES 8     /* decoded files before a scope is announced... */
+#define TS_SCOPE_DETECT_ONE_DIR 64  /* ...if they span directories; else this many */
 
 struct ts_scope {
 	uint32_t n;
@@ -36,13 +37,16 @@ int ts_path_is_jpeg(const char *path);
 
 struct ts_scope_detector {
 	uint32_t files;
+	int spans_dirs;                 /* files came from more than one directory */
 	char common[TS_SCOPE_PATH_MAX]; /* common directory so far */
 };
 
 /*
- * Feed the path of a decoded file. Returns 1 once TS_SCOPE_DETECT_FILES
- * files have been seen (common[] is then the scope), 0 before, -errno for
- * a path that cannot take part (relative, too long).
+ * Feed the path of a decoded file; common[] only ever widens. Returns 1
+ * once the scope is worth announcing: TS_SCOPE_DETECT_FILES files from
+ * more than one directory (an ImageFolder's classes), or
+ * TS_SCOPE_DETECT_ONE_DIR files from one; 0 before; -errno for a path that
+ * cannot take part (relative, too long).
  */
 int ts_scope_detect_add(struct ts_scope_detector *d, const char *abs_path);
 

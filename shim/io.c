@@ -61,14 +61,30 @@ static struct {
 } paths[PATH_SLOTS];
 static _Atomic uint32_t path_next;
 
-static __thread int last_fd = -1;
-static __thread uint32_t last_seq;
+/*
+ * What this thread read last from a dataset file: a copy, because loaders
+ * often close the file before they decode the bytes.
+ */
+static __thread struct {
+	int valid;
+	struct ts_file_id id;
+	uint64_t first_len, first_hash;
+	uint32_t path_slot, path_gen;
+} last_read;
 
-static struct ts_scope scope;
-static _Atomic int scope_state; /* 0 detecting, 1 known */
+/*
+ * The scope: given (TSSHIM_DATA, fixed) or detected. A detected scope keeps
+ * widening as decodes arrive from outside it, so it is double-buffered:
+ * the detector fills the idle copy, then flips `current`. A reader racing
+ * a flip may judge one open by the previous scope; that only decides what
+ * is tracked, never what a program reads.
+ */
+static struct ts_scope scopes[2];
+static char scope_texts[2][TS_SCOPE_PATH_MAX * 2];
+static _Atomic int current = -1;  /* index into scopes[], -1 while unknown */
+static int given;                 /* TSSHIM_DATA */
 static struct ts_scope_detector detector;
 static _Atomic int detector_busy;
-static char scope_text[TS_SCOPE_PATH_MAX * 2];
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -137,12 +153,20 @@ static int absolute_path(int dirfd, const char *path, char *out, size_t outlen)
 	return ts_path_normalize(base, path, out, outlen);
 }
 
-/* Should a file at this path be tracked? */
+static const struct ts_scope *scope_now(void)
+{
+	int i = atomic_load_explicit(&current, memory_order_acquire);
+	return i < 0 ? NULL : &scopes[i];
+}
+
+/* Should a file at this path be tracked? Given scope: exactly it. Else
+ * every JPEG (decodes prove what they are) and the detected scope. */
 static int wanted(const char *abs)
 {
-	if (atomic_load_explicit(&scope_state, memory_order_acquire))
-		return ts_scope_contains(&scope, abs);
-	return ts_path_is_jpeg(abs);
+	const struct ts_scope *s = scope_now();
+	if (given)
+		return ts_scope_contains(s, abs);
+	return ts_path_is_jpeg(abs) || (s && ts_scope_contains(s, abs));
 }
 
 /* ---- the tracking half of every hook -------------------------------------- */
@@ -190,8 +214,18 @@ static void track_read(int fd, const void *buf, ssize_t n, off_t off)
 			atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
 		}
 	}
-	last_fd = fd;
-	last_seq = atomic_load_explicit(&e->seq, memory_order_acquire);
+	struct fd_entry snap;
+	uint32_t s = atomic_load_explicit(&e->seq, memory_order_acquire);
+	memcpy(&snap, e, sizeof(snap));
+	atomic_thread_fence(memory_order_acquire);
+	if (!(s & 1) && s == atomic_load_explicit(&e->seq, memory_order_relaxed) && snap.first_len) {
+		last_read.id = snap.id;
+		last_read.first_len = snap.first_len;
+		last_read.first_hash = snap.first_hash;
+		last_read.path_slot = snap.path_slot;
+		last_read.path_gen = snap.path_gen;
+		last_read.valid = 1;
+	}
 	errno = saved;
 	ts_hook_leave();
 }
@@ -215,20 +249,14 @@ static void track_readv(int fd, const struct iovec *iov, int cnt, ssize_t n, off
 
 int ts_io_provenance(const void *buf, size_t len, struct ts_file_id *id, char *path, size_t pathlen)
 {
-	int fd = last_fd;
-	if (!valid_fd(fd) || !buf)
+	if (!last_read.valid || !buf || len < last_read.first_len)
 		return 0;
-	struct fd_entry snap;
-	const struct fd_entry *e = &fds[fd];
-	uint32_t s = atomic_load_explicit(&e->seq, memory_order_acquire);
-	memcpy(&snap, e, sizeof(snap));
-	atomic_thread_fence(memory_order_acquire);
-	if ((s & 1) || s != atomic_load_explicit(&e->seq, memory_order_relaxed) || s != last_seq)
-		return 0; /* closed or reused since this thread read it */
-	if (!snap.tracked || snap.first_len == 0 || len < snap.first_len)
+	/* The buffer starts with exactly the bytes this thread read at the
+	 * start of that file: it is that file's content. */
+	if (ts_hash64(buf, last_read.first_len, HASH_SEED) != last_read.first_hash)
 		return 0;
-	if (ts_hash64(buf, snap.first_len, HASH_SEED) != snap.first_hash)
-		return 0;
+	struct fd_entry snap = { .id = last_read.id, .path_slot = last_read.path_slot,
+				 .path_gen = last_read.path_gen };
 	*id = snap.id;
 	if (path && pathlen) {
 		path[0] = '\0';
@@ -242,58 +270,73 @@ int ts_io_provenance(const void *buf, size_t len, struct ts_file_id *id, char *p
 	return 1;
 }
 
-static void format_scope(void)
+static void format_scope(int i)
 {
 	size_t off = 0;
-	scope_text[0] = '\0';
-	for (uint32_t i = 0; i < scope.n && off < sizeof(scope_text); i++)
-		off += (size_t)snprintf(scope_text + off, sizeof(scope_text) - off, "%s%s", i ? ":" : "",
-					scope.root[i]);
+	scope_texts[i][0] = '\0';
+	for (uint32_t r = 0; r < scopes[i].n && off < sizeof(scope_texts[i]); r++)
+		off += (size_t)snprintf(scope_texts[i] + off, sizeof(scope_texts[i]) - off, "%s%s", r ? ":" : "",
+					scopes[i].root[r]);
+}
+
+/* Install `root` as the detected scope (caller holds detector_busy). */
+static int publish_detected(const char *root)
+{
+	int next = atomic_load(&current) == 0 ? 1 : 0;
+	if (ts_scope_set(&scopes[next], &root, 1) != 0)
+		return 0;
+	format_scope(next);
+	int first = atomic_load(&current) < 0;
+	atomic_store_explicit(&current, next, memory_order_release);
+	if (first)
+		ts_info("dataset scope detected: %s (from %u decoded files)", scope_texts[next], detector.files);
+	else
+		ts_info("dataset scope widened to %s", scope_texts[next]);
+	return first;
 }
 
 void ts_io_decoded(const char *path)
 {
-	if (atomic_load(&scope_state) || !path || !path[0])
+	const struct ts_scope *s = scope_now();
+	if (given || !path || path[0] != '/' || (s && ts_scope_contains(s, path)))
 		return;
 	int expected = 0;
 	if (!atomic_compare_exchange_strong(&detector_busy, &expected, 1))
 		return; /* another thread is at it; one sample fewer does not matter */
-	if (ts_scope_detect_add(&detector, path) == 1) {
-		const char *root = detector.common;
-		if (ts_scope_set(&scope, &root, 1) == 0) {
-			format_scope();
-			atomic_store_explicit(&scope_state, 1, memory_order_release);
-			ts_info("dataset scope detected: %s (from the first %u decoded files)", scope_text,
-				TS_SCOPE_DETECT_FILES);
-			ts_shim_scope_known();
-		}
-	}
+	int first = 0;
+	if (ts_scope_detect_add(&detector, path) == 1)
+		first = publish_detected(detector.common);
 	atomic_store(&detector_busy, 0);
+	if (first)
+		ts_shim_scope_known();
 }
 
 unsigned ts_io_scope_roots(const char **roots, unsigned max)
 {
-	if (!atomic_load_explicit(&scope_state, memory_order_acquire))
+	const struct ts_scope *s = scope_now();
+	if (!s)
 		return 0;
-	unsigned n = scope.n < max ? scope.n : max;
+	unsigned n = s->n < max ? s->n : max;
 	for (unsigned i = 0; i < n; i++)
-		roots[i] = scope.root[i];
+		roots[i] = s->root[i];
 	return n;
 }
 
 const char *ts_io_scope_string(void)
 {
-	return atomic_load_explicit(&scope_state, memory_order_acquire) ? scope_text : "";
+	int i = atomic_load_explicit(&current, memory_order_acquire);
+	return i < 0 ? "" : scope_texts[i];
 }
 
 void ts_io_init(void)
 {
 	if (ts_cfg.ndata == 0)
 		return;
-	if (ts_scope_set(&scope, ts_cfg.data, ts_cfg.ndata) == 0) {
-		format_scope();
-		atomic_store(&scope_state, 1);
-		ts_info("dataset scope: %s (TSSHIM_DATA)", scope_text);
+	if (ts_scope_set(&scopes[0], ts_cfg.data, ts_cfg.ndata) == 0) {
+		format_scope(0);
+		given = 1;
+		atomic_store(&current, 0);
+		ts_info("dataset scope: %s (TSSHIM_DATA)", scope_texts[0]);
 	}
 }
 

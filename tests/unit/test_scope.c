@@ -77,6 +77,13 @@ Test(scope, detection_finds_deepest_common_directory)
 	cr_assert_eq(done, 1, "eight files fix the scope");
 	cr_assert_str_eq(detect(imagefolder, 1, &done), "/r/train/c3");
 	cr_assert_eq(done, 0);
+	const char *onedir[64];
+	for (int i = 0; i < 64; i++)
+		onedir[i] = "/r/val/x.jpg";
+	cr_assert_str_eq(detect(onedir, 8, &done), "/r/val");
+	cr_assert_eq(done, 0, "eight files of one directory may be one class of many");
+	cr_assert_str_eq(detect(onedir, 64, &done), "/r/val");
+	cr_assert_eq(done, 1, "sixty-four files of one directory: that directory is the scope");
 	const char *similar[] = { "/r/train/c1/a.jpg", "/r/train/c10/b.jpg" };
 	cr_assert_str_eq(detect(similar, 2, &done), "/r/train", "c1 is not a prefix directory of c10");
 	const char *sib[] = { "/a/bc/x.jpg", "/a/b/y.jpg" };
