@@ -11,6 +11,9 @@ PACKAGES=(
 	libffi-dev                 # libffi: tracing closures for driver entry points
 	libcriterion-dev           # Criterion: unit tests
 	python3                    # test scripts parse tsshim-inspect --json
+	python3-torch              # real PyTorch DataLoader jobs under the shim
+	python3-torchvision        # ImageFolder and the standard transforms
+	python3-pil                # Pillow: the JPEG decodes the shim serves
 	procps                     # ps/pkill in scenarios
 	valgrind                   # memcheck scenario
 )

@@ -424,7 +424,10 @@ TS_EXPORT boolean jpeg_finish_decompress(j_decompress_ptr cinfo)
 	}
 	boolean ok = a->finish(cinfo);
 	if (s && ok) {
-		if (s->mode == D_FILL && s->rows_done == cinfo->output_height) {
+		/* A decode that warned (corrupt data patched over by libjpeg) is not
+		 * shared: a hit could not repeat the warnings the program may check. */
+		if (s->mode == D_FILL && s->rows_done == cinfo->output_height &&
+		    (!cinfo->err || cinfo->err->num_warnings == 0)) {
 			ts_exact_commit(&s->fill, now_ns() - s->t0);
 			s->mode = D_PASS;
 		}
