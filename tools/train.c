@@ -1,0 +1,2017 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tsshim-train: the reference *unmodified* training program that tsshim
+ * must serve. It is built the way a PyTorch DataLoader job is built and
+ * knows nothing about tsshim (it neither includes nor calls anything of it):
+ *
+ *   main process                         worker processes (--workers N)
+ *   ------------                         ------------------------------
+ *   sampler (seeded permutation)   --->  per sample: open/read the file,
+ *   index lists, round robin,            libjpeg decode, crop/resize/flip,
+ *   prefetch 2 per worker                normalise to float32 CHW
+ *                                        collate into shared memory
+ *   mmap the batch               <---    (shm_open+unlink or memfd), fd
+ *   [pinning thread: copy into           passed over a unix socketpair
+ *    page-locked memory]                 (SCM_RIGHTS)
+ *   upload each tensor (CUDA runtime
+ *   via dlopen, or a host copy),
+ *   checksum, record, simulated step
+ *
+ * Determinism: the sample order depends on (seed, epoch) and each sample's
+ * augmentation on (seed, epoch, sample index) only, so the same options
+ * give the same batches, records and trained_checksum whatever --workers,
+ * --start, --persistent-workers, --pin, --shm and --device are.
+ * Hash and generator definitions are in tools/train_hash.h, the per-sample
+ * pipeline in tools/train_image.h. --help documents the options and the
+ * record format.
+ */
+#include <cuda_runtime_api.h> /* types and prototypes only: libcudart is dlopen()ed */
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "train_hash.h"
+#include "train_image.h"
+
+#define PROG "tsshim-train"
+#define MAX_BATCH 8192
+#define MAX_WORKERS 256
+#define MAX_SIZE 2048
+#define ERRLEN 1024
+
+enum { DEV_CPU, DEV_CUDA };
+enum { START_FORK, START_SPAWN };
+enum { SHM_POSIX, SHM_MEMFD };
+
+static struct options {
+	const char *root, *val_root, *record, *cudart;
+	uint64_t limit, val_limit, seed, epochs, val_every, break_after;
+	unsigned batch, val_batch, size, prefetch;
+	int workers, start, shm, shuffle, persistent, pin, device, step_spin, readback;
+	double step_ms, val_step_ms, timeout_s;
+} opt = {
+	.seed = 0, .epochs = 1, .batch = 32, .size = 224, .prefetch = 2, .workers = 2,
+	.start = START_FORK, .shm = SHM_POSIX, .shuffle = 1, .device = DEV_CPU,
+};
+
+static volatile sig_atomic_t g_signal;
+static char g_self_exe[PATH_MAX];
+static const char *g_argv0 = PROG;
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- main-side descriptors a forked worker must not keep --------------------- */
+
+static int g_fds[2 * MAX_WORKERS + 4];
+static int g_nfds;
+
+static void fd_register(int fd)
+{
+	if (g_nfds < (int)(sizeof g_fds / sizeof g_fds[0]))
+		g_fds[g_nfds++] = fd;
+}
+
+static void fd_close(int *fd)
+{
+	if (*fd < 0)
+		return;
+	for (int i = 0; i < g_nfds; i++)
+		if (g_fds[i] == *fd) {
+			g_fds[i] = g_fds[--g_nfds];
+			break;
+		}
+	close(*fd);
+	*fd = -1;
+}
+
+/* ---- dataset ---------------------------------------------------------------- */
+
+struct dataset {
+	char *root;
+	size_t nclasses;
+	char **classes;
+	size_t n;
+	char **paths;
+	int64_t *labels;
+	uint64_t fp; /* XXH64 over every "path\0" and its int64 label */
+};
+
+static int name_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int has_jpeg_ext(const char *name)
+{
+	const char *dot = strrchr(name, '.');
+	return dot && (!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg"));
+}
+
+static void free_names(char **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+/* Sorted names in dir: subdirectories (want_dirs) or .jpg/.jpeg files
+ * (symbolic links followed, like os.scandir().is_dir() and os.walk). */
+static int list_dir(const char *dir, int want_dirs, char ***out, size_t *nout, char *err, size_t errlen)
+{
+	DIR *d = opendir(dir);
+	if (!d) {
+		snprintf(err, errlen, "%s: cannot open directory: %s", dir, strerror(errno));
+		return -1;
+	}
+	char **v = NULL;
+	size_t n = 0, cap = 0;
+	struct dirent *e;
+	for (;;) {
+		errno = 0;
+		e = readdir(d);
+		if (!e)
+			break;
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		int isdir = e->d_type == DT_DIR, isreg = e->d_type == DT_REG;
+		if (e->d_type != DT_DIR && e->d_type != DT_REG) {
+			struct stat st;
+			if (fstatat(dirfd(d), e->d_name, &st, 0) < 0)
+				continue; /* dangling link */
+			isdir = S_ISDIR(st.st_mode);
+			isreg = S_ISREG(st.st_mode);
+		}
+		if (want_dirs ? !isdir : !(isreg && has_jpeg_ext(e->d_name)))
+			continue;
+		if (n == cap) {
+			size_t nc = cap ? 2 * cap : 64;
+			char **nv = realloc(v, nc * sizeof *nv);
+			if (!nv)
+				goto oom;
+			v = nv;
+			cap = nc;
+		}
+		if (!(v[n] = strdup(e->d_name)))
+			goto oom;
+		n++;
+	}
+	if (errno) {
+		snprintf(err, errlen, "%s: cannot read directory: %s", dir, strerror(errno));
+		free_names(v, n);
+		closedir(d);
+		return -1;
+	}
+	closedir(d);
+	if (n)
+		qsort(v, n, sizeof *v, name_cmp);
+	*out = v;
+	*nout = n;
+	return 0;
+oom:
+	snprintf(err, errlen, "%s: out of memory while listing", dir);
+	free_names(v, n);
+	closedir(d);
+	return -1;
+}
+
+static void dataset_free(struct dataset *ds)
+{
+	free(ds->root);
+	free_names(ds->classes, ds->nclasses);
+	free_names(ds->paths, ds->n);
+	free(ds->labels);
+	memset(ds, 0, sizeof *ds);
+}
+
+static char *path_join(const char *a, const char *b)
+{
+	size_t la = strlen(a);
+	char *p;
+	if (asprintf(&p, "%s%s%s", a, la && a[la - 1] == '/' ? "" : "/", b) < 0)
+		return NULL;
+	return p;
+}
+
+/* ImageFolder: classes = sorted subdirectories of root, samples = their
+ * .jpg/.jpeg files sorted by name, class by class; the first `limit`
+ * samples when limit > 0. */
+static int dataset_scan(struct dataset *ds, const char *root, uint64_t limit, char *err, size_t errlen)
+{
+	memset(ds, 0, sizeof *ds);
+	if (!(ds->root = strdup(root)))
+		goto oom;
+	if (list_dir(root, 1, &ds->classes, &ds->nclasses, err, errlen) < 0)
+		goto fail;
+	if (ds->nclasses == 0) {
+		snprintf(err, errlen, "%s: no class subdirectories (expected ROOT/<class>/<file>.jpg)", root);
+		goto fail;
+	}
+	size_t cap = 0;
+	for (size_t c = 0; c < ds->nclasses && !(limit && ds->n >= limit); c++) {
+		char *cdir = path_join(root, ds->classes[c]);
+		char **files = NULL;
+		size_t nf = 0;
+		if (!cdir)
+			goto oom;
+		int rc = list_dir(cdir, 0, &files, &nf, err, errlen);
+		if (rc < 0) {
+			free(cdir);
+			goto fail;
+		}
+		for (size_t i = 0; i < nf && !(limit && ds->n >= limit); i++) {
+			if (ds->n == cap) {
+				size_t nc = cap ? 2 * cap : 1024;
+				char **np = realloc(ds->paths, nc * sizeof *np);
+				if (np)
+					ds->paths = np;
+				int64_t *nl = realloc(ds->labels, nc * sizeof *nl);
+				if (nl)
+					ds->labels = nl;
+				if (!np || !nl) {
+					free(cdir);
+					free_names(files, nf);
+					goto oom;
+				}
+				cap = nc;
+			}
+			if (!(ds->paths[ds->n] = path_join(cdir, files[i]))) {
+				free(cdir);
+				free_names(files, nf);
+				goto oom;
+			}
+			ds->labels[ds->n++] = (int64_t)c;
+		}
+		free(cdir);
+		free_names(files, nf);
+	}
+	if (ds->n == 0) {
+		snprintf(err, errlen, "%s: no .jpg or .jpeg files in its class subdirectories", root);
+		goto fail;
+	}
+	struct xxh64_state h;
+	xxh64_init(&h, 0);
+	for (size_t i = 0; i < ds->n; i++) {
+		xxh64_update(&h, ds->paths[i], strlen(ds->paths[i]) + 1);
+		xxh64_update(&h, &ds->labels[i], sizeof ds->labels[i]);
+	}
+	ds->fp = xxh64_digest(&h);
+	return 0;
+oom:
+	snprintf(err, errlen, "%s: out of memory while listing the dataset", root);
+fail:
+	dataset_free(ds);
+	return -1;
+}
+
+/* ---- messages between the main process and its workers ------------------------ */
+
+enum { MSG_INIT = 0x54520001, MSG_TASK, MSG_RESET, MSG_RESULT, MSG_ACK, MSG_ERROR };
+
+struct msg_task { /* main -> worker: load these samples as batch `seq` */
+	uint32_t type, n;
+	uint64_t gen, seq, epoch;
+	uint64_t ids[];
+};
+
+struct msg_result { /* worker -> main, with 2 fds: images, labels */
+	uint32_t type, n;
+	uint64_t gen, seq, img_bytes, lbl_bytes;
+};
+
+struct msg_error { /* worker -> main */
+	uint32_t type, pad;
+	uint64_t gen, seq;
+	char text[ERRLEN];
+};
+
+struct msg_ack { /* MSG_RESET (main -> worker), MSG_ACK (worker -> main) */
+	uint32_t type, pad;
+};
+
+struct msg_init { /* main -> spawned worker: what a forked one inherits */
+	uint32_t type, train, size, shm, maxbatch, pad;
+	uint64_t seed, limit, n, fp;
+	char root[PATH_MAX];
+};
+
+union msg_in {
+	uint32_t type;
+	struct msg_result r;
+	struct msg_error e;
+	struct msg_ack a;
+};
+
+static int send_msg(int sock, const void *buf, size_t len, const int *fds, int nfds)
+{
+	struct iovec iov = {(void *)buf, len};
+	union {
+		char b[CMSG_SPACE(2 * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (nfds > 0) {
+		memset(&u, 0, sizeof u);
+		mh.msg_control = u.b;
+		mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+		memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
+	}
+	for (;;) {
+		ssize_t r = sendmsg(sock, &mh, MSG_NOSIGNAL);
+		if (r < 0 && errno == EINTR)
+			continue;
+		return r == (ssize_t)len ? 0 : -1;
+	}
+}
+
+/* One message; received descriptors in fds[0..*nfds) (at most 2 kept, the
+ * rest closed). Returns its length, 0 at end of stream, -1 with errno. */
+static ssize_t recv_msg(int sock, void *buf, size_t cap, int fds[2], int *nfds)
+{
+	union {
+		char b[CMSG_SPACE(4 * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = {buf, cap};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
+	*nfds = 0;
+	ssize_t r = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+	if (r < 0)
+		return -1;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+			if (*nfds < 2)
+				fds[(*nfds)++] = fd;
+			else
+				close(fd);
+		}
+	}
+	if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+		for (int i = 0; i < *nfds; i++)
+			close(fds[i]);
+		*nfds = 0;
+		errno = EMSGSIZE;
+		return -1;
+	}
+	return r;
+}
+
+/* ---- worker processes --------------------------------------------------------- */
+
+struct wcfg {
+	const struct dataset *ds;
+	int train, size, shm;
+	uint64_t seed;
+	unsigned maxbatch;
+};
+
+/* A shared-memory object of `bytes`, as a descriptor: shm_open + shm_unlink
+ * (PyTorch's file_descriptor strategy) or memfd_create. posix_fallocate
+ * reserves the memory now, so a full /dev/shm is an error, not a SIGBUS. */
+static int shm_create(int kind, size_t bytes, char *err, size_t errlen)
+{
+	static unsigned counter;
+	int fd = -1;
+	if (kind == SHM_MEMFD) {
+		fd = memfd_create("train-batch", MFD_CLOEXEC);
+		if (fd < 0) {
+			snprintf(err, errlen, "memfd_create: %s", strerror(errno));
+			return -1;
+		}
+	} else {
+		char name[64];
+		for (int attempt = 0; fd < 0; attempt++) {
+			snprintf(name, sizeof name, "/train_%d_%u_%u", (int)getpid(), (unsigned)(now_s() * 1e6),
+				 counter++);
+			fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+			if (fd < 0 && (errno != EEXIST || attempt > 100)) {
+				snprintf(err, errlen, "shm_open %s: %s", name, strerror(errno));
+				return -1;
+			}
+		}
+		shm_unlink(name);
+	}
+	int e = posix_fallocate(fd, 0, (off_t)bytes);
+	if (e) {
+		snprintf(err, errlen, "cannot allocate %zu bytes of shared memory: %s", bytes, strerror(e));
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Returns -1 when the main process is gone or has shut us down. */
+static int worker_send_error(int sock, uint64_t gen, uint64_t seq, const char *text)
+{
+	struct msg_error m = {.type = MSG_ERROR, .gen = gen, .seq = seq};
+	snprintf(m.text, sizeof m.text, "%s", text);
+	return send_msg(sock, &m, sizeof m, NULL, 0);
+}
+
+/* Build one batch in two fresh shared-memory objects and pass them on.
+ * Returns -1 when the main process is gone or has shut us down. */
+static int worker_task(int sock, const struct wcfg *cfg, struct ti_ctx *tc, const struct msg_task *t)
+{
+	char err[ERRLEN];
+	size_t per = (size_t)3 * cfg->size * cfg->size;
+	size_t img_bytes = t->n * per * sizeof(float), lbl_bytes = t->n * sizeof(int64_t);
+	int fds[2] = {-1, -1};
+	void *img = MAP_FAILED, *lbl = MAP_FAILED;
+
+	if ((fds[0] = shm_create(cfg->shm, img_bytes, err, sizeof err)) < 0 ||
+	    (fds[1] = shm_create(cfg->shm, lbl_bytes, err, sizeof err)) < 0)
+		goto fail;
+	img = mmap(NULL, img_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	lbl = mmap(NULL, lbl_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
+	if (img == MAP_FAILED || lbl == MAP_FAILED) {
+		snprintf(err, sizeof err, "mmap of a batch: %s", strerror(errno));
+		goto fail;
+	}
+	for (uint32_t i = 0; i < t->n; i++) {
+		uint64_t id = t->ids[i];
+		struct pollfd pf = {.fd = sock, .events = 0};
+		if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLHUP | POLLERR))) {
+			munmap(img, img_bytes); /* shut down (or the main process died): stop now */
+			munmap(lbl, lbl_bytes);
+			close(fds[0]);
+			close(fds[1]);
+			return -1;
+		}
+		if (id >= cfg->ds->n) {
+			snprintf(err, sizeof err, "sample index %" PRIu64 " out of range", id);
+			goto fail;
+		}
+		if (ti_load(tc, cfg->ds->paths[id], t->epoch, id, (float *)img + i * per, err, sizeof err) < 0)
+			goto fail;
+		((int64_t *)lbl)[i] = cfg->ds->labels[id];
+	}
+	munmap(img, img_bytes);
+	munmap(lbl, lbl_bytes);
+	struct msg_result r = {.type = MSG_RESULT, .n = t->n, .gen = t->gen, .seq = t->seq,
+			       .img_bytes = img_bytes, .lbl_bytes = lbl_bytes};
+	int rc = send_msg(sock, &r, sizeof r, fds, 2);
+	close(fds[0]);
+	close(fds[1]);
+	return rc;
+fail:
+	if (img != MAP_FAILED)
+		munmap(img, img_bytes);
+	if (lbl != MAP_FAILED)
+		munmap(lbl, lbl_bytes);
+	for (int i = 0; i < 2; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	return worker_send_error(sock, t->gen, t->seq, err);
+}
+
+/* Serve tasks until the main process closes its end (or goes away).
+ * Returns the worker's exit status. */
+static int worker_loop(int sock, const struct wcfg *cfg)
+{
+	struct ti_ctx tc;
+	size_t cap = sizeof(struct msg_task) + sizeof(uint64_t) * cfg->maxbatch;
+	struct msg_task *m = malloc(cap);
+	int code = 0;
+	if (!m || ti_init(&tc, cfg->size, cfg->train, cfg->seed) < 0) {
+		worker_send_error(sock, 0, UINT64_MAX, "worker: out of memory");
+		free(m);
+		return 1;
+	}
+	for (;;) {
+		ssize_t r = recv(sock, m, cap, MSG_TRUNC);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break; /* end of stream: shut down */
+		if ((size_t)r >= sizeof(struct msg_ack) && m->type == MSG_RESET) {
+			struct msg_ack a = {.type = MSG_ACK};
+			if (send_msg(sock, &a, sizeof a, NULL, 0) < 0)
+				break;
+		} else if ((size_t)r >= sizeof *m && (size_t)r <= cap && m->type == MSG_TASK && m->n >= 1 &&
+			   m->n <= cfg->maxbatch && (size_t)r == sizeof *m + m->n * sizeof(uint64_t)) {
+			if (worker_task(sock, cfg, &tc, m) < 0)
+				break;
+		} else {
+			worker_send_error(sock, 0, UINT64_MAX, "worker: malformed message from the main process");
+			code = 2;
+			break;
+		}
+	}
+	ti_free(&tc);
+	free(m);
+	close(sock);
+	return code;
+}
+
+/* The program re-executed as a spawned worker: argv = {.., "--worker-fd", FD}. */
+static int spawned_worker_main(const char *fdarg)
+{
+	char *end;
+	long fd = strtol(fdarg, &end, 10);
+	if (*end || fd < 0 || fd > INT_MAX || fcntl((int)fd, F_GETFD) < 0) {
+		fprintf(stderr, PROG ": --worker-fd is internal (a spawned worker's socket), got '%s'\n", fdarg);
+		return 2;
+	}
+	int sock = (int)fd;
+	fcntl(sock, F_SETFD, FD_CLOEXEC);
+	signal(SIGINT, SIG_IGN);
+	signal(SIGPIPE, SIG_IGN);
+	struct msg_init *in = calloc(1, sizeof *in);
+	static struct dataset ds;
+	char err[ERRLEN];
+	int fds[2], nfds, code = 1;
+	ssize_t r;
+	if (!in)
+		return 1;
+	do
+		r = recv_msg(sock, in, sizeof *in, fds, &nfds);
+	while (r < 0 && errno == EINTR);
+	for (int i = 0; i < nfds; i++)
+		close(fds[i]);
+	if (r < 0) {
+		fprintf(stderr, PROG ": --worker-fd %s: not a worker's socket: %s\n", fdarg, strerror(errno));
+		code = 2;
+		goto out;
+	}
+	if (r == 0) {
+		code = 0; /* the main process went away before starting us */
+		goto out;
+	}
+	if ((size_t)r != sizeof *in || in->type != MSG_INIT || !memchr(in->root, 0, sizeof in->root) ||
+	    in->maxbatch < 1 || in->maxbatch > MAX_BATCH || in->size < 1 || in->size > MAX_SIZE) {
+		worker_send_error(sock, 0, UINT64_MAX, "spawned worker: malformed start message");
+		code = 2;
+		goto out;
+	}
+	if (dataset_scan(&ds, in->root, in->limit, err, sizeof err) < 0) {
+		worker_send_error(sock, 0, UINT64_MAX, err);
+		goto out;
+	}
+	if (ds.n != in->n || ds.fp != in->fp) {
+		snprintf(err, sizeof err, "%s: the dataset changed since the main process listed it "
+			 "(%zu samples now, %" PRIu64 " then)", in->root, ds.n, in->n);
+		worker_send_error(sock, 0, UINT64_MAX, err);
+		goto out;
+	}
+	struct wcfg cfg = {.ds = &ds, .train = (int)in->train, .size = (int)in->size, .shm = (int)in->shm,
+			   .seed = in->seed, .maxbatch = in->maxbatch};
+	free(in);
+	code = worker_loop(sock, &cfg); /* closes sock */
+	dataset_free(&ds);
+	return code;
+out:
+	free(in);
+	dataset_free(&ds);
+	close(sock);
+	return code;
+}
+
+/* ---- CUDA runtime, by dlopen ----------------------------------------------------- */
+
+static struct {
+	void *lib;
+	__typeof__(cudaMalloc) *Malloc;
+	__typeof__(cudaFree) *Free;
+	__typeof__(cudaMemcpy) *Memcpy;
+	__typeof__(cudaMemcpyAsync) *MemcpyAsync;
+	__typeof__(cudaStreamCreate) *StreamCreate;
+	__typeof__(cudaStreamSynchronize) *StreamSynchronize;
+	__typeof__(cudaHostAlloc) *HostAlloc;
+	__typeof__(cudaFreeHost) *FreeHost;
+	__typeof__(cudaGetLastError) *GetLastError;
+	__typeof__(cudaGetErrorString) *GetErrorString;
+	cudaStream_t stream;
+	int have_stream;
+} cu;
+
+static int cuda_ok(cudaError_t rc, const char *what)
+{
+	if (rc == cudaSuccess)
+		return 0;
+	const char *s = cu.GetErrorString ? cu.GetErrorString(rc) : NULL;
+	fprintf(stderr, PROG ": CUDA error in %s: %s (error %d)\n", what, s ? s : "unknown error", (int)rc);
+	if (cu.GetLastError)
+		cu.GetLastError(); /* reset the runtime's last error */
+	return -1;
+}
+
+static int cuda_open(void)
+{
+	const char *names[2] = {"libcudart.so.13", "libcudart.so"};
+	int nnames = 2;
+	char why[2048] = "";
+	size_t wl = 0;
+	if (opt.cudart) {
+		names[0] = opt.cudart;
+		nnames = 1;
+	}
+	for (int i = 0; i < nnames && !cu.lib; i++) {
+		cu.lib = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
+		if (!cu.lib && wl < sizeof why) {
+			const char *e = dlerror();
+			wl += snprintf(why + wl, sizeof why - wl, "%s%s", wl ? "; " : "", e ? e : names[i]);
+		}
+	}
+	if (!cu.lib) {
+		fprintf(stderr, PROG ": --device cuda: no CUDA runtime found (%s)\n", why);
+		return -1;
+	}
+	struct {
+		void **p;
+		const char *name;
+	} syms[] = {
+		{(void **)&cu.Malloc, "cudaMalloc"},
+		{(void **)&cu.Free, "cudaFree"},
+		{(void **)&cu.Memcpy, "cudaMemcpy"},
+		{(void **)&cu.MemcpyAsync, "cudaMemcpyAsync"},
+		{(void **)&cu.StreamCreate, "cudaStreamCreate"},
+		{(void **)&cu.StreamSynchronize, "cudaStreamSynchronize"},
+		{(void **)&cu.HostAlloc, "cudaHostAlloc"},
+		{(void **)&cu.FreeHost, "cudaFreeHost"},
+		{(void **)&cu.GetLastError, "cudaGetLastError"},
+		{(void **)&cu.GetErrorString, "cudaGetErrorString"},
+	};
+	for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+		*syms[i].p = dlsym(cu.lib, syms[i].name);
+		if (!*syms[i].p) {
+			fprintf(stderr, PROG ": --device cuda: the CUDA runtime %s lacks %s\n",
+				opt.cudart ? opt.cudart : "libcudart", syms[i].name);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* ---- device buffers, upload ----------------------------------------------------- */
+
+static struct {
+	void *img, *lbl;           /* device (cuda) or "device" host memory (cpu) */
+	size_t img_cap, lbl_cap;
+	void *rb_img, *rb_lbl;     /* --readback with cuda: host copies */
+} dev;
+
+static int device_init(size_t img_cap, size_t lbl_cap)
+{
+	dev.img_cap = img_cap;
+	dev.lbl_cap = lbl_cap;
+	if (opt.device == DEV_CPU) {
+		dev.img = malloc(img_cap);
+		dev.lbl = malloc(lbl_cap);
+		if (!dev.img || !dev.lbl) {
+			fprintf(stderr, PROG ": out of memory for the %zu-byte device buffers\n", img_cap + lbl_cap);
+			return -1;
+		}
+		return 0;
+	}
+	if (cuda_open() < 0)
+		return -1;
+	if (cuda_ok(cu.Malloc(&dev.img, img_cap), "cudaMalloc (images)") < 0 ||
+	    cuda_ok(cu.Malloc(&dev.lbl, lbl_cap), "cudaMalloc (labels)") < 0)
+		return -1;
+	if (opt.pin) {
+		if (cuda_ok(cu.StreamCreate(&cu.stream), "cudaStreamCreate") < 0)
+			return -1;
+		cu.have_stream = 1;
+	}
+	if (opt.readback) {
+		dev.rb_img = malloc(img_cap);
+		dev.rb_lbl = malloc(lbl_cap);
+		if (!dev.rb_img || !dev.rb_lbl) {
+			fprintf(stderr, PROG ": out of memory for the read-back buffers\n");
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static void device_free(void)
+{
+	if (opt.device == DEV_CUDA && cu.lib) {
+		if (dev.img)
+			cu.Free(dev.img);
+		if (dev.lbl)
+			cu.Free(dev.lbl);
+		/* The stream and the library stay until exit, as in PyTorch. */
+	} else {
+		free(dev.img);
+		free(dev.lbl);
+	}
+	free(dev.rb_img);
+	free(dev.rb_lbl);
+	memset(&dev, 0, sizeof dev);
+}
+
+/* Host-to-device copy of each tensor; pinned sources go through
+ * cudaMemcpyAsync on the job's stream, pageable ones through cudaMemcpy. */
+static int upload(const void *img, size_t img_bytes, const void *lbl, size_t lbl_bytes, int pinned)
+{
+	if (opt.device == DEV_CPU) {
+		memcpy(dev.img, img, img_bytes);
+		memcpy(dev.lbl, lbl, lbl_bytes);
+		return 0;
+	}
+	if (pinned) {
+		if (cuda_ok(cu.MemcpyAsync(dev.img, img, img_bytes, cudaMemcpyHostToDevice, cu.stream),
+			    "cudaMemcpyAsync (images)") < 0 ||
+		    cuda_ok(cu.MemcpyAsync(dev.lbl, lbl, lbl_bytes, cudaMemcpyHostToDevice, cu.stream),
+			    "cudaMemcpyAsync (labels)") < 0 ||
+		    cuda_ok(cu.StreamSynchronize(cu.stream), "cudaStreamSynchronize") < 0)
+			return -1;
+		return 0;
+	}
+	if (cuda_ok(cu.Memcpy(dev.img, img, img_bytes, cudaMemcpyHostToDevice), "cudaMemcpy (images)") < 0 ||
+	    cuda_ok(cu.Memcpy(dev.lbl, lbl, lbl_bytes, cudaMemcpyHostToDevice), "cudaMemcpy (labels)") < 0)
+		return -1;
+	return 0;
+}
+
+/* --readback: where the device copy of the batch can be read on the host. */
+static int readback(size_t img_bytes, size_t lbl_bytes, const void **img, const void **lbl)
+{
+	if (opt.device == DEV_CPU) {
+		*img = dev.img;
+		*lbl = dev.lbl;
+		return 0;
+	}
+	if (cuda_ok(cu.Memcpy(dev.rb_img, dev.img, img_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (read back)") < 0 ||
+	    cuda_ok(cu.Memcpy(dev.rb_lbl, dev.lbl, lbl_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (read back)") < 0)
+		return -1;
+	*img = dev.rb_img;
+	*lbl = dev.rb_lbl;
+	return 0;
+}
+
+/* ---- batches and pinning ------------------------------------------------------------ */
+
+struct pinbuf {
+	void *img, *lbl;
+	struct pinbuf *next;
+};
+
+enum { PIN_NONE, PIN_QUEUED, PIN_DONE, PIN_FAILED };
+
+struct batch {
+	uint64_t seq; /* index within its iteration */
+	uint32_t n;
+	const uint64_t *ids;
+	void *img, *lbl; /* the loader's tensors: shared memory from a worker, or malloc */
+	size_t img_bytes, lbl_bytes;
+	int mapped;
+	struct pinbuf *pin; /* page-locked copy (--pin) */
+	int pin_state;
+	struct batch *qnext;
+};
+
+static struct {
+	pthread_t th;
+	int running, stop;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct batch *head, *tail;
+	struct pinbuf *free_list;
+	size_t img_cap, lbl_cap;
+	char err[ERRLEN];
+} pins = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static struct pinbuf *pinbuf_get(void)
+{
+	pthread_mutex_lock(&pins.mu);
+	struct pinbuf *pb = pins.free_list;
+	if (pb)
+		pins.free_list = pb->next;
+	pthread_mutex_unlock(&pins.mu);
+	if (pb)
+		return pb;
+	if (!(pb = calloc(1, sizeof *pb)))
+		goto oom;
+	if (opt.device == DEV_CUDA) {
+		cudaError_t rc = cu.HostAlloc(&pb->img, pins.img_cap, cudaHostAllocDefault);
+		if (rc == cudaSuccess)
+			rc = cu.HostAlloc(&pb->lbl, pins.lbl_cap, cudaHostAllocDefault);
+		if (rc != cudaSuccess) {
+			pthread_mutex_lock(&pins.mu);
+			snprintf(pins.err, sizeof pins.err, "CUDA error in cudaHostAlloc: %s (error %d)",
+				 cu.GetErrorString(rc), (int)rc);
+			pthread_mutex_unlock(&pins.mu);
+			if (pb->img)
+				cu.FreeHost(pb->img);
+			free(pb);
+			return NULL;
+		}
+		return pb;
+	}
+	pb->img = malloc(pins.img_cap);
+	pb->lbl = malloc(pins.lbl_cap);
+	if (!pb->img || !pb->lbl) {
+		free(pb->img);
+		free(pb->lbl);
+		free(pb);
+		goto oom;
+	}
+	/* Best effort: without CAP_IPC_LOCK or a large enough RLIMIT_MEMLOCK
+	 * this stays plain memory, which changes nothing but speed. */
+	mlock(pb->img, pins.img_cap);
+	mlock(pb->lbl, pins.lbl_cap);
+	return pb;
+oom:
+	pthread_mutex_lock(&pins.mu);
+	snprintf(pins.err, sizeof pins.err, "out of memory for a pinned batch buffer");
+	pthread_mutex_unlock(&pins.mu);
+	return NULL;
+}
+
+static void pinbuf_put(struct pinbuf *pb)
+{
+	pthread_mutex_lock(&pins.mu);
+	pb->next = pins.free_list;
+	pins.free_list = pb;
+	pthread_mutex_unlock(&pins.mu);
+}
+
+static void pin_copy(struct batch *b)
+{
+	struct pinbuf *pb = pinbuf_get();
+	if (pb) {
+		memcpy(pb->img, b->img, b->img_bytes);
+		memcpy(pb->lbl, b->lbl, b->lbl_bytes);
+	}
+	pthread_mutex_lock(&pins.mu);
+	b->pin = pb;
+	b->pin_state = pb ? PIN_DONE : PIN_FAILED;
+	pthread_cond_broadcast(&pins.cv);
+	pthread_mutex_unlock(&pins.mu);
+}
+
+static void *pin_thread(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		pthread_mutex_lock(&pins.mu);
+		while (!pins.stop && !pins.head)
+			pthread_cond_wait(&pins.cv, &pins.mu);
+		struct batch *b = pins.head;
+		if (!b) {
+			pthread_mutex_unlock(&pins.mu);
+			return NULL;
+		}
+		pins.head = b->qnext;
+		if (!pins.head)
+			pins.tail = NULL;
+		pthread_mutex_unlock(&pins.mu);
+		pin_copy(b);
+	}
+}
+
+static int pin_start(size_t img_cap, size_t lbl_cap)
+{
+	pins.img_cap = img_cap;
+	pins.lbl_cap = lbl_cap;
+	if (opt.workers == 0)
+		return 0; /* like PyTorch: the main thread pins when it loads itself */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	int e = pthread_create(&pins.th, NULL, pin_thread, NULL);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (e) {
+		fprintf(stderr, PROG ": cannot start the pinning thread: %s\n", strerror(e));
+		return -1;
+	}
+	pins.running = 1;
+	return 0;
+}
+
+static void pin_submit(struct batch *b)
+{
+	if (!pins.running) {
+		pin_copy(b);
+		return;
+	}
+	pthread_mutex_lock(&pins.mu);
+	b->pin_state = PIN_QUEUED;
+	b->qnext = NULL;
+	if (pins.tail)
+		pins.tail->qnext = b;
+	else
+		pins.head = b;
+	pins.tail = b;
+	pthread_cond_broadcast(&pins.cv);
+	pthread_mutex_unlock(&pins.mu);
+}
+
+static int pin_wait(struct batch *b)
+{
+	pthread_mutex_lock(&pins.mu);
+	while (b->pin_state == PIN_QUEUED)
+		pthread_cond_wait(&pins.cv, &pins.mu);
+	int ok = b->pin_state == PIN_DONE;
+	if (!ok)
+		fprintf(stderr, PROG ": pinning: %s\n", pins.err);
+	pthread_mutex_unlock(&pins.mu);
+	return ok ? 0 : -1;
+}
+
+static void pin_stop(void)
+{
+	if (pins.running) {
+		pthread_mutex_lock(&pins.mu);
+		pins.stop = 1;
+		pthread_cond_broadcast(&pins.cv);
+		pthread_mutex_unlock(&pins.mu);
+		pthread_join(pins.th, NULL);
+		pins.running = 0;
+	}
+	while (pins.free_list) {
+		struct pinbuf *pb = pins.free_list;
+		pins.free_list = pb->next;
+		if (opt.device == DEV_CUDA) {
+			cu.FreeHost(pb->img);
+			cu.FreeHost(pb->lbl);
+		} else {
+			munlock(pb->img, pins.img_cap);
+			munlock(pb->lbl, pins.lbl_cap);
+			free(pb->img);
+			free(pb->lbl);
+		}
+		free(pb);
+	}
+}
+
+/* ---- loaders ---------------------------------------------------------------------- */
+
+struct worker {
+	pid_t pid;
+	int fd;
+};
+
+struct loader {
+	const char *name; /* "train" or "val" */
+	struct dataset ds;
+	int train;
+	unsigned batch;
+	uint64_t limit;
+	int nworkers;
+	struct worker w[MAX_WORKERS];
+	int running, need_reset;
+	uint64_t gen; /* iteration number, carried by tasks and results */
+	uint64_t epoch;
+	uint64_t *order;
+	uint64_t nbatches, sent, fetched;
+	struct batch *ahead; /* --pin: the next batch, being pinned */
+	struct ti_ctx local; /* --workers 0 */
+	int have_local;
+	struct msg_task *task;
+};
+
+static uint32_t batch_n(const struct loader *L, uint64_t k)
+{
+	uint64_t left = L->ds.n - k * L->batch;
+	return (uint32_t)(left < L->batch ? left : L->batch);
+}
+
+static void worker_report_death(struct loader *L, int i)
+{
+	struct worker *w = &L->w[i];
+	int st = 0;
+	pid_t r = 0;
+	for (int k = 0; k < 200 && r == 0; k++) {
+		r = waitpid(w->pid, &st, WNOHANG);
+		if (r == 0)
+			usleep(10000);
+	}
+	if (r == w->pid) {
+		if (WIFSIGNALED(st))
+			fprintf(stderr, PROG ": %s loader worker %d (pid %d) was killed by signal %d (%s)\n", L->name, i,
+				(int)w->pid, WTERMSIG(st), strsignal(WTERMSIG(st)));
+		else
+			fprintf(stderr, PROG ": %s loader worker %d (pid %d) exited unexpectedly with status %d\n",
+				L->name, i, (int)w->pid, WEXITSTATUS(st));
+		w->pid = 0;
+	} else {
+		fprintf(stderr, PROG ": %s loader worker %d (pid %d) closed its connection unexpectedly\n", L->name, i,
+			(int)w->pid);
+	}
+}
+
+/*
+ * Stop all workers: close their sockets (a worker exits at end of stream,
+ * or between two samples once its socket is closed), wait up to
+ * patience_s, then SIGKILL. Unless quiet, a worker that had died on its
+ * own (signal, non-zero exit) is reported and makes this return -1.
+ */
+static int workers_stop(struct loader *L, double patience_s, int quiet)
+{
+	int bad = 0;
+	for (int i = 0; i < L->nworkers; i++)
+		fd_close(&L->w[i].fd);
+	double deadline = now_s() + patience_s;
+	for (;;) {
+		int left = 0;
+		for (int i = 0; i < L->nworkers; i++) {
+			struct worker *w = &L->w[i];
+			int st;
+			if (w->pid <= 0)
+				continue;
+			pid_t r = waitpid(w->pid, &st, WNOHANG);
+			if (r == 0) {
+				left++;
+				continue;
+			}
+			if (r == w->pid && !quiet && (WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0))) {
+				if (WIFSIGNALED(st))
+					fprintf(stderr, PROG ": %s loader worker %d (pid %d) was killed by signal %d (%s)\n",
+						L->name, i, (int)w->pid, WTERMSIG(st), strsignal(WTERMSIG(st)));
+				else
+					fprintf(stderr, PROG ": %s loader worker %d (pid %d) exited with status %d\n",
+						L->name, i, (int)w->pid, WEXITSTATUS(st));
+				bad = 1;
+			}
+			w->pid = 0;
+		}
+		if (!left)
+			break;
+		if (now_s() >= deadline) {
+			for (int i = 0; i < L->nworkers; i++)
+				if (L->w[i].pid > 0) {
+					if (!quiet)
+						fprintf(stderr, PROG ": %s loader worker %d (pid %d) did not exit; killing it\n",
+							L->name, i, (int)L->w[i].pid);
+					kill(L->w[i].pid, SIGKILL);
+					while (waitpid(L->w[i].pid, NULL, 0) < 0 && errno == EINTR)
+						;
+					L->w[i].pid = 0;
+				}
+			break;
+		}
+		usleep(2000);
+	}
+	L->running = 0;
+	L->need_reset = 0;
+	return bad ? -1 : 0;
+}
+
+static void write_num(int fd, const char *s, long v)
+{
+	char b[24];
+	int i = sizeof b;
+	b[--i] = '\n';
+	do
+		b[--i] = (char)('0' + v % 10);
+	while ((v /= 10) && i > 0);
+	if (write(fd, s, strlen(s)) < 0 || write(fd, b + i, sizeof b - i) < 0)
+		return;
+}
+
+static int worker_start(struct loader *L, int i)
+{
+	struct worker *w = &L->w[i];
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+		fprintf(stderr, PROG ": socketpair: %s\n", strerror(errno));
+		return -1;
+	}
+	char fdarg[16];
+	snprintf(fdarg, sizeof fdarg, "%d", sv[1]);
+	char *argv[] = {(char *)g_argv0, "--worker-fd", fdarg, NULL};
+	pid_t pid = fork();
+	if (pid < 0) {
+		fprintf(stderr, PROG ": fork: %s\n", strerror(errno));
+		close(sv[0]);
+		close(sv[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		signal(SIGINT, SIG_IGN); /* the main process handles ^C and shuts us down */
+		signal(SIGTERM, SIG_DFL);
+		for (int k = 0; k < g_nfds; k++)
+			close(g_fds[k]);
+		close(sv[0]);
+		if (opt.start == START_SPAWN) {
+			fcntl(sv[1], F_SETFD, 0);
+			execv(g_self_exe, argv);
+			write_num(2, PROG ": worker: cannot execute this program again; errno ", errno);
+			_exit(127);
+		}
+		struct wcfg cfg = {.ds = &L->ds, .train = L->train, .size = (int)opt.size, .shm = opt.shm,
+				   .seed = opt.seed, .maxbatch = L->batch};
+		_exit(worker_loop(sv[1], &cfg));
+	}
+	close(sv[1]);
+	w->pid = pid;
+	w->fd = sv[0];
+	fd_register(sv[0]);
+	if (opt.start == START_SPAWN) {
+		struct msg_init *in = calloc(1, sizeof *in);
+		if (!in) {
+			fprintf(stderr, PROG ": out of memory\n");
+			return -1;
+		}
+		*in = (struct msg_init){.type = MSG_INIT, .train = (uint32_t)L->train, .size = opt.size,
+					.shm = (uint32_t)opt.shm, .maxbatch = L->batch, .seed = opt.seed,
+					.limit = L->limit, .n = L->ds.n, .fp = L->ds.fp};
+		snprintf(in->root, sizeof in->root, "%s", L->ds.root);
+		int rc = send_msg(w->fd, in, sizeof *in, NULL, 0);
+		free(in);
+		if (rc < 0) {
+			worker_report_death(L, i);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static int workers_start(struct loader *L)
+{
+	for (int i = 0; i < L->nworkers; i++)
+		L->w[i] = (struct worker){.pid = 0, .fd = -1};
+	for (int i = 0; i < L->nworkers; i++)
+		if (worker_start(L, i) < 0) {
+			workers_stop(L, 2.0, 1);
+			return -1;
+		}
+	L->running = 1;
+	return 0;
+}
+
+/*
+ * Wait for the next message from worker wi, watching every worker of the
+ * loader: one that dies is reported at once. Returns 0 with the message,
+ * -1 after reporting (or on a signal).
+ */
+static int worker_recv(struct loader *L, int wi, union msg_in *m, int fds[2], int *nfds, const char *what)
+{
+	struct pollfd pf[MAX_WORKERS];
+	double t0 = now_s();
+	for (;;) {
+		if (g_signal)
+			return -1;
+		for (int i = 0; i < L->nworkers; i++)
+			pf[i] = (struct pollfd){.fd = L->w[i].fd, .events = i == wi ? POLLIN : 0};
+		int r = poll(pf, L->nworkers, 200);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			fprintf(stderr, PROG ": poll: %s\n", strerror(errno));
+			return -1;
+		}
+		for (int i = 0; i < L->nworkers; i++)
+			if (i != wi && (pf[i].revents & (POLLHUP | POLLERR | POLLNVAL))) {
+				worker_report_death(L, i);
+				return -1;
+			}
+		if (pf[wi].revents & POLLIN) {
+			ssize_t n = recv_msg(L->w[wi].fd, m, sizeof *m, fds, nfds);
+			if (n == 0) {
+				worker_report_death(L, wi);
+				return -1;
+			}
+			if (n < 0) {
+				if (errno == EINTR || errno == EAGAIN)
+					continue;
+				if (errno == ECONNRESET || errno == EPIPE) { /* died with tasks unread */
+					worker_report_death(L, wi);
+					return -1;
+				}
+				fprintf(stderr, PROG ": %s loader: receiving from worker %d (pid %d): %s\n", L->name, wi,
+					(int)L->w[wi].pid, strerror(errno));
+				return -1;
+			}
+			if ((size_t)n < sizeof(struct msg_ack) ||
+			    (m->type == MSG_RESULT && (size_t)n != sizeof m->r) ||
+			    (m->type == MSG_ERROR && (size_t)n != sizeof m->e)) {
+				fprintf(stderr, PROG ": %s loader: malformed message from worker %d (pid %d)\n", L->name,
+					wi, (int)L->w[wi].pid);
+				for (int i = 0; i < *nfds; i++)
+					close(fds[i]);
+				return -1;
+			}
+			if (m->type == MSG_ERROR)
+				m->e.text[sizeof m->e.text - 1] = 0;
+			return 0;
+		}
+		if (pf[wi].revents & (POLLHUP | POLLERR | POLLNVAL)) {
+			worker_report_death(L, wi);
+			return -1;
+		}
+		if (opt.timeout_s > 0 && now_s() - t0 > opt.timeout_s) {
+			fprintf(stderr, PROG ": %s loader: timed out after %g s waiting for %s from worker %d (pid %d)\n",
+				L->name, opt.timeout_s, what, wi, (int)L->w[wi].pid);
+			return -1;
+		}
+	}
+}
+
+/* Persistent workers between iterations: every worker acknowledges a
+ * reset after its queue; what it still delivers before is dropped. */
+static int loader_reset(struct loader *L)
+{
+	struct msg_ack rs = {.type = MSG_RESET};
+	for (int i = 0; i < L->nworkers; i++)
+		if (send_msg(L->w[i].fd, &rs, sizeof rs, NULL, 0) < 0) {
+			worker_report_death(L, i);
+			return -1;
+		}
+	for (int i = 0; i < L->nworkers; i++) {
+		for (;;) {
+			union msg_in m;
+			int fds[2], nfds;
+			if (worker_recv(L, i, &m, fds, &nfds, "a reset acknowledgement") < 0)
+				return -1;
+			for (int k = 0; k < nfds; k++)
+				close(fds[k]);
+			if (m.type == MSG_ACK)
+				break;
+		}
+	}
+	L->need_reset = 0;
+	return 0;
+}
+
+static int loader_send_task(struct loader *L, uint64_t k)
+{
+	int wi = (int)(k % (uint64_t)L->nworkers);
+	struct msg_task *t = L->task;
+	t->type = MSG_TASK;
+	t->n = batch_n(L, k);
+	t->gen = L->gen;
+	t->seq = k;
+	t->epoch = L->epoch;
+	memcpy(t->ids, L->order + k * L->batch, t->n * sizeof(uint64_t));
+	if (send_msg(L->w[wi].fd, t, sizeof *t + t->n * sizeof(uint64_t), NULL, 0) < 0) {
+		if (errno == EPIPE || errno == ECONNRESET)
+			worker_report_death(L, wi);
+		else
+			fprintf(stderr, PROG ": %s loader: sending to worker %d: %s\n", L->name, wi, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+static void batch_release(struct batch *b)
+{
+	if (!b)
+		return;
+	if (b->mapped) {
+		if (b->img)
+			munmap(b->img, b->img_bytes);
+		if (b->lbl)
+			munmap(b->lbl, b->lbl_bytes);
+	} else {
+		free(b->img);
+		free(b->lbl);
+	}
+	if (b->pin)
+		pinbuf_put(b->pin);
+	free(b);
+}
+
+static int loader_begin(struct loader *L, uint64_t epoch)
+{
+	L->epoch = epoch;
+	if (!L->order && !(L->order = malloc(L->ds.n * sizeof *L->order))) {
+		fprintf(stderr, PROG ": out of memory for the sampler\n");
+		return -1;
+	}
+	if (L->train && opt.shuffle)
+		train_permutation(L->order, L->ds.n, opt.seed, epoch);
+	else
+		for (uint64_t i = 0; i < L->ds.n; i++)
+			L->order[i] = i;
+	L->nbatches = (L->ds.n + L->batch - 1) / L->batch;
+	L->sent = L->fetched = 0;
+	L->gen++;
+	if (L->nworkers == 0) {
+		if (!L->have_local) {
+			if (ti_init(&L->local, (int)opt.size, L->train, opt.seed) < 0) {
+				fprintf(stderr, PROG ": out of memory\n");
+				return -1;
+			}
+			L->have_local = 1;
+		}
+		return 0;
+	}
+	if (!L->task && !(L->task = malloc(sizeof *L->task + L->batch * sizeof(uint64_t)))) {
+		fprintf(stderr, PROG ": out of memory\n");
+		return -1;
+	}
+	if (!L->running)
+		return workers_start(L);
+	if (L->need_reset)
+		return loader_reset(L);
+	return 0;
+}
+
+/* The next batch of the iteration, as the loader produced it (not pinned).
+ * Returns 1, 0 at the end, -1 after reporting an error. */
+static int loader_fetch(struct loader *L, struct batch **out)
+{
+	if (L->fetched == L->nbatches)
+		return 0;
+	uint64_t k = L->fetched;
+	struct batch *b = calloc(1, sizeof *b);
+	if (!b) {
+		fprintf(stderr, PROG ": out of memory\n");
+		return -1;
+	}
+	b->seq = k;
+	b->n = batch_n(L, k);
+	b->ids = L->order + k * L->batch;
+	size_t per = (size_t)3 * opt.size * opt.size;
+	b->img_bytes = b->n * per * sizeof(float);
+	b->lbl_bytes = b->n * sizeof(int64_t);
+
+	if (L->nworkers == 0) {
+		char err[ERRLEN];
+		b->img = malloc(b->img_bytes);
+		b->lbl = malloc(b->lbl_bytes);
+		if (!b->img || !b->lbl) {
+			fprintf(stderr, PROG ": out of memory for a batch\n");
+			goto fail;
+		}
+		for (uint32_t i = 0; i < b->n; i++) {
+			if (g_signal)
+				goto fail;
+			uint64_t id = b->ids[i];
+			if (ti_load(&L->local, L->ds.paths[id], L->epoch, id, (float *)b->img + i * per, err,
+				    sizeof err) < 0) {
+				fprintf(stderr, PROG ": %s\n", err);
+				goto fail;
+			}
+			((int64_t *)b->lbl)[i] = L->ds.labels[id];
+		}
+		L->fetched++;
+		*out = b;
+		return 1;
+	}
+
+	while (L->sent < L->nbatches && L->sent < L->fetched + (uint64_t)opt.prefetch * L->nworkers)
+		if (loader_send_task(L, L->sent++) < 0)
+			goto fail;
+	int wi = (int)(k % (uint64_t)L->nworkers);
+	union msg_in m;
+	int fds[2], nfds;
+	if (worker_recv(L, wi, &m, fds, &nfds, "a batch") < 0)
+		goto fail;
+	if (m.type == MSG_ERROR) {
+		fprintf(stderr, PROG ": %s loader worker %d (pid %d): %s\n", L->name, wi, (int)L->w[wi].pid,
+			m.e.text);
+		goto fail_fds;
+	}
+	if (m.type != MSG_RESULT || m.r.gen != L->gen || m.r.seq != k || m.r.n != b->n ||
+	    m.r.img_bytes != b->img_bytes || m.r.lbl_bytes != b->lbl_bytes || nfds != 2) {
+		fprintf(stderr, PROG ": %s loader: worker %d (pid %d) sent an unexpected message for batch %" PRIu64 "\n",
+			L->name, wi, (int)L->w[wi].pid, k);
+		goto fail_fds;
+	}
+	struct stat st0, st1;
+	if (fstat(fds[0], &st0) < 0 || fstat(fds[1], &st1) < 0 || (size_t)st0.st_size < b->img_bytes ||
+	    (size_t)st1.st_size < b->lbl_bytes) {
+		fprintf(stderr, PROG ": %s loader: batch %" PRIu64 " from worker %d has the wrong size\n", L->name, k,
+			wi);
+		goto fail_fds;
+	}
+	b->mapped = 1;
+	b->img = mmap(NULL, b->img_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	b->lbl = mmap(NULL, b->lbl_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
+	close(fds[0]);
+	close(fds[1]);
+	if (b->img == MAP_FAILED || b->lbl == MAP_FAILED) {
+		fprintf(stderr, PROG ": %s loader: mmap of batch %" PRIu64 ": %s\n", L->name, k, strerror(errno));
+		if (b->img == MAP_FAILED)
+			b->img = NULL;
+		if (b->lbl == MAP_FAILED)
+			b->lbl = NULL;
+		goto fail;
+	}
+	L->fetched++;
+	*out = b;
+	return 1;
+fail_fds:
+	for (int i = 0; i < nfds; i++)
+		close(fds[i]);
+fail:
+	batch_release(b);
+	return -1;
+}
+
+/* The next batch, pinned when --pin: with workers, the pinning thread
+ * copies batch k+1 while the caller uses batch k. */
+static int loader_next(struct loader *L, struct batch **out)
+{
+	if (!opt.pin)
+		return loader_fetch(L, out);
+	struct batch *cur = L->ahead, *next = NULL;
+	L->ahead = NULL;
+	if (!cur) {
+		int r = loader_fetch(L, &cur);
+		if (r <= 0)
+			return r;
+		pin_submit(cur);
+	}
+	if (pins.running && L->fetched < L->nbatches) {
+		if (loader_fetch(L, &next) < 0) {
+			pin_wait(cur);
+			batch_release(cur);
+			return -1;
+		}
+		pin_submit(next);
+		L->ahead = next;
+	}
+	if (pin_wait(cur) < 0) {
+		batch_release(cur);
+		return -1;
+	}
+	*out = cur;
+	return 1;
+}
+
+/* End of an iteration (all batches used, or a break). */
+static int loader_end(struct loader *L)
+{
+	if (L->ahead) {
+		pin_wait(L->ahead);
+		batch_release(L->ahead);
+		L->ahead = NULL;
+	}
+	if (L->nworkers == 0 || !L->running)
+		return 0;
+	if (!opt.persistent)
+		return workers_stop(L, 10.0, 0);
+	L->need_reset = 1;
+	return 0;
+}
+
+static int loader_close(struct loader *L, int abort_workers)
+{
+	int rc = 0;
+	if (L->ahead) {
+		pin_wait(L->ahead);
+		batch_release(L->ahead);
+		L->ahead = NULL;
+	}
+	if (L->running)
+		rc = workers_stop(L, abort_workers ? 2.0 : 10.0, abort_workers);
+	if (L->have_local)
+		ti_free(&L->local);
+	L->have_local = 0;
+	free(L->order);
+	free(L->task);
+	L->order = NULL;
+	L->task = NULL;
+	dataset_free(&L->ds);
+	return rc;
+}
+
+/* ---- the job ----------------------------------------------------------------------------- */
+
+static struct {
+	struct loader train, val;
+	int have_val;
+	FILE *rec;
+	uint64_t seq; /* job-relative batch number, train and val */
+	uint64_t train_batches, train_samples, val_batches, val_samples, val_passes;
+	struct xxh64_state trained, device;
+} J;
+
+static int step(double ms)
+{
+	if (ms <= 0)
+		return 0;
+	struct timespec end;
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	long long ns = end.tv_nsec + (long long)(ms * 1e6);
+	end.tv_sec += ns / 1000000000LL;
+	end.tv_nsec = ns % 1000000000LL;
+	if (opt.step_spin) {
+		for (;;) {
+			struct timespec t;
+			if (g_signal)
+				return -1;
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			if (t.tv_sec > end.tv_sec || (t.tv_sec == end.tv_sec && t.tv_nsec >= end.tv_nsec))
+				return 0;
+		}
+	}
+	for (;;) {
+		int e = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &end, NULL);
+		if (g_signal)
+			return -1;
+		if (e != EINTR)
+			return 0;
+	}
+}
+
+/* Upload, checksum, record and step one batch. */
+static int consume(struct loader *L, struct batch *b, uint64_t epoch, uint64_t pass, uint64_t iter)
+{
+	const void *img = b->pin ? b->pin->img : b->img;
+	const void *lbl = b->pin ? b->pin->lbl : b->lbl;
+	if (upload(img, b->img_bytes, lbl, b->lbl_bytes, b->pin != NULL) < 0)
+		return -1;
+	/* What was handed to the copy is what was uploaded. */
+	uint64_t h_img = xxh64(img, b->img_bytes, 0), h_lbl = xxh64(lbl, b->lbl_bytes, 0);
+	uint64_t d_img = 0, d_lbl = 0;
+	if (L->train) {
+		xxh64_update(&J.trained, img, b->img_bytes);
+		xxh64_update(&J.trained, lbl, b->lbl_bytes);
+	}
+	if (opt.readback) {
+		const void *ri, *rl;
+		if (readback(b->img_bytes, b->lbl_bytes, &ri, &rl) < 0)
+			return -1;
+		d_img = xxh64(ri, b->img_bytes, 0);
+		d_lbl = xxh64(rl, b->lbl_bytes, 0);
+		if (L->train) {
+			xxh64_update(&J.device, ri, b->img_bytes);
+			xxh64_update(&J.device, rl, b->lbl_bytes);
+		}
+	}
+	if (J.rec) {
+		FILE *f = J.rec;
+		fprintf(f, "seq=%" PRIu64 " phase=%s epoch=%" PRIu64 " pass=%" PRIu64 " iter=%" PRIu64 " n=%u ids=",
+			J.seq, L->name, epoch, pass, iter, b->n);
+		for (uint32_t i = 0; i < b->n; i++)
+			fprintf(f, i ? ",%" PRIu64 : "%" PRIu64, b->ids[i]);
+		fputs(" labels=", f);
+		for (uint32_t i = 0; i < b->n; i++) {
+			int64_t v;
+			memcpy(&v, (const char *)lbl + i * sizeof v, sizeof v);
+			fprintf(f, i ? ",%" PRId64 : "%" PRId64, v);
+		}
+		fprintf(f, " img=%016" PRIx64 " lbl=%016" PRIx64, h_img, h_lbl);
+		if (opt.readback)
+			fprintf(f, " dimg=%016" PRIx64 " dlbl=%016" PRIx64, d_img, d_lbl);
+		fputc('\n', f);
+		fflush(f);
+	}
+	J.seq++;
+	if (L->train) {
+		J.train_batches++;
+		J.train_samples += b->n;
+	} else {
+		J.val_batches++;
+		J.val_samples += b->n;
+	}
+	return step(L->train ? opt.step_ms : opt.val_step_ms);
+}
+
+/* One pass over a loader: every batch, or the first `limit` (0: all). */
+static int run_pass(struct loader *L, uint64_t epoch, uint64_t pass, uint64_t limit, int (*after)(uint64_t epoch))
+{
+	if (loader_begin(L, L->train ? epoch : pass) < 0)
+		return -1;
+	for (uint64_t it = 0;; it++) {
+		struct batch *b;
+		int r = loader_next(L, &b);
+		if (r < 0)
+			return -1;
+		if (r == 0)
+			break;
+		r = consume(L, b, epoch, pass, it);
+		batch_release(b);
+		if (r < 0)
+			return -1;
+		/* a break in the for loop over the DataLoader, or its end */
+		if ((limit && it + 1 == limit) || it + 1 == L->nbatches)
+			break;
+		if (after && after(epoch) < 0)
+			return -1;
+	}
+	return loader_end(L);
+}
+
+static int run_val(uint64_t epoch)
+{
+	uint64_t pass = J.val_passes++;
+	return run_pass(&J.val, epoch, pass, 0, NULL);
+}
+
+/* After a training batch that is not its epoch's last: validation every
+ * --val-every training batches of the job (the epoch-end pass covers the
+ * last one). */
+static int after_train_batch(uint64_t epoch)
+{
+	if (J.have_val && opt.val_every && J.train_batches % opt.val_every == 0)
+		return run_val(epoch);
+	return 0;
+}
+
+static int train(void)
+{
+	for (uint64_t epoch = 0; epoch < opt.epochs; epoch++) {
+		if (run_pass(&J.train, epoch, epoch, opt.break_after, after_train_batch) < 0)
+			return -1;
+		if (J.have_val && run_val(epoch) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* ---- options --------------------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+"Usage: " PROG " [OPTIONS] ROOT\n"
+"\n"
+"The reference training program of tsshim, built like a PyTorch DataLoader job\n"
+"(it knows nothing about tsshim). It reads an ImageFolder dataset with worker\n"
+"processes, uploads every batch, and records what it trained on.\n"
+"\n"
+"Dataset\n"
+"  ROOT                  training set: ROOT/<class>/<file>.jpg. Classes are the\n"
+"                        subdirectories sorted by name (label = position);\n"
+"                        samples are their .jpg/.jpeg files (any case, links\n"
+"                        followed, not recursive) sorted by name, class by class.\n"
+"                        A sample id is a position in that list.\n"
+"  --val ROOT2           validation set, same layout (default: none). With it, a\n"
+"                        validation pass runs after every epoch.\n"
+"  --limit N             use only the first N training samples (default 0: all)\n"
+"  --val-limit N         use only the first N validation samples (default 0: all)\n"
+"  --size S              side of the output images in pixels, 1..%d (default 224)\n"
+"\n"
+"Loader\n"
+"  --batch B             batch size, 1..%d (default 32); the last batch of an\n"
+"                        epoch holds the rest (drop_last=False)\n"
+"  --val-batch B         validation batch size (default: --batch)\n"
+"  --workers N           worker processes per loader, 0..%d (default 2); 0 loads\n"
+"                        in the main process\n"
+"  --start fork|spawn    fork the workers, or fork and exec this program again\n"
+"                        (like multiprocessing's spawn) (default fork)\n"
+"  --persistent-workers  keep each loader's workers across epochs and passes\n"
+"                        (default: start them for every pass, stop them after)\n"
+"  --prefetch N          batches in flight per worker, 1..64 (default 2)\n"
+"  --shm posix|memfd     shared memory for batches: shm_open + shm_unlink, as\n"
+"                        PyTorch's file_descriptor strategy, or memfd_create\n"
+"                        (default posix); passed to the main process as file\n"
+"                        descriptors over a unix socketpair (SCM_RIGHTS)\n"
+"  --timeout SEC         fail when a batch takes longer than SEC seconds (default\n"
+"                        0: wait; a worker that dies is always detected at once)\n"
+"  --pin                 copy each batch into page-locked memory before it is\n"
+"                        used (pin_memory=True): cudaHostAlloc with --device\n"
+"                        cuda, else mlock'ed memory where allowed; done by a\n"
+"                        pinning thread while the previous batch trains\n"
+"\n"
+"Sampler\n"
+"  --seed S              seed of the sampler and of the augmentation (default 0)\n"
+"  --shuffle 0|1         shuffle the training set every epoch (default 1); the\n"
+"                        validation set is never shuffled\n"
+"\n"
+"Training\n"
+"  --epochs N            epochs (default 1)\n"
+"  --device cpu|cuda     upload target (default cpu). cuda: libcudart loaded with\n"
+"                        dlopen (libcudart.so.13, else libcudart.so), one\n"
+"                        cudaMalloc'd buffer per tensor; pinned batches go\n"
+"                        through cudaMemcpyAsync + cudaStreamSynchronize,\n"
+"                        pageable ones through cudaMemcpy. cpu: memcpy into a\n"
+"                        host buffer.\n"
+"  --cudart LIB          the CUDA runtime library to dlopen instead\n"
+"  --step-ms X           simulated training step per training batch, in ms\n"
+"                        (default 0)\n"
+"  --val-step-ms X       simulated step per validation batch, in ms (default 0)\n"
+"  --step-spin           spin during steps instead of sleeping\n"
+"  --val-every K         also validate after every K-th training batch of the job\n"
+"                        (counted across epochs), except after an epoch's last\n"
+"                        batch (default 0: only at epoch ends; needs --val)\n"
+"  --break-after K       leave each epoch after K batches, like `break` in the\n"
+"                        loop over the loader (default 0: never)\n"
+"  --readback            copy each uploaded batch back from the device and record\n"
+"                        its checksums too (dimg=, dlbl=, device_checksum=)\n"
+"\n"
+"Output\n"
+"  --record FILE         write one line per batch (train and validation):\n"
+"      seq=S phase=train|val epoch=E pass=P iter=I n=N ids=A,B,.. labels=L,M,..\n"
+"      img=HEX lbl=HEX [dimg=HEX dlbl=HEX]\n"
+"                        seq: job-relative batch number from 0; epoch: training\n"
+"                        epoch (for val, the epoch it ran in); pass: the epoch\n"
+"                        (train) or the validation pass number from 0 (val);\n"
+"                        iter: batch number within the pass; ids: sample ids in\n"
+"                        batch order as this job's sampler chose them; labels:\n"
+"                        the uploaded label tensor; img, lbl: XXH64 (seed 0) of\n"
+"                        the uploaded bytes of the images (float32 [N,3,S,S],\n"
+"                        normalised, CHW) and of the labels (int64 [N]), both\n"
+"                        little-endian, 16 hex digits. Lines starting with '#'\n"
+"                        are comments: a header with the options that change the\n"
+"                        data, and a final '# end ...' line on success.\n"
+"  --help                this text\n"
+"\n"
+"At the end, on stdout:\n"
+"  " PROG ": batches=N samples=M trained_checksum=HEX\n"
+"batches and samples of the training phase; trained_checksum is XXH64 (seed 0)\n"
+"of the concatenation, in training order, of every training batch's image bytes\n"
+"then label bytes as uploaded (validation batches are not included). On stderr:\n"
+"wall time and samples/s.\n"
+"\n"
+"Per sample (in a worker): open/fstat/read the file, decode with libjpeg (to\n"
+"RGB, grayscale included); train: RandomResizedCrop(S, scale 0.08-1, ratio 3/4-\n"
+"4/3, 10 attempts, then a centre crop), bilinear resize (antialiased, as\n"
+"Pillow), horizontal flip with p=0.5; val: resize the shorter side to S*256/224,\n"
+"centre crop S; then ToTensor + Normalize(ImageNet mean/std). The sampler uses\n"
+"splitmix64 + Fisher-Yates seeded with seed+epoch; each sample's augmentation a\n"
+"splitmix64 generator derived from (seed, epoch, sample id) only, so results do\n"
+"not depend on workers, start method, pinning or timing (see\n"
+"tools/train_hash.h and tools/train_image.h). A file that cannot be read or\n"
+"decoded (libjpeg warnings included) stops the job with its name.\n"
+"\n"
+"Exit status: 0 done, 1 error (a clear message on stderr; a worker that dies is\n"
+"reported with its pid and signal), 2 bad usage, 128+signal after SIGINT or\n"
+"SIGTERM (workers are stopped, nothing is left behind).\n",
+		MAX_SIZE, MAX_BATCH, MAX_WORKERS);
+}
+
+__attribute__((format(printf, 1, 2), noreturn)) static void bad_usage(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, PROG ": ");
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\nTry '" PROG " --help'.\n");
+	exit(2);
+}
+
+static uint64_t parse_u64(const char *name, const char *s, uint64_t min, uint64_t max)
+{
+	char range[96];
+	snprintf(range, sizeof range, "an integer from %" PRIu64 " to %" PRIu64, min, max);
+	if (!*s || strspn(s, "0123456789") != strlen(s) || strlen(s) > 19)
+		goto bad;
+	uint64_t v = strtoull(s, NULL, 10);
+	if (v < min || v > max)
+		goto bad;
+	return v;
+bad:
+	bad_usage("--%s: expected %s, got '%s'", name, range, s);
+}
+
+static double parse_num(const char *name, const char *s, const char *unit)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (!*s || *end || errno || !(v >= 0) || v > 1e9)
+		bad_usage("--%s: expected a number of %s >= 0, got '%s'", name, unit, s);
+	return v;
+}
+
+static int parse_choice(const char *name, const char *s, const char *a, const char *b)
+{
+	if (!strcmp(s, a))
+		return 0;
+	if (!strcmp(s, b))
+		return 1;
+	bad_usage("--%s: expected %s or %s, got '%s'", name, a, b, s);
+}
+
+static void parse_args(int argc, char **argv)
+{
+	enum {
+		O_VAL = 256, O_LIMIT, O_VAL_LIMIT, O_SIZE, O_BATCH, O_VAL_BATCH, O_WORKERS, O_START, O_PERSIST,
+		O_PREFETCH, O_SHM, O_TIMEOUT, O_PIN, O_SEED, O_SHUFFLE, O_EPOCHS, O_DEVICE, O_CUDART, O_STEP,
+		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_READBACK, O_RECORD, O_HELP, O_WORKER_FD,
+	};
+	static const struct option lo[] = {
+		{"val", required_argument, 0, O_VAL},
+		{"limit", required_argument, 0, O_LIMIT},
+		{"val-limit", required_argument, 0, O_VAL_LIMIT},
+		{"size", required_argument, 0, O_SIZE},
+		{"batch", required_argument, 0, O_BATCH},
+		{"val-batch", required_argument, 0, O_VAL_BATCH},
+		{"workers", required_argument, 0, O_WORKERS},
+		{"start", required_argument, 0, O_START},
+		{"persistent-workers", no_argument, 0, O_PERSIST},
+		{"prefetch", required_argument, 0, O_PREFETCH},
+		{"shm", required_argument, 0, O_SHM},
+		{"timeout", required_argument, 0, O_TIMEOUT},
+		{"pin", no_argument, 0, O_PIN},
+		{"seed", required_argument, 0, O_SEED},
+		{"shuffle", required_argument, 0, O_SHUFFLE},
+		{"epochs", required_argument, 0, O_EPOCHS},
+		{"device", required_argument, 0, O_DEVICE},
+		{"cudart", required_argument, 0, O_CUDART},
+		{"step-ms", required_argument, 0, O_STEP},
+		{"val-step-ms", required_argument, 0, O_VAL_STEP},
+		{"step-spin", no_argument, 0, O_SPIN},
+		{"val-every", required_argument, 0, O_VAL_EVERY},
+		{"break-after", required_argument, 0, O_BREAK},
+		{"readback", no_argument, 0, O_READBACK},
+		{"record", required_argument, 0, O_RECORD},
+		{"help", no_argument, 0, O_HELP},
+		{"worker-fd", required_argument, 0, O_WORKER_FD},
+		{0, 0, 0, 0},
+	};
+	int c;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":", lo, NULL)) != -1) {
+		const char *a = optarg;
+		switch (c) {
+		case O_VAL: opt.val_root = a; break;
+		case O_LIMIT: opt.limit = parse_u64("limit", a, 0, UINT64_MAX / 2); break;
+		case O_VAL_LIMIT: opt.val_limit = parse_u64("val-limit", a, 0, UINT64_MAX / 2); break;
+		case O_SIZE: opt.size = (unsigned)parse_u64("size", a, 1, MAX_SIZE); break;
+		case O_BATCH: opt.batch = (unsigned)parse_u64("batch", a, 1, MAX_BATCH); break;
+		case O_VAL_BATCH: opt.val_batch = (unsigned)parse_u64("val-batch", a, 1, MAX_BATCH); break;
+		case O_WORKERS: opt.workers = (int)parse_u64("workers", a, 0, MAX_WORKERS); break;
+		case O_START: opt.start = parse_choice("start", a, "fork", "spawn"); break;
+		case O_PERSIST: opt.persistent = 1; break;
+		case O_PREFETCH: opt.prefetch = (unsigned)parse_u64("prefetch", a, 1, 64); break;
+		case O_SHM: opt.shm = parse_choice("shm", a, "posix", "memfd"); break;
+		case O_TIMEOUT: opt.timeout_s = parse_num("timeout", a, "seconds"); break;
+		case O_PIN: opt.pin = 1; break;
+		case O_SEED: opt.seed = parse_u64("seed", a, 0, UINT64_MAX); break;
+		case O_SHUFFLE: opt.shuffle = (int)parse_u64("shuffle", a, 0, 1); break;
+		case O_EPOCHS: opt.epochs = parse_u64("epochs", a, 0, 1000000000); break;
+		case O_DEVICE: opt.device = parse_choice("device", a, "cpu", "cuda"); break;
+		case O_CUDART: opt.cudart = a; break;
+		case O_STEP: opt.step_ms = parse_num("step-ms", a, "milliseconds"); break;
+		case O_VAL_STEP: opt.val_step_ms = parse_num("val-step-ms", a, "milliseconds"); break;
+		case O_SPIN: opt.step_spin = 1; break;
+		case O_VAL_EVERY: opt.val_every = parse_u64("val-every", a, 0, UINT64_MAX / 2); break;
+		case O_BREAK: opt.break_after = parse_u64("break-after", a, 0, UINT64_MAX / 2); break;
+		case O_READBACK: opt.readback = 1; break;
+		case O_RECORD: opt.record = a; break;
+		case O_HELP: usage(stdout); exit(0);
+		case O_WORKER_FD: bad_usage("--worker-fd is internal: it is how spawned workers start");
+		case ':': bad_usage("%s: missing value", argv[optind - 1]);
+		default: bad_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind >= argc)
+		bad_usage("missing ROOT (the training set)");
+	if (optind != argc - 1)
+		bad_usage("one ROOT expected, got also '%s'", argv[optind + 1]);
+	opt.root = argv[optind];
+	if (!opt.val_batch)
+		opt.val_batch = opt.batch;
+	if (opt.val_every && !opt.val_root)
+		bad_usage("--val-every needs --val ROOT2");
+	/* images of a full batch: at most 16 GiB */
+	if ((uint64_t)opt.batch * 3 * opt.size * opt.size * 4 > (16ULL << 30) ||
+	    (uint64_t)opt.val_batch * 3 * opt.size * opt.size * 4 > (16ULL << 30))
+		bad_usage("--batch x --size too large: a batch would exceed 16 GiB");
+}
+
+/* ---- main ------------------------------------------------------------------------------ */
+
+static void on_signal(int sig) { g_signal = sig; }
+
+static int loader_setup(struct loader *L, const char *name, const char *root, uint64_t limit, unsigned batch,
+			int train_kind)
+{
+	char err[ERRLEN];
+	memset(L, 0, sizeof *L);
+	L->name = name;
+	L->train = train_kind;
+	L->batch = batch;
+	L->limit = limit;
+	L->nworkers = opt.workers;
+	for (int i = 0; i < MAX_WORKERS; i++)
+		L->w[i].fd = -1;
+	if (dataset_scan(&L->ds, root, limit, err, sizeof err) < 0) {
+		fprintf(stderr, PROG ": %s\n", err);
+		return -1;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && !strcmp(argv[1], "--worker-fd"))
+		return spawned_worker_main(argv[2]);
+	if (argc > 0)
+		g_argv0 = argv[0];
+	parse_args(argc, argv);
+
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	if (opt.start == START_SPAWN) {
+		ssize_t n = readlink("/proc/self/exe", g_self_exe, sizeof g_self_exe - 1);
+		if (n <= 0) {
+			fprintf(stderr, PROG ": --start spawn: cannot find this program (/proc/self/exe): %s\n",
+				strerror(errno));
+			return 1;
+		}
+		g_self_exe[n] = 0;
+	}
+
+	int rc = 1;
+	double t0 = now_s(), t1;
+	size_t per = (size_t)3 * opt.size * opt.size * sizeof(float);
+	unsigned maxb = opt.batch > opt.val_batch ? opt.batch : opt.val_batch;
+	if (loader_setup(&J.train, "train", opt.root, opt.limit, opt.batch, 1) < 0)
+		goto out;
+	if (opt.val_root) {
+		J.have_val = 1;
+		if (loader_setup(&J.val, "val", opt.val_root, opt.val_limit, opt.val_batch, 0) < 0)
+			goto out;
+	}
+	/* Like model.cuda(): the device is set up before any worker starts. */
+	if (device_init(maxb * per, maxb * sizeof(int64_t)) < 0)
+		goto out;
+	if (opt.pin && pin_start(maxb * per, maxb * sizeof(int64_t)) < 0)
+		goto out;
+	if (opt.record) {
+		J.rec = fopen(opt.record, "we");
+		if (!J.rec) {
+			fprintf(stderr, PROG ": --record %s: %s\n", opt.record, strerror(errno));
+			goto out;
+		}
+		fprintf(J.rec, "# tsshim-train record v1\n# root=%s samples=%zu classes=%zu", opt.root, J.train.ds.n,
+			J.train.ds.nclasses);
+		if (J.have_val)
+			fprintf(J.rec, " val=%s val_samples=%zu", opt.val_root, J.val.ds.n);
+		fprintf(J.rec,
+			" size=%u batch=%u val_batch=%u seed=%" PRIu64 " shuffle=%d epochs=%" PRIu64
+			" limit=%" PRIu64 " val_limit=%" PRIu64 " val_every=%" PRIu64 " break_after=%" PRIu64 "\n",
+			opt.size, opt.batch, opt.val_batch, opt.seed, opt.shuffle, opt.epochs, opt.limit,
+			opt.val_limit, opt.val_every, opt.break_after);
+		fflush(J.rec);
+	}
+	xxh64_init(&J.trained, 0);
+	xxh64_init(&J.device, 0);
+	t0 = now_s();
+	if (train() == 0)
+		rc = 0;
+out:
+	t1 = now_s();
+	/* Normal end: workers get 10 s to finish; on errors and signals 2 s
+	 * (they stop between samples once their socket is closed). */
+	int abort_workers = rc != 0 || g_signal;
+	if (loader_close(&J.train, abort_workers) < 0 || loader_close(&J.val, abort_workers) < 0)
+		rc = 1; /* a persistent worker died on its own */
+	pin_stop();
+	device_free();
+	if (g_signal) {
+		fprintf(stderr, PROG ": interrupted by signal %d (%s); workers stopped\n", (int)g_signal,
+			strsignal(g_signal));
+		rc = 128 + g_signal;
+	}
+	uint64_t trained = xxh64_digest(&J.trained);
+	if (J.rec) {
+		if (rc == 0) {
+			fprintf(J.rec, "# end batches=%" PRIu64 " samples=%" PRIu64 " trained_checksum=%016" PRIx64,
+				J.train_batches, J.train_samples, trained);
+			if (opt.readback)
+				fprintf(J.rec, " device_checksum=%016" PRIx64, xxh64_digest(&J.device));
+			fputc('\n', J.rec);
+		}
+		if ((ferror(J.rec) | fclose(J.rec)) && rc == 0) {
+			fprintf(stderr, PROG ": --record %s: write error: %s\n", opt.record, strerror(errno));
+			rc = 1;
+		}
+	}
+	if (rc == 0) {
+		printf(PROG ": batches=%" PRIu64 " samples=%" PRIu64 " trained_checksum=%016" PRIx64, J.train_batches,
+		       J.train_samples, trained);
+		if (opt.readback)
+			printf(" device_checksum=%016" PRIx64, xxh64_digest(&J.device));
+		printf("\n");
+		double wall = t1 - t0;
+		fprintf(stderr,
+			PROG ": wall %.3f s, %.1f train samples/s (%" PRIu64 " train samples in %" PRIu64
+			" batches; %" PRIu64 " val samples in %" PRIu64 " batches, %" PRIu64 " passes)\n",
+			wall, wall > 0 ? J.train_samples / wall : 0.0, J.train_samples, J.train_batches, J.val_samples,
+			J.val_batches, J.val_passes);
+		if (fflush(stdout) != 0) {
+			fprintf(stderr, PROG ": stdout: %s\n", strerror(errno));
+			rc = 1;
+		}
+	}
+	return rc;
+}
