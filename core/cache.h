@@ -216,7 +216,8 @@ struct ts_cache_header {
 	_Atomic uint64_t bytes_in_use;   /* sum of len of range holders (under the lock) */
 	_Atomic uint64_t falloc_hwm;     /* arena bytes reserved (multiple of chunk or arena_size) */
 	_Atomic uint64_t tick;           /* logical clock for last_hit */
-	uint64_t pad1[2];
+	_Atomic uint64_t ahead;          /* highest hwm whose next chunk someone pre-reserves */
+	uint64_t pad1[1];
 	struct ts_cache_counters counters;
 	struct ts_cache_user users[TS_CACHE_MAX_USERS];
 };
@@ -290,6 +291,13 @@ int ts_cache_open(struct ts_cache *c, const char *session, uint64_t budget_bytes
  * has exited): close only when no thread is still filling.
  */
 void ts_cache_close(struct ts_cache *c);
+/*
+ * For exit paths (destructors): unregister like close (the last live user
+ * out removes the segment) but keep the mapping and the descriptor, so that
+ * threads still inside get/commit, or still writing a fill, never touch
+ * unmapped memory. The handle keeps working; a later close only unmaps.
+ */
+void ts_cache_leave(struct ts_cache *c);
 
 uint64_t ts_cache_key_hash(const struct ts_cache_key *k);
 /* Tests only: the hash the table uses (default ts_cache_key_hash). */

@@ -101,7 +101,9 @@ __attribute__((destructor)) static void exact_fini(void)
 		ts_info("decoded-image cache: %llu hits, %llu fills, %llu bypasses",
 			(unsigned long long)st.hits, (unsigned long long)st.fills,
 			(unsigned long long)st.bypasses);
-		ts_cache_close(&cache);
+		/* Unregister but keep the mapping: another thread may still be
+		 * copying a hit or filling while the process exits. */
+		ts_cache_leave(&cache);
 	}
 	if (!atomic_load(&ts_is_fork_child)) {
 		char path[TS_PATH_MAX];

@@ -316,6 +316,33 @@ Test(cache, creator_budget_wins_and_last_out_removes)
 	cr_expect_neq(lstat(path, &sb), 0, "the last user out must remove the segment");
 }
 
+Test(cache, leave_keeps_the_mapping_usable)
+{
+	struct ts_cache c;
+	char name[TS_NAME_MAX], path[TS_PATH_MAX];
+	fresh(&c, name, path, 4 * MIB);
+	struct ts_cache_key k = key_of(1), k2 = key_of(2);
+	fill_commit(&c, &k, 1, 0, 64 * KIB);
+	struct ts_cache_fill f;
+	char *buf = malloc(64 * KIB);
+	cr_assert_eq(ts_cache_get(&c, &k2, 64 * KIB, buf, 0, &f), TS_CACHE_FILL); /* a thread mid-fill */
+	errno = 4242;
+	ts_cache_leave(&c);
+	cr_expect_eq(errno, 4242);
+	struct stat sb;
+	cr_expect_neq(lstat(path, &sb), 0, "the last user out must remove the segment");
+	cr_expect_eq(stats(&c).users, 0u);
+	/* The fill in flight completes, hits still work, nothing is unmapped. */
+	payload(2, 0, f.ptr, 64 * KIB);
+	cr_expect_eq(ts_cache_commit(&c, &f, 1), 0);
+	expect_hit(&c, &k, 1, 0, 64 * KIB);
+	expect_hit(&c, &k2, 2, 0, 64 * KIB);
+	ts_cache_leave(&c); /* twice: harmless */
+	ts_cache_close(&c);
+	cr_expect_null(c.hdr);
+	free(buf);
+}
+
 Test(cache, segment_of_dead_users_is_replaced)
 {
 	struct ts_cache a, b;
@@ -1139,35 +1166,55 @@ Test(cache, arena_is_reserved_lazily)
 	ts_cache_close(&c);
 }
 
+static void expect_untouched(const char *file)
+{
+	struct stat sb;
+	cr_assert_eq(stat(file, &sb), 0);
+	cr_expect_eq(sb.st_size, 0, "the program's file must not be touched");
+	cr_expect_eq(sb.st_blocks, 0, "the program's file must not be touched");
+}
+
 Test(cache, descriptor_reused_by_the_program_is_never_grown)
 {
 	struct ts_cache c;
 	char name[TS_NAME_MAX], path[TS_PATH_MAX];
-	fresh(&c, name, path, 64 * MIB);
-	struct ts_cache_key k = key_of(1), big = key_of(2);
+	fresh(&c, name, path, 128 * MIB);
+	struct ts_cache_key k = key_of(1);
 	fill_commit(&c, &k, 1, 0, 1 * MIB);
 	/* The program closes "its" descriptors and opens a file that gets our number. */
 	char other[] = "/tmp/tsshim-cache-test.XXXXXX";
 	int ofd = mkstemp(other);
 	cr_assert(ofd >= 0);
-	cr_assert_eq(dup2(ofd, c.fd), c.fd);
-	close(ofd);
+	int ours = c.fd;
+	cr_assert_eq(dup2(ofd, ours), ours);
 	char *buf = malloc(40 * MIB);
 	cr_assert(buf != NULL);
+	/* Needs the second chunk: our file is reopened by name, theirs left alone. */
+	struct ts_cache_key big = key_of(2);
+	fill_commit(&c, &big, 2, 0, 40 * MIB);
+	cr_expect_neq(c.fd, ours, "the cache must use a descriptor of its own again");
+	cr_expect_eq(stats(&c).reserved_bytes, 2 * TS_CACHE_CHUNK);
+	expect_untouched(other);
+	/* Descriptor taken again and the file gone from /dev/shm: no growth at all. */
+	cr_assert_eq(dup2(ofd, c.fd), c.fd);
+	cr_assert_eq(unlink(path), 0);
+	struct ts_cache_key big2 = key_of(3);
 	struct ts_cache_fill f;
-	int r = ts_cache_get(&c, &big, 40 * MIB, buf, 0, &f); /* needs the second chunk */
+	int r = ts_cache_get(&c, &big2, 40 * MIB, buf, 0, &f); /* needs the third chunk */
 	cr_expect_eq(r, TS_CACHE_BYPASS, "got %s", result_name(r));
 	cr_expect_eq(stats(&c).bypass_shm, 1u);
-	struct stat sb;
-	cr_assert_eq(stat(other, &sb), 0);
-	cr_expect_eq(sb.st_size, 0, "the program's file must not be touched");
-	cr_expect_eq(sb.st_blocks, 0);
-	unlink(other);
+	expect_untouched(other);
 	/* What is already reserved keeps working. */
 	expect_hit(&c, &k, 1, 0, 1 * MIB);
-	fill_commit(&c, &big, 2, 0, 20 * MIB);
-	free(buf);
+	expect_hit(&c, &big, 2, 0, 40 * MIB);
+	int theirs = c.fd;
 	ts_cache_close(&c);
+	cr_expect_eq(fcntl(theirs, F_GETFD), 0, "close must leave the program's descriptor open");
+	close(theirs);
+	close(ofd);
+	close(ours);
+	unlink(other);
+	free(buf);
 }
 
 /* ---- the robust lock ------------------------------------------------------------------------ */
