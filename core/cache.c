@@ -1487,6 +1487,29 @@ static void collect(const struct ts_cache_header *h, const struct ts_cache_entry
 		o->users += atomic_load_explicit(&h->users[i].pid, memory_order_relaxed) != 0;
 }
 
+void ts_cache_set_scope(struct ts_cache *c, const char *scope)
+{
+	if (!c || !c->hdr || !scope)
+		return;
+	struct ts_cache_header *h = c->hdr;
+	uint32_t s = atomic_load(&h->scope_seq);
+	/* odd: another writer is at it; its scope is as good as ours */
+	if ((s & 1) || !atomic_compare_exchange_strong(&h->scope_seq, &s, s + 1))
+		return;
+	snprintf(h->scope, sizeof(h->scope), "%s", scope);
+	atomic_store_explicit(&h->scope_seq, s + 2, memory_order_release);
+}
+
+/* Copy the scope note; "" if it is being written or is not a string. */
+static void read_scope(const struct ts_cache_header *h, char *out, size_t n)
+{
+	uint32_t s = atomic_load_explicit(&h->scope_seq, memory_order_acquire);
+	memcpy(out, h->scope, n < sizeof(h->scope) ? n : sizeof(h->scope));
+	atomic_thread_fence(memory_order_acquire);
+	if ((s & 1) || s != atomic_load_explicit(&h->scope_seq, memory_order_relaxed) || !memchr(out, '\0', n))
+		out[0] = '\0';
+}
+
 void ts_cache_stats(const struct ts_cache *c, struct ts_cache_stats *out)
 {
 	if (!c || !c->hdr) {
@@ -1494,6 +1517,7 @@ void ts_cache_stats(const struct ts_cache *c, struct ts_cache_stats *out)
 		return;
 	}
 	collect(c->hdr, c->ents, out);
+	read_scope(c->hdr, out->scope, sizeof(out->scope));
 }
 
 int ts_cache_view(const char *path, struct ts_cache_stats *out, char *why, size_t whylen)
@@ -1513,6 +1537,7 @@ int ts_cache_view(const char *path, struct ts_cache_stats *out, char *why, size_
 	if (ret == 0) {
 		const struct ts_cache_header *h = map;
 		collect(h, (const struct ts_cache_entry *)((const unsigned char *)map + h->st.index_off), out);
+		read_scope(h, out->scope, sizeof(out->scope));
 		munmap(map, size);
 	}
 	errno = saved;

@@ -63,7 +63,7 @@
 #include "session.h" /* TS_PATH_MAX */
 
 #define TS_CACHE_MAGIC          0x3148434143535354ULL /* "TSSCACH1" little-endian */
-#define TS_CACHE_LAYOUT_VERSION 1u
+#define TS_CACHE_LAYOUT_VERSION 2u
 #define TS_CACHE_PREFIX         "tsshim-cache."
 #define TS_CACHE_MAX_USERS      128u
 #define TS_CACHE_MIN_BUDGET     (1ull << 20)  /* 1 MiB */
@@ -74,6 +74,7 @@
 #define TS_CACHE_BYTES_PER_ENTRY (64u << 10)  /* entries = arena / 64 KiB, rounded up to 2^k */
 #define TS_CACHE_PROBE          64u           /* probe window of the hash table */
 #define TS_CACHE_NONE           UINT32_MAX    /* "no entry" in list links */
+#define TS_CACHE_SCOPE_MAX      2048u         /* the scope note, NUL included */
 
 /* Default bounds (a handle may change its own copy; tests do). */
 #define TS_CACHE_LOCK_TIMEOUT_NS  50000000ull     /* get(): 50 ms, then BYPASS */
@@ -220,6 +221,11 @@ struct ts_cache_header {
 	uint64_t pad1[1];
 	struct ts_cache_counters counters;
 	struct ts_cache_user users[TS_CACHE_MAX_USERS];
+	/* The dataset scope its users decode from, for tsshim-inspect: a
+	 * seqlock (odd while written; a writer that finds it odd skips). */
+	_Atomic uint32_t scope_seq;
+	uint32_t reserved3;
+	char scope[TS_CACHE_SCOPE_MAX];
 };
 
 /* ---- API ---------------------------------------------------------------- */
@@ -270,6 +276,7 @@ struct ts_cache_stats {
 	uint64_t budget;         /* arena bytes */
 	uint64_t reserved_bytes; /* arena bytes reserved in /dev/shm so far */
 	uint64_t users;          /* registered users (live or not yet reaped) */
+	char scope[TS_CACHE_SCOPE_MAX]; /* dataset scope noted by its users, "" if none */
 	uint64_t created_unix_ns;
 };
 
@@ -322,6 +329,9 @@ void ts_cache_abort(struct ts_cache *c, struct ts_cache_fill *fill);
  * reference bit set); -ETIMEDOUT if the lock is busy.
  */
 int ts_cache_peek(struct ts_cache *c, const struct ts_cache_key *k);
+
+/* Note the dataset scope (shown by tsshim-inspect); never blocks. */
+void ts_cache_set_scope(struct ts_cache *c, const char *scope);
 
 /* Counters of an open cache. */
 void ts_cache_stats(const struct ts_cache *c, struct ts_cache_stats *out);

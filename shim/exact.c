@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "io.h"
 #include "log.h"
 #include "shim.h"
 
@@ -40,6 +41,8 @@ static int cache_ready(void)
 			ts_info("decoded-image cache of session '%s': %llu MiB", ts_cfg.session,
 				(unsigned long long)(cache.arena_size >> 20));
 			atomic_store_explicit(&cache_state, CACHE_OPEN, memory_order_release);
+			if (ts_io_scope_string()[0])
+				ts_cache_set_scope(&cache, ts_io_scope_string());
 		}
 	}
 	pthread_mutex_unlock(&open_lock);
@@ -74,6 +77,12 @@ void ts_exact_commit(struct ts_cache_fill *fill, uint64_t decode_ns)
 void ts_exact_abort(struct ts_cache_fill *fill)
 {
 	ts_cache_abort(&cache, fill);
+}
+
+void ts_exact_note_scope(const char *scope)
+{
+	if (atomic_load_explicit(&cache_state, memory_order_acquire) == CACHE_OPEN)
+		ts_cache_set_scope(&cache, scope);
 }
 
 int ts_exact_stats(struct ts_cache_stats *st)

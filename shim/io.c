@@ -29,6 +29,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "exact.h"
 #include "hash.h"
 #include "log.h"
 #include "real.h"
@@ -288,6 +289,7 @@ static int publish_detected(const char *root)
 	format_scope(next);
 	int first = atomic_load(&current) < 0;
 	atomic_store_explicit(&current, next, memory_order_release);
+	ts_exact_note_scope(scope_texts[next]);
 	if (first)
 		ts_info("dataset scope detected: %s (from %u decoded files)", scope_texts[next], detector.files);
 	else

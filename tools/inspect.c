@@ -487,6 +487,7 @@ static void text_cache(const struct snap *s)
 	if (!s->has_cache)
 		return;
 	printf("\ndecoded-image cache (exact mode)  %s\n", s->cache_path);
+	printf("  dataset scope     %s\n", c->scope[0] ? c->scope : "(not detected yet)");
 	printf("  entries           %" PRIu64 " (%s of %s budget)\n", c->entries,
 	       fmt_bytes(b1, sizeof(b1), c->bytes_in_use), fmt_bytes(b2, sizeof(b2), c->budget));
 	printf("  decodes shared    %" PRIu64 " hits, %" PRIu64 " real decodes, %" PRIu64 " private\n",
@@ -707,6 +708,7 @@ static void json_cache(struct jw *j, const struct snap *s)
 	}
 	j_open(j, "cache", '{');
 	j_str(j, "path", s->cache_path);
+	j_str(j, "scope", c->scope);
 	j_u64(j, "hits", c->hits);
 	j_u64(j, "misses", c->misses);
 	j_u64(j, "fills", c->fills);

@@ -50,10 +50,11 @@ for n in 2 3; do
 		pids+=($!)
 	done
 	# While they run, inspect shows the cache being shared.
-	shared=0
+	shared=0 scope=
 	while kill -0 "${pids[@]}" 2>/dev/null; do
-		h=$("$INSPECT" "$S" --json 2>/dev/null | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["session"]["cache"]["hits"])' 2>/dev/null)
+		read -r h sc < <("$INSPECT" "$S" --json 2>/dev/null | "$PY" -c 'import json,sys; c=json.load(sys.stdin)["session"]["cache"]; print(c["hits"], c["scope"])' 2>/dev/null)
 		[ -n "$h" ] && [ "$h" -gt "$shared" ] && shared=$h
+		[ -n "${sc:-}" ] && scope=$sc
 		sleep 0.2
 	done
 	wait "${pids[@]}"
@@ -75,6 +76,7 @@ for n in 2 3; do
 	check "$n same-seed jobs: each image decoded once ($fills decodes for $NIMG images)" [ "${fills:-0}" = "$NIMG" ]
 	check "$n same-seed jobs: the other $((n - 1)) jobs were served every image ($hits hits)" [ "${hits:-0}" = $(((n - 1) * NIMG)) ]
 	check "$n same-seed jobs: tsshim-inspect --json showed shared decodes while they ran ($shared)" [ "$shared" -gt 0 ]
+	check "$n same-seed jobs: tsshim-inspect --json showed the detected dataset scope ($scope)" [ "$scope" = "$DATA" ]
 	cpu_shim=$(for j in $(seq 1 "$n"); do cpu_of "$T_TMP/j$n.$j"; done | total)
 	echo "# $n jobs: CPU seconds with the shim $cpu_shim (alone: $(cpu_of "$T_TMP/plain2") each); ratios are measured by scripts/bench.sh"
 	check "$n same-seed jobs: no cache segment left behind" [ ! -e "/dev/shm/tsshim-cache.$(id -u).$S" ]
