@@ -47,6 +47,7 @@
  *    an entry becomes visible only by the final release store of its word.
  */
 #include "cache.h"
+#include "hash.h"
 #include "log.h"
 
 #include <errno.h>
@@ -126,36 +127,14 @@ static inline bool is_holder(uint32_t s)
 	return s == TS_CENT_FILLING || s == TS_CENT_READY || s == TS_CENT_ORPHAN || s == TS_CENT_DROPPED;
 }
 
-static inline uint64_t fmix64(uint64_t h)
-{
-	h ^= h >> 33;
-	h *= 0xff51afd7ed558ccdull;
-	h ^= h >> 33;
-	h *= 0xc4ceb9fe1a85ec53ull;
-	h ^= h >> 33;
-	return h;
-}
-
 uint64_t ts_cache_key_hash(const struct ts_cache_key *k)
 {
-	const unsigned char *p = (const unsigned char *)k;
-	uint64_t h = 0x9e3779b97f4a7c15ull;
-	for (unsigned i = 0; i < sizeof(*k) / 8; i++) {
-		uint64_t v;
-		memcpy(&v, p + 8 * i, 8);
-		h ^= fmix64(v + 0x632be59bd9b4e019ull * (i + 1));
-		h = (h << 29 | h >> 35) * 0xbf58476d1ce4e5b9ull;
-	}
-	return fmix64(h);
+	return ts_hash64(k, sizeof(*k), 0x636163686b6579ull);
 }
 
 uint32_t ts_cache_static_checksum(const struct ts_cache_static *st)
 {
-	const unsigned char *p = (const unsigned char *)st;
-	uint32_t h = 2166136261u;
-	for (size_t i = 0; i < offsetof(struct ts_cache_static, checksum); i++)
-		h = (h ^ p[i]) * 16777619u;
-	return h;
+	return ts_fnv1a32(st, offsetof(struct ts_cache_static, checksum));
 }
 
 int ts_cache_path(char *buf, size_t n, uid_t uid, const char *session)

@@ -22,6 +22,16 @@ static inline uint64_t ts_mix64(uint64_t x)
 	return x;
 }
 
+/* FNV-1a, 32 bits: checksums of small static headers. */
+static inline uint32_t ts_fnv1a32(const void *data, size_t len)
+{
+	const unsigned char *p = data;
+	uint32_t h = 2166136261u;
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ p[i]) * 16777619u;
+	return h;
+}
+
 static inline uint64_t ts_hash64(const void *data, size_t len, uint64_t seed)
 {
 	const unsigned char *p = data;

@@ -15,6 +15,7 @@
  *    every contender read, so exactly one contender wins.
  */
 #include "session.h"
+#include "hash.h"
 #include "log.h"
 
 #include <dirent.h>
@@ -65,11 +66,7 @@ int ts_segment_path(char *buf, size_t n, uid_t uid, const char *name)
 
 uint32_t ts_static_checksum(const struct ts_static *st)
 {
-	const unsigned char *p = (const unsigned char *)st;
-	uint32_t h = 2166136261u;
-	for (size_t i = 0; i < offsetof(struct ts_static, checksum); i++)
-		h = (h ^ p[i]) * 16777619u;
-	return h;
+	return ts_fnv1a32(st, offsetof(struct ts_static, checksum));
 }
 
 void ts_segment_init(struct ts_segment *seg, size_t size, const char *name, uid_t uid,
