@@ -174,7 +174,16 @@ static int wanted(const char *abs)
 
 static void track_open(int dirfd, const char *path, int flags, int fd)
 {
-	if (fd < 0 || !valid_fd(fd) || (flags & O_ACCMODE) != O_RDONLY || !path || !ts_hook_enter())
+	if (fd < 0 || !valid_fd(fd))
+		return;
+	/* A fresh descriptor: whatever we knew of this number (closed behind our
+	 * back by close_range, freopen, a raw syscall) is stale. */
+	if (fds[fd].tracked) {
+		int saved = errno;
+		entry_clear(fd);
+		errno = saved;
+	}
+	if ((flags & O_ACCMODE) != O_RDONLY || !path || !ts_hook_enter())
 		return;
 	int saved = errno;
 	char abs[TS_SCOPE_PATH_MAX];
@@ -590,7 +599,11 @@ TS_REAL(int, fclose, (FILE *));
 TS_EXPORT int fclose(FILE *f)
 {
 	REAL_OR_FAIL(fclose, EOF);
-	if (f)
+	if (f) {
+		/* fileno() sets EBADF for a stream without a descriptor (fmemopen). */
+		int saved = errno;
 		entry_clear(fileno(f));
+		errno = saved;
+	}
 	return real_fclose(f);
 }
