@@ -30,6 +30,7 @@ SHIM_SRC   := $(wildcard shim/*.c)
 TOOL_SRC   := $(wildcard tools/*.c)
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 HELPER_SRC := $(wildcard tests/helpers/*.c)
+PY_SRC     := $(wildcard shim/python/*.py)
 
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 SHIM_OBJ := $(SHIM_SRC:%.c=$(BUILD)/obj/%.o)
@@ -38,11 +39,12 @@ SHIM_LIB := $(BUILD)/libtsshim.so
 TOOLS    := $(TOOL_SRC:tools/%.c=$(BUILD)/tsshim-%)
 UNITS    := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 HELPERS  := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/%)
+PY_OUT   := $(PY_SRC:shim/python/%=$(BUILD)/python/%)
 
 .PHONY: all test asan demo deps clean check-build test-run
 # Keep objects of tools and tests: they are not throw-away intermediates.
 .SECONDARY:
-all: $(SHIM_LIB) $(TOOLS) $(BUILD)/python
+all: $(SHIM_LIB) $(TOOLS) $(PY_OUT)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
@@ -67,10 +69,12 @@ LIBS_ts-jpegcheck  := -ljpeg
 $(BUILD)/tsshim-%: $(BUILD)/obj/tools/%.o $(CORE_LIB)
 	$(CC) -o $@ $^ $(LDFLAGS) $(LIBS_$*)
 
-$(BUILD)/python: $(wildcard shim/python/*.py)
-	@mkdir -p $@
-	$(if $^,cp $^ $@/,)
-	@touch $@
+# The Python bootstrap lives next to the library; precompiled, because
+# jobs often run with PYTHONDONTWRITEBYTECODE (a few ms per start-up).
+$(BUILD)/python/%.py: shim/python/%.py
+	@mkdir -p $(@D)
+	cp $< $@
+	-@python3 -m compileall -q $@ >/dev/null 2>&1
 
 $(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(CORE_LIB)
 	@mkdir -p $(@D)

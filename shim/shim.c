@@ -158,6 +158,7 @@ __attribute__((constructor)) static void ts_shim_init(void)
 	}
 	atomic_store_explicit(&ts_init_state, TS_READY, memory_order_release);
 	ts_io_init();
+	ts_bootstrap_python();
 }
 
 static int owns_membership(void)

@@ -53,6 +53,8 @@ static inline void ts_hook_leave(void)
 void ts_shim_dataset_work(void);
 /* The dataset scope became known (given or detected). */
 void ts_shim_scope_known(void);
+/* In a Python process, put our sitecustomize first on PYTHONPATH (bootstrap.c). */
+void ts_bootstrap_python(void);
 
 /* Set in a forked child: it belongs to its parent's member and never uses CUDA. */
 extern _Atomic int ts_is_fork_child;
