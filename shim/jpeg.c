@@ -95,7 +95,7 @@ static void fill_api(struct jpeg_api *a, void *h);
 /* The real functions for calls made from code at `caller`. */
 static const struct jpeg_api *api_for(const void *caller)
 {
-	Dl_info info;
+	Dl_info info = { 0 };
 	const void *base = dladdr(caller, &info) ? info.dli_fbase : NULL;
 	for (int i = 0; i < __atomic_load_n(&napis, __ATOMIC_ACQUIRE); i++)
 		if (apis[i].caller_base == base)
@@ -117,7 +117,21 @@ static const struct jpeg_api *api_for(const void *caller)
 		else
 			a = NULL;
 	}
+	if (!a) {
+		/* Table full, or the caller's own tree had no libjpeg: the next
+		 * definition in the global scope is the only one left. */
+		static struct jpeg_api next_api;
+		if (!next_api.read_header)
+			fill_api(&next_api, NULL);
+		a = next_api.read_header ? &next_api : NULL;
+	}
 	pthread_mutex_unlock(&api_lock);
+	if (!a) {
+		/* No libjpeg reachable at all: nothing to pass the call to. */
+		ts_error("libjpeg called, but no libjpeg can be found from %s; aborting",
+			 info.dli_fname ? info.dli_fname : "the caller");
+		abort();
+	}
 	return a;
 }
 
@@ -285,14 +299,6 @@ static int exact_start(struct dstate *s, j_decompress_ptr c)
 TS_EXPORT void jpeg_CreateDecompress(j_decompress_ptr cinfo, int version, size_t structsize)
 {
 	const struct jpeg_api *a = api_for(CALLER());
-	if (!a || !a->create) {
-		/* No libjpeg reachable from the caller: fail like a version mismatch would. */
-		if (cinfo && cinfo->err && cinfo->err->error_exit) {
-			cinfo->err->msg_code = 0;
-			cinfo->err->error_exit((j_common_ptr)cinfo);
-		}
-		abort();
-	}
 	a->create(cinfo, version, structsize);
 	struct dstate *s = state_new(cinfo);
 	if (s) {
