@@ -185,6 +185,11 @@ static void track_open(int dirfd, const char *path, int flags, int fd)
 	}
 	if ((flags & O_ACCMODE) != O_RDONLY || !path || !ts_hook_enter())
 		return;
+	/* The common case, no scope and not a JPEG, costs a suffix compare. */
+	if (!scope_now() && !ts_path_is_jpeg(path)) {
+		ts_hook_leave();
+		return;
+	}
 	int saved = errno;
 	char abs[TS_SCOPE_PATH_MAX];
 	struct stat sb;
