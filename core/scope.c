@@ -110,7 +110,7 @@ int ts_scope_detect_add(struct ts_scope_detector *d, const char *abs_path)
 	} else {
 		/* Shorten common[] to the longest prefix that ends at a component. */
 		size_t i = 0, last = 1;
-		while (d->common[i] && i < dlen && d->common[i] == abs_path[i]) {
+		while (i < dlen && d->common[i] && d->common[i] == abs_path[i]) {
 			i++;
 			if (d->common[i] == '/' || d->common[i] == '\0')
 				last = (abs_path[i] == '/' || i == dlen) ? i : last;
