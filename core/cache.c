@@ -1097,16 +1097,6 @@ int ts_cache_peek(struct ts_cache *c, const struct ts_cache_key *k)
 
 /* ---- segment files ---------------------------------------------------------------- */
 
-/* Refuse anything we did not create ourselves, exactly as we create it. */
-static int check_owner(const struct stat *sb)
-{
-	if (!S_ISREG(sb->st_mode))
-		return -EINVAL;
-	if (sb->st_uid != getuid() || (sb->st_mode & 07777) != 0600)
-		return -EACCES;
-	return 0;
-}
-
 static int init_mutex(pthread_mutex_t *m)
 {
 	pthread_mutexattr_t a;
@@ -1199,7 +1189,7 @@ static int map_checked(int fd, int prot, void **map, size_t *size, struct stat *
 	struct stat sb;
 	if (fstat(fd, &sb) != 0)
 		return fail(why, whylen, -errno, "cannot stat: %s", strerror(errno));
-	int ret = check_owner(&sb);
+	int ret = ts_shm_file_ours(&sb);
 	if (ret)
 		return fail(why, whylen, ret, "refused: not a 0600 file owned by uid %u", (unsigned)getuid());
 	if ((uint64_t)sb.st_size < sizeof(struct ts_cache_header))

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -153,6 +154,15 @@ void ts_sleep_ns(uint64_t ns)
 	while (nanosleep(&req, &rem) != 0 && errno == EINTR)
 		req = rem;
 	errno = saved;
+}
+
+int ts_shm_file_ours(const struct stat *sb)
+{
+	if (!S_ISREG(sb->st_mode))
+		return -EINVAL;
+	if (sb->st_uid != getuid() || (sb->st_mode & 07777) != 0600)
+		return -EACCES;
+	return 0;
 }
 
 const char *ts_shm_dir(void)

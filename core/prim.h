@@ -47,6 +47,13 @@ void ts_futex_wake_all(_Atomic uint32_t *word);
 /* Sleep that survives EINTR. */
 void ts_sleep_ns(uint64_t ns);
 
+struct stat;
+/*
+ * A shared-memory file we may use: a regular file owned by us with mode
+ * exactly 0600, as we create them. -EINVAL (not a regular file), -EACCES.
+ */
+int ts_shm_file_ours(const struct stat *sb);
+
 /* Directory that holds POSIX shared-memory objects ("/dev/shm"). */
 const char *ts_shm_dir(void);
 

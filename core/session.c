@@ -178,16 +178,6 @@ static void unlock(int fd)
 	flock(fd, LOCK_UN);
 }
 
-/* Refuse anything we did not create ourselves, exactly as we create it. */
-static int check_owner(const struct stat *sb)
-{
-	if (!S_ISREG(sb->st_mode))
-		return -EINVAL;
-	if (sb->st_uid != getuid() || (sb->st_mode & 07777) != 0600)
-		return -EACCES;
-	return 0;
-}
-
 static int create_segment(const char *path, const char *name, const struct ts_session_params *p)
 {
 	static _Atomic unsigned counter;
@@ -230,7 +220,7 @@ static int map_checked(int fd, int prot, void **map, size_t *size, char *why, si
 	struct stat sb;
 	if (fstat(fd, &sb) != 0)
 		return -errno;
-	int ret = check_owner(&sb);
+	int ret = ts_shm_file_ours(&sb);
 	if (ret)
 		return fail(why, whylen, ret, "refused: not a 0600 file owned by uid %u", (unsigned)getuid());
 	if ((size_t)sb.st_size < sizeof(struct ts_static))
