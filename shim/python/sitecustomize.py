@@ -19,7 +19,7 @@ Start-up cost matters (budget: 20 ms, PRODUCT.md section 6): only sys and os
 are imported (site.py has already imported both); the layer itself,
 tsshim_hook.py, is compiled and imported only when torch.utils.data is. Our
 directory stays on sys.path (spawned DataLoader workers may import
-tsshim_hook); it holds only this file and tsshim_hook.py.
+tsshim_hook); it holds only the layer's own modules.
 """
 import os
 import sys

@@ -1,0 +1,366 @@
+# SPDX-License-Identifier: MIT
+"""Which DataLoaders share (issue 4 item 2): a loader's sharing key.
+
+fingerprint(loader) -> (key, why): key is 16 hex digits (a sha256 prefix) of
+describe(loader), the same in every process that builds the same loader, or
+None when the loader cannot share; why is one line saying which (for the
+`info` notice and tsshim-inspect).
+
+What enters the key: the dataset (class and a description of its content that
+does not read the data), its transforms, the sampler KIND and the collate
+function. What does not: batch size, drop_last (each consumer cuts and drops
+on its own), num_workers, pin_memory, persistent_workers, prefetch_factor,
+worker_init_fn, the generator, the model, the DataLoader subclass.
+
+Imported only once torch.utils.data is loaded; never imports torch or
+torchvision itself (it looks them up in sys.modules).
+"""
+import hashlib
+import json
+import os
+import sys
+import types
+
+VERSION = 1  # bump when the description changes: old and new never share
+_MAX_DEPTH = 8
+
+
+class NotShareable(Exception):
+    """The loader cannot share; the message is the one-line reason."""
+
+
+def fingerprint(loader):
+    """(key, why): key is 16 hex chars, or None with the reason in why."""
+    try:
+        parts = _describe(loader)
+    except NotShareable as e:
+        return None, str(e)
+    except Exception as e:  # never fail the job: it just does not share
+        return None, "no fingerprint: %s: %s" % (type(e).__name__, e)
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:16], "shareable"
+
+
+def describe(loader):
+    """The parts that go into the key, as a JSON-able dict.
+
+    A loader that cannot share gives {"shareable": False, "why": reason}.
+    """
+    try:
+        parts = _describe(loader)
+    except NotShareable as e:
+        return {"shareable": False, "why": str(e)}
+    except Exception as e:
+        return {"shareable": False, "why": "no fingerprint: %s: %s" % (type(e).__name__, e)}
+    parts["shareable"] = True
+    return parts
+
+
+# --- the loader --------------------------------------------------------------
+
+def _describe(loader):
+    data = sys.modules.get("torch.utils.data")
+    if data is None:
+        raise NotShareable("torch.utils.data is not loaded")
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None:
+        raise NotShareable("loader has no dataset")
+    if isinstance(dataset, data.IterableDataset):
+        raise NotShareable("iterable dataset")
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    sampler = getattr(loader, "sampler", None)
+    if batch_sampler is None:
+        # batch_size=None: samples one by one, nothing to cut along dim 0
+        raise NotShareable("no automatic batching (batch_size=None)")
+    if type(batch_sampler) is not data.BatchSampler or batch_sampler.sampler is not sampler:
+        raise NotShareable("custom batch sampler %s" % _qualname(type(batch_sampler)))
+    return {
+        "v": VERSION,
+        "dataset": _dataset(dataset, 0),
+        "sampler": _sampler(sampler, dataset, data),
+        "collate": _collate(getattr(loader, "collate_fn", None), data),
+    }
+
+
+def _sampler(sampler, dataset, data):
+    t = type(sampler)
+    name = _qualname(t)
+    if t is data.SequentialSampler and sampler.data_source is dataset:
+        return "sequential"
+    if t is data.RandomSampler and sampler.data_source is dataset:
+        return "random(replacement=%s,num_samples=%d)" % (
+            bool(sampler.replacement), int(sampler.num_samples))
+    if t is data.SubsetRandomSampler:
+        # shareable only with the very same indices (their order included)
+        idx = sampler.indices
+        if hasattr(idx, "tolist"):
+            idx = idx.tolist()
+        h = hashlib.sha256()
+        n = 0
+        for i in idx:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise NotShareable("sampler %s has non-integer indices" % name)
+            h.update(b"%d," % i)
+            n += 1
+        return "subset_random(n=%d,indices=%s)" % (n, h.hexdigest()[:32])
+    raise NotShareable("sampler %s is not shareable" % name)
+
+
+def _collate(fn, data):
+    impl = sys.modules.get("torch.utils.data._utils.collate")
+    if fn is None or fn is getattr(data, "default_collate", None) or \
+            fn is getattr(impl, "default_collate", None):
+        return "default"
+    d = _function(fn)
+    if d is None:
+        raise NotShareable("collate function %s is not a plain module-level function"
+                           % _callable_name(fn))
+    return d
+
+
+# --- the dataset -------------------------------------------------------------
+
+_TRANSFORM_ATTRS = ("transform", "target_transform", "transforms")
+_FOLDER_ATTRS = frozenset(("root", "loader", "extensions", "classes", "class_to_idx",
+                           "samples", "targets", "imgs") + _TRANSFORM_ATTRS)
+
+
+def _dataset(ds, depth):
+    if depth > _MAX_DEPTH:
+        raise NotShareable("dataset state cannot be described (nested too deep)")
+    data = sys.modules["torch.utils.data"]
+    if isinstance(ds, data.IterableDataset):
+        raise NotShareable("iterable dataset")
+    out = {"class": _qualname(type(ds))}
+    try:
+        out["len"] = len(ds)
+    except Exception:
+        raise NotShareable("dataset %s has no len()" % out["class"])
+    attrs = getattr(ds, "__dict__", None)
+    if attrs is None:
+        raise NotShareable("dataset state cannot be described (%s has no __dict__)" % out["class"])
+    skip = set(_TRANSFORM_ATTRS)
+    folder = sys.modules.get("torchvision.datasets.folder")
+    if folder is not None and isinstance(ds, folder.DatasetFolder):
+        out["folder"] = _folder(ds, folder)
+        skip = _FOLDER_ATTRS
+    out["transforms"] = {a: _transform(attrs[a]) for a in _TRANSFORM_ATTRS if a in attrs}
+    state = {}
+    for k in sorted(attrs):
+        if k in skip:
+            continue
+        try:
+            state[k] = _value(attrs[k], depth + 1)
+        except _Undescribable as e:
+            raise NotShareable("dataset state cannot be described (%s.%s: %s)"
+                               % (out["class"], k, e))
+    if state:
+        out["state"] = state
+    return out
+
+
+def _folder(ds, folder):
+    """torchvision DatasetFolder/ImageFolder: root, samples, extensions, loader."""
+    root = os.path.expanduser(os.fspath(ds.root))
+    real_root = os.path.realpath(root)
+    prefix = os.path.join(root, "")
+    n = len(prefix)
+    h = hashlib.sha256()
+    count = 0
+    samples = ds.samples  # in memory: nothing is read or stat'ed
+    for i in range(0, len(samples), 65536):  # ~0.5 s for ImageNet's 1.28M
+        lines = []
+        for path, target in samples[i:i + 65536]:
+            if type(path) is not str:
+                path = os.fspath(path)
+            if path.startswith(prefix):
+                rel = path[n:]
+            else:
+                rel = os.path.relpath(os.path.realpath(path), real_root)
+            lines.append("%s\0%d\n" % (rel, target))
+        h.update("".join(lines).encode("utf-8", "surrogateescape"))
+        count += len(lines)
+    ext = getattr(ds, "extensions", None)
+    load = getattr(ds, "loader", None)
+    load_d = _function(load)
+    if load_d is None:
+        raise NotShareable("dataset loader %s is not a plain module-level function"
+                           % _callable_name(load))
+    out = {
+        "root": real_root,
+        "samples": count,
+        "samples_sha": h.hexdigest()[:32],
+        "classes": [str(c) for c in getattr(ds, "classes", [])],
+        "extensions": sorted(ext) if isinstance(ext, (tuple, list)) else
+        (None if ext is None else str(ext)),
+        "loader": load_d,
+    }
+    if load is getattr(folder, "default_loader", None):
+        tv = sys.modules.get("torchvision")
+        if tv is not None and hasattr(tv, "get_image_backend"):
+            out["image_backend"] = tv.get_image_backend()
+    return out
+
+
+class _Undescribable(Exception):
+    pass
+
+
+_SIMPLE = (str, int, float, bool, bytes, type(None))
+
+
+def _value(v, depth):
+    """A JSON-able, process-independent description of one attribute value."""
+    if depth > _MAX_DEPTH:
+        raise _Undescribable("nested too deep")
+    if isinstance(v, float):
+        return ["f", v.hex()]  # exact, and nan/inf survive JSON
+    if isinstance(v, bytes):
+        return ["b", hashlib.sha256(v).hexdigest()[:32]]
+    if isinstance(v, _SIMPLE):
+        return v
+    if isinstance(v, os.PathLike):
+        return ["path", os.path.realpath(os.fspath(v))]
+    if isinstance(v, (tuple, list, range, set, frozenset)):
+        if isinstance(v, range):
+            return ["range", v.start, v.stop, v.step]
+        items = [_value(x, depth + 1) for x in v]
+        if isinstance(v, (set, frozenset)):
+            items.sort(key=lambda x: json.dumps(x, sort_keys=True))
+        tag = type(v).__name__ if type(v) in (tuple, list, set, frozenset) else _qualname(type(v))
+        if len(items) > 64:  # long lists (indices, file lists): their hash
+            blob = json.dumps(items, sort_keys=True, separators=(",", ":"))
+            return [tag, len(items), hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:32]]
+        return [tag, items]
+    if type(v) is dict:
+        if not all(isinstance(k, (str, int, bool, type(None))) for k in v):
+            raise _Undescribable("dict with non-simple keys")
+        return ["dict", sorted(([json.dumps(k), _value(x, depth + 1)] for k, x in v.items()),
+                               key=lambda p: p[0])]
+    data = sys.modules["torch.utils.data"]
+    if isinstance(v, data.Dataset):  # Subset, ConcatDataset, wrappers
+        return ["dataset", _dataset(v, depth + 1)]
+    if isinstance(v, type):
+        return ["class", _qualname(v)]
+    if callable(v) and isinstance(v, (types.FunctionType, types.BuiltinFunctionType)):
+        d = _function(v)
+        if d is None:
+            raise _Undescribable("%s is not a plain module-level function" % _callable_name(v))
+        return ["function", d]
+    if _is_torchvision_transform(v):
+        return ["transform", _transform(v)]
+    # tensors, arrays, open files, locks, arbitrary objects: we cannot say
+    # what they hold without reading it, so the loader does not share
+    raise _Undescribable("%s object" % _qualname(type(v)))
+
+
+# --- transforms --------------------------------------------------------------
+
+_LAMBDA_REASON = "transform has no stable description (lambda or object without repr)"
+
+
+def _is_torchvision(cls):
+    return getattr(cls, "__module__", "").startswith("torchvision.")
+
+
+def _is_torchvision_transform(v):
+    return type(v).__module__.startswith("torchvision.transforms")
+
+
+def _transform(t):
+    """repr of a transform, plus the functions inside torchvision Lambda()s
+    (whose repr is just "Lambda()"). None stays None."""
+    if t is None:
+        return None
+    if type(t).__name__ == "StandardTransform" and _is_torchvision(type(t)):
+        # VisionDataset.transforms: its repr prints functions with addresses
+        return ["StandardTransform", _transform(getattr(t, "transform", None)),
+                _transform(getattr(t, "target_transform", None))]
+    funcs = []
+    _walk_transform(t, funcs, 0)
+    if isinstance(t, (types.FunctionType, types.BuiltinFunctionType)):
+        return ["function", funcs[0]]
+    r = repr(t)
+    if " at 0x" in r:
+        raise NotShareable(_LAMBDA_REASON)
+    return [r, funcs] if funcs else r
+
+
+def _walk_transform(t, funcs, depth):
+    if depth > _MAX_DEPTH:
+        raise NotShareable(_LAMBDA_REASON)
+    if isinstance(t, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or \
+            type(t).__name__ == "partial":
+        d = _function(t)
+        if d is None:
+            raise NotShareable(_LAMBDA_REASON)
+        funcs.append(d)
+        return
+    if isinstance(t, (list, tuple)):
+        for x in t:
+            _walk_transform(x, funcs, depth + 1)
+        return
+    attrs = getattr(t, "__dict__", None) or {}
+    lambd = attrs.get("lambd")
+    if lambd is not None:
+        _walk_transform(lambd, funcs, depth + 1)
+    for a in ("transforms", "transform", "target_transform"):
+        if attrs.get(a) is not None:
+            _walk_transform(attrs[a], funcs, depth + 1)
+
+
+# --- functions ---------------------------------------------------------------
+
+def _qualname(cls):
+    return "%s.%s" % (getattr(cls, "__module__", "?"), getattr(cls, "__qualname__", cls.__name__))
+
+
+def _callable_name(fn):
+    return getattr(fn, "__qualname__", None) or _qualname(type(fn))
+
+
+def _function(fn):
+    """module.qualname[#code hash] of a plain module-level function, else None.
+
+    Lambdas, closures, nested functions, bound methods and partials are not
+    plain (their state or identity is not visible by name). A Python
+    function also carries a hash of its code and defaults: __main__.collate
+    in two different scripts is not the same function."""
+    if isinstance(fn, types.BuiltinFunctionType):
+        owner = getattr(fn, "__self__", None)
+        if owner is not None and not isinstance(owner, types.ModuleType):
+            return None
+        return "%s.%s" % (getattr(fn, "__module__", None) or getattr(owner, "__name__", "?"),
+                          fn.__qualname__)
+    if not isinstance(fn, types.FunctionType):
+        return None
+    qn = fn.__qualname__
+    if fn.__name__ == "<lambda>" or "<locals>" in qn or "." in qn or fn.__closure__:
+        return None
+    mod = sys.modules.get(fn.__module__)
+    if mod is None or getattr(mod, qn, None) is not fn:
+        return None
+    h = hashlib.sha256()
+    try:
+        _hash_code(fn.__code__, h, 0)
+        h.update(json.dumps([_value(d, 1) for d in (fn.__defaults__ or ())]).encode())
+        h.update(json.dumps(sorted((k, _value(d, 1)) for k, d in
+                                   (fn.__kwdefaults__ or {}).items())).encode())
+    except (_Undescribable, NotShareable):
+        return None
+    return "%s.%s#%s" % (fn.__module__, qn, h.hexdigest()[:16])
+
+
+def _hash_code(code, h, depth):
+    if depth > _MAX_DEPTH:
+        raise _Undescribable("code nested too deep")
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            _hash_code(c, h, depth + 1)
+        elif isinstance(c, frozenset):  # its repr's order depends on PYTHONHASHSEED
+            h.update(repr(sorted(repr(x) for x in c)).encode("utf-8", "surrogatepass"))
+        else:
+            h.update(repr(c).encode("utf-8", "surrogatepass"))
+        h.update(b"\0")

@@ -1,0 +1,283 @@
+# SPDX-License-Identifier: MIT
+"""Loader fingerprints (issue 4 item 2): shim/python/tsshim_loader.py.
+
+Run by tests/scenarios/fingerprint.sh with /usr/bin/python3 (needs torch,
+torchvision, PIL):  python3 tests/py/test_fingerprint.py [PYDIR]
+PYDIR holds tsshim_loader.py (default: shim/python next to this file).
+`--key NAME ROOT` prints the key of loader NAME over ROOT (for the
+cross-process check) and exits.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.environ.get("TSSHIM_PYDIR") or os.path.join(HERE, "..", "..", "shim", "python")
+sys.path.insert(0, os.path.abspath(PYDIR))
+
+import torch  # noqa: E402
+import torchvision.transforms as T  # noqa: E402
+from PIL import Image  # noqa: E402
+from torch.utils.data import (DataLoader, Dataset, IterableDataset, BatchSampler,  # noqa: E402
+                              SequentialSampler, SubsetRandomSampler, WeightedRandomSampler)
+from torch.utils.data.distributed import DistributedSampler  # noqa: E402
+from torchvision.datasets import ImageFolder  # noqa: E402
+
+import tsshim_loader  # noqa: E402
+
+warnings.filterwarnings("ignore", message="This DataLoader will create")
+
+ROOT = None  # the temp dataset: ROOT/train/{cat,dog}, ROOT/val/{cat,dog}
+
+
+def make_images(root):
+    for split, n in (("train", 4), ("val", 2)):
+        for cls in ("cat", "dog"):
+            d = os.path.join(root, split, cls)
+            os.makedirs(d, exist_ok=True)
+            for i in range(n):
+                Image.new("RGB", (8, 8), (i * 40, 10, 200)).save(os.path.join(d, "%d.jpg" % i))
+
+
+def train_tf(size=224, p=0.5):
+    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(p), T.ToTensor(),
+                      T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+
+
+def my_collate(batch):  # module-level: shareable
+    return torch.utils.data.default_collate(batch)
+
+
+def add_one(x):
+    return x + 1
+
+
+class MyLoader(DataLoader):  # as Lightning/Accelerate subclass it
+    pass
+
+
+class Numbers(Dataset):  # a generic map-style dataset
+    def __init__(self, n, scale=1.0, name="nums", extra=None):
+        self.n, self.scale, self.name = n, scale, name
+        if extra is not None:
+            self.extra = extra
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor([i * self.scale])
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+def loader(name, root):
+    """The loader definitions shared by this process and the subprocess."""
+    train = ImageFolder(os.path.join(root, "train"), transform=train_tf())
+    if name == "train":
+        return DataLoader(train, batch_size=64, shuffle=True, num_workers=2)
+    if name == "val":
+        val = ImageFolder(os.path.join(root, "val"),
+                          transform=T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor()]))
+        return DataLoader(val, batch_size=64)
+    raise KeyError(name)
+
+
+def key(ld):
+    k, why = tsshim_loader.fingerprint(ld)
+    return k
+
+
+class Fingerprint(unittest.TestCase):
+    def shareable(self, ld):
+        k, why = tsshim_loader.fingerprint(ld)
+        self.assertIsNotNone(k, "expected a key, got None: %s" % why)
+        self.assertRegex(k, r"^[0-9a-f]{16}$")
+        self.assertEqual(why, "shareable")
+        return k
+
+    def refused(self, ld, reason):
+        k, why = tsshim_loader.fingerprint(ld)
+        self.assertIsNone(k, "expected no key (%s), got %s" % (reason, k))
+        self.assertIn(reason, why)
+        self.assertNotIn("\n", why)
+        d = tsshim_loader.describe(ld)
+        self.assertFalse(d["shareable"])
+        self.assertEqual(d["why"], why)
+
+    def ds(self, split="train", **kw):
+        kw.setdefault("transform", train_tf())
+        return ImageFolder(os.path.join(ROOT, split), **kw)
+
+    def test_same_key_in_another_process(self):
+        mine = {n: self.shareable(loader(n, ROOT)) for n in ("train", "val")}
+        for n in ("train", "val"):
+            env = dict(os.environ, PYTHONHASHSEED="12345" if n == "train" else "999")
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--key", n, ROOT],
+                                 env=env, stdout=subprocess.PIPE, check=True, timeout=120)
+            self.assertEqual(out.stdout.decode().strip(), mine[n], n)
+
+    def test_loader_settings_do_not_enter_the_key(self):
+        base = self.shareable(DataLoader(self.ds(), batch_size=64, shuffle=True))
+        for kw in (dict(batch_size=32), dict(batch_size=100, num_workers=4),
+                   dict(batch_size=64, pin_memory=True), dict(batch_size=48, drop_last=True),
+                   dict(batch_size=64, num_workers=2, persistent_workers=True, prefetch_factor=4),
+                   dict(batch_size=64, worker_init_fn=add_one)):
+            self.assertEqual(self.shareable(DataLoader(self.ds(), shuffle=True, **kw)), base, kw)
+
+    def test_train_and_val_differ(self):
+        t, v = self.shareable(loader("train", ROOT)), self.shareable(loader("val", ROOT))
+        self.assertNotEqual(t, v)
+        # same transforms and sampler, only the root differs
+        a = self.shareable(DataLoader(self.ds("train"), batch_size=8))
+        b = self.shareable(DataLoader(self.ds("val"), batch_size=8))
+        self.assertNotEqual(a, b)
+
+    def test_transform_parameters(self):
+        base = self.shareable(DataLoader(self.ds(transform=train_tf(224, 0.5)), batch_size=8))
+        self.assertEqual(self.shareable(
+            DataLoader(self.ds(transform=train_tf(224, 0.5)), batch_size=8)), base)
+        for tf in (train_tf(192, 0.5), train_tf(224, 0.3), None):
+            self.assertNotEqual(self.shareable(DataLoader(self.ds(transform=tf), batch_size=8)),
+                                base, repr(tf))
+        tt = self.shareable(DataLoader(self.ds(target_transform=add_one), batch_size=8))
+        self.assertNotEqual(tt, base)
+
+    def test_lambda_transforms_refused(self):
+        why = "transform has no stable description"
+        self.refused(DataLoader(self.ds(transform=lambda x: x), batch_size=8), why)
+        # torchvision's Lambda prints as "Lambda()" whatever it holds
+        self.refused(DataLoader(self.ds(transform=T.Compose([T.ToTensor(), T.Lambda(lambda x: x)])),
+                                batch_size=8), why)
+        self.refused(DataLoader(self.ds(target_transform=lambda y: y), batch_size=8), why)
+
+        class NoRepr:
+            def __call__(self, x):
+                return x
+        self.refused(DataLoader(self.ds(transform=T.Compose([NoRepr()])), batch_size=8), why)
+        # a module-level function inside Lambda() is fine, and is told apart
+        a = self.shareable(DataLoader(self.ds(transform=T.Compose([T.ToTensor(), T.Lambda(add_one)])),
+                                      batch_size=8))
+        b = self.shareable(DataLoader(self.ds(transform=T.Compose([T.ToTensor(), T.Lambda(my_collate)])),
+                                      batch_size=8))
+        self.assertNotEqual(a, b)
+
+    def test_sampler_kind(self):
+        seq = self.shareable(DataLoader(self.ds(), batch_size=8))
+        rnd = self.shareable(DataLoader(self.ds(), batch_size=8, shuffle=True))
+        self.assertNotEqual(seq, rnd)
+        ds = self.ds()
+        self.assertEqual(self.shareable(DataLoader(ds, batch_size=8, sampler=SequentialSampler(ds))), seq)
+        # a sampler over another dataset object: not the loader's own order
+        self.refused(DataLoader(self.ds(), batch_size=8, sampler=SequentialSampler(self.ds())),
+                     "is not shareable")
+        sub1 = self.shareable(DataLoader(self.ds(), batch_size=8, sampler=SubsetRandomSampler([0, 2, 4])))
+        sub2 = self.shareable(DataLoader(self.ds(), batch_size=8, sampler=SubsetRandomSampler([0, 2, 4])))
+        sub3 = self.shareable(DataLoader(self.ds(), batch_size=8, sampler=SubsetRandomSampler([0, 2, 5])))
+        self.assertEqual(sub1, sub2)
+        self.assertNotEqual(sub1, sub3)
+        self.assertNotEqual(sub1, rnd)
+
+    def test_stateful_samplers_refused(self):
+        ds = self.ds()
+        self.refused(DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds, num_replicas=1, rank=0)),
+                     "sampler torch.utils.data.distributed.DistributedSampler is not shareable")
+        self.refused(DataLoader(ds, batch_size=8, sampler=WeightedRandomSampler([1.0] * len(ds), len(ds))),
+                     "WeightedRandomSampler is not shareable")
+        self.refused(DataLoader(ds, batch_sampler=[[0, 1], [2, 3]]), "custom batch sampler")
+        self.refused(DataLoader(ds, batch_sampler=BatchSampler(SequentialSampler(ds), 4, False)),
+                     "custom batch sampler")
+        self.refused(DataLoader(ds, batch_size=None), "no automatic batching")
+
+    def test_iterable_dataset_refused(self):
+        self.refused(DataLoader(Stream(), batch_size=4), "iterable dataset")
+
+    def test_collate(self):
+        ds = self.ds()
+        base = self.shareable(DataLoader(ds, batch_size=8))
+        self.assertEqual(self.shareable(
+            DataLoader(ds, batch_size=8, collate_fn=torch.utils.data.default_collate)), base)
+        self.refused(DataLoader(ds, batch_size=8, collate_fn=lambda b: b),
+                     "<lambda> is not a plain module-level function")
+        mine = self.shareable(DataLoader(ds, batch_size=8, collate_fn=my_collate))
+        self.assertNotEqual(mine, base)
+
+        def local(b):
+            return b
+        self.refused(DataLoader(ds, batch_size=8, collate_fn=local), "not a plain module-level")
+
+    def test_added_file_changes_key(self):
+        before = self.shareable(DataLoader(self.ds(), batch_size=8))
+        extra = os.path.join(ROOT, "train", "dog", "new.jpg")
+        Image.new("RGB", (8, 8)).save(extra)
+        try:
+            after = self.shareable(DataLoader(self.ds(), batch_size=8))
+        finally:
+            os.unlink(extra)
+        self.assertNotEqual(before, after)
+        self.assertEqual(self.shareable(DataLoader(self.ds(), batch_size=8)), before)
+        # same number of files, one renamed: the sample list still differs
+        a, b = (os.path.join(ROOT, "train", "dog", n) for n in ("0.jpg", "9.jpg"))
+        os.rename(a, b)
+        try:
+            renamed = self.shareable(DataLoader(self.ds(), batch_size=8))
+        finally:
+            os.rename(b, a)
+        self.assertNotEqual(renamed, before)
+
+    def test_subclass_same_key(self):
+        for kw in (dict(batch_size=8), dict(batch_size=16, shuffle=True, num_workers=2)):
+            self.assertEqual(self.shareable(MyLoader(self.ds(), **kw)),
+                             self.shareable(DataLoader(self.ds(), **kw)), kw)
+
+    def test_generic_dataset(self):
+        a = self.shareable(DataLoader(Numbers(10), batch_size=4))
+        self.assertEqual(self.shareable(DataLoader(Numbers(10), batch_size=5)), a)
+        self.assertNotEqual(self.shareable(DataLoader(Numbers(11), batch_size=4)), a)
+        self.assertNotEqual(self.shareable(DataLoader(Numbers(10, scale=2.0), batch_size=4)), a)
+        self.assertNotEqual(self.shareable(DataLoader(Numbers(10, extra=("x", 1)), batch_size=4)), a)
+        why = "dataset state cannot be described"
+        self.refused(DataLoader(Numbers(10, extra=torch.zeros(3)), batch_size=4), why)
+        with open(__file__) as f:
+            self.refused(DataLoader(Numbers(10, extra=f), batch_size=4), why)
+        # wrappers: Subset of an ImageFolder
+        s1 = self.shareable(DataLoader(torch.utils.data.Subset(self.ds(), [0, 1, 2]), batch_size=2))
+        s2 = self.shareable(DataLoader(torch.utils.data.Subset(self.ds(), [0, 1, 3]), batch_size=2))
+        self.assertNotEqual(s1, s2)
+        self.refused(DataLoader(torch.utils.data.Subset(self.ds(transform=lambda x: x), [0]),
+                                batch_size=2), "transform has no stable description")
+
+    def test_describe(self):
+        d = tsshim_loader.describe(loader("train", ROOT))
+        self.assertTrue(d["shareable"])
+        self.assertEqual(d["sampler"], "random(replacement=False,num_samples=8)")
+        self.assertEqual(d["collate"], "default")
+        f = d["dataset"]["folder"]
+        self.assertEqual(f["root"], os.path.realpath(os.path.join(ROOT, "train")))
+        self.assertEqual((f["samples"], f["classes"]), (8, ["cat", "dog"]))
+        self.assertIn("RandomResizedCrop(size=(224, 224)", d["dataset"]["transforms"]["transform"])
+
+
+def main():
+    global ROOT
+    if len(sys.argv) == 4 and sys.argv[1] == "--key":
+        print(key(loader(sys.argv[2], sys.argv[3])))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="tsshim-fp.") as root:
+        ROOT = root
+        make_images(root)
+        t0 = time.time()
+        prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)
+        print("fingerprint tests: %.1f s" % (time.time() - t0))
+        return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
