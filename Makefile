@@ -65,6 +65,7 @@ LIBS_mkdata := -ljpeg -lm
 LIBS_train  := -ljpeg -ldl -lm
 LIBS_test_prefetch := -l:liburing.a
 LIBS_ts-jpegcheck  := -ljpeg
+LIBS_ts-jpegedge   := -ljpeg
 
 $(BUILD)/tsshim-%: $(BUILD)/obj/tools/%.o $(CORE_LIB)
 	$(CC) -o $@ $^ $(LDFLAGS) $(LIBS_$*)

@@ -39,7 +39,7 @@
 #define TS_EXPORT __attribute__((visibility("default")))
 
 #define MAX_TRACKED_FD 65536
-#define FIRST_READ_MAX (64 * 1024) /* bytes of the first read that are hashed */
+#define FIRST_READ_MAX (16u << 20) /* bytes of the first read that are hashed */
 #define PATH_SLOTS 256
 #define HASH_SEED 0x74737368696d3031ull
 
@@ -49,6 +49,7 @@ struct fd_entry {
 	struct ts_file_id id;
 	uint64_t first_len;     /* 0 until the first read at offset 0 */
 	uint64_t first_hash;
+	uint64_t contig;        /* bytes read so far contiguously from offset 0 */
 	uint32_t path_slot;     /* index into paths[] + 1, 0 when none */
 	uint32_t path_gen;
 };
@@ -69,7 +70,7 @@ static _Atomic uint32_t path_next;
 static __thread struct {
 	int valid;
 	struct ts_file_id id;
-	uint64_t first_len, first_hash;
+	uint64_t first_len, first_hash, contig;
 	uint32_t path_slot, path_gen;
 } last_read;
 
@@ -110,7 +111,14 @@ static void entry_copy(int from, int to)
 		return;
 	struct fd_entry snap;
 	uint32_t s;
+	int tries = 0;
 	do {
+		/* Bounded: a writer frozen mid-update (a fork copied it odd) must
+		 * not hang dup(); the copy is then simply not followed. */
+		if (++tries > 1000) {
+			entry_clear(to);
+			return;
+		}
 		s = atomic_load_explicit(&fds[from].seq, memory_order_acquire);
 		memcpy(&snap, &fds[from], sizeof(snap));
 		atomic_thread_fence(memory_order_acquire);
@@ -121,6 +129,7 @@ static void entry_copy(int from, int to)
 	e->id = snap.id;
 	e->first_len = snap.first_len;
 	e->first_hash = snap.first_hash;
+	e->contig = snap.contig;
 	e->path_slot = snap.path_slot;
 	e->path_gen = snap.path_gen;
 	atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
@@ -201,6 +210,7 @@ static void track_open(int dirfd, const char *path, int flags, int fd)
 					     (uint64_t)sb.st_mtim.tv_sec * 1000000000ull + (uint64_t)sb.st_mtim.tv_nsec };
 		e->first_len = 0;
 		e->first_hash = 0;
+		e->contig = 0;
 		e->path_slot = store_path(abs, &e->path_gen);
 		e->tracked = 1;
 		atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
@@ -216,18 +226,19 @@ static void track_read(int fd, const void *buf, ssize_t n, off_t off)
 		return;
 	int saved = errno;
 	struct fd_entry *e = &fds[fd];
-	if (e->first_len == 0) {
-		if (off == -1) {
-			off_t now = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR);
-			off = now >= n ? now - n : -1;
-		}
-		if (off == 0) {
+	if (off == -1) { /* where this read started: one lseek, dataset files only */
+		off_t now = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR);
+		off = now >= n ? now - n : -2;
+	}
+	if (off >= 0 && (uint64_t)off == e->contig) {
+		atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
+		if (off == 0 && e->first_len == 0) {
 			size_t len = (size_t)n < FIRST_READ_MAX ? (size_t)n : FIRST_READ_MAX;
-			atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
 			e->first_hash = ts_hash64(buf, len, HASH_SEED);
 			e->first_len = len;
-			atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
 		}
+		e->contig += (uint64_t)n;
+		atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
 	}
 	struct fd_entry snap;
 	uint32_t s = atomic_load_explicit(&e->seq, memory_order_acquire);
@@ -237,6 +248,7 @@ static void track_read(int fd, const void *buf, ssize_t n, off_t off)
 		last_read.id = snap.id;
 		last_read.first_len = snap.first_len;
 		last_read.first_hash = snap.first_hash;
+		last_read.contig = snap.contig;
 		last_read.path_slot = snap.path_slot;
 		last_read.path_gen = snap.path_gen;
 		last_read.valid = 1;
@@ -266,7 +278,17 @@ int ts_io_provenance(const void *buf, size_t len, struct ts_file_id *id, char *p
 {
 	if (!last_read.valid || !buf || len < last_read.first_len)
 		return 0;
-	/* The buffer starts with exactly the bytes this thread read at the
+	/*
+	 * The buffer must be the stream as read: either exactly the bytes read
+	 * so far from offset 0 (a loader feeding the decoder as it reads, like
+	 * Pillow), or the whole file when the first read already covered it
+	 * (read, then decode from memory). A buffer cut short or patched by the
+	 * program is neither, and decodes for real.
+	 */
+	int whole = last_read.first_len == last_read.id.size && len == last_read.id.size;
+	if (len != last_read.contig && !whole)
+		return 0;
+	/* ...and it starts with exactly the bytes this thread read at the
 	 * start of that file: it is that file's content. */
 	if (ts_hash64(buf, last_read.first_len, HASH_SEED) != last_read.first_hash)
 		return 0;

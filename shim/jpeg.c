@@ -46,6 +46,11 @@
 #define TS_EXPORT __attribute__((visibility("default")))
 #define CALLER() __builtin_return_address(0)
 
+/* libjpeg's global_state for an object between images (jpegint.h). The
+ * generic jpeg_abort/jpeg_destroy, which we cannot hook (libjpeg calls them
+ * itself), leave it here: a header read in this state starts a new image. */
+#define TS_DSTATE_START 200
+
 /* ---- the real library, per calling object ---------------------------------- */
 
 struct jpeg_api {
@@ -149,7 +154,7 @@ struct dstate {
 	char path[512];
 	enum dmode mode;
 	int started;          /* real start_decompress has returned TRUE (FILL) */
-	uint64_t row_bytes, rows_done, t0;
+	uint64_t row_bytes, rows_done, rows_total, t0;
 	unsigned char *hit;   /* HIT: private copy of the decoded image */
 	struct ts_cache_fill fill;
 };
@@ -228,7 +233,8 @@ static int params_supported(j_decompress_ptr c)
 {
 	/* Values must fit the key's bytes; anything odd decodes for real. */
 	if (c->scale_num > 255 || c->scale_denom > 255 || (unsigned)c->out_color_space > 255 ||
-	    (unsigned)c->jpeg_color_space > 255 || (unsigned)c->dct_method > 255)
+	    (unsigned)c->jpeg_color_space > 255 || (unsigned)c->dct_method > 255 ||
+	    (unsigned)c->dither_mode > 255)
 		return 0;
 	return !c->buffered_image && !c->raw_data_out && !c->quantize_colors && c->data_precision == 8 &&
 	       c->output_components >= 1 && c->output_components <= 4 && c->output_width > 0 && c->output_height > 0;
@@ -261,6 +267,7 @@ static void make_key(const struct dstate *s, j_decompress_ptr c, struct ts_cache
 	p[24] = (uint8_t)c->out_color_components;
 	p[25] = (uint8_t)c->data_precision;
 	p[26] = JPEG_LIB_VERSION;
+	p[27] = (uint8_t)c->dither_mode; /* RGB565 output is dithered without quantisation */
 }
 
 /* Called instead of the real start: decide HIT / FILL / PASS. 1: handled as HIT. */
@@ -273,6 +280,7 @@ static int exact_start(struct dstate *s, j_decompress_ptr c)
 	if (!params_supported(c))
 		return 0;
 	s->row_bytes = (uint64_t)c->output_width * (uint64_t)c->output_components;
+	s->rows_total = c->output_height;
 	uint64_t len = s->row_bytes * c->output_height;
 	struct ts_cache_key k;
 	make_key(s, c, &k);
@@ -294,6 +302,24 @@ static int exact_start(struct dstate *s, j_decompress_ptr c)
 	return 0;
 }
 
+/* Move the source past the EOI marker if it is in the buffer (FF D9 cannot
+ * occur inside entropy-coded data: FF there is always followed by 00 or RSTn). */
+static void skip_to_eoi(j_decompress_ptr c)
+{
+	struct jpeg_source_mgr *src = c->src;
+	if (!src || !src->next_input_byte)
+		return;
+	const JOCTET *p = src->next_input_byte;
+	size_t n = src->bytes_in_buffer;
+	for (size_t i = 0; i + 1 < n; i++) {
+		if (p[i] == 0xFF && p[i + 1] == 0xD9) {
+			src->next_input_byte = p + i + 2;
+			src->bytes_in_buffer = n - i - 2;
+			return;
+		}
+	}
+}
+
 /* ---- hooks ----------------------------------------------------------------------- */
 
 TS_EXPORT void jpeg_CreateDecompress(j_decompress_ptr cinfo, int version, size_t structsize)
@@ -312,6 +338,8 @@ TS_EXPORT int jpeg_read_header(j_decompress_ptr cinfo, boolean require_image)
 {
 	struct dstate *s;
 	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
+	if (s && cinfo->global_state == TS_DSTATE_START)
+		image_reset(s); /* whatever the last image left (an unhooked jpeg_abort) */
 	if (s && s->trackable && s->headers++ == 0 && ts_shim_ready() && cinfo->src &&
 	    cinfo->src->next_input_byte && cinfo->src->bytes_in_buffer > 0) {
 		/* The buffer now starts at the stream's first byte: prove whose it is. */
@@ -349,7 +377,7 @@ TS_EXPORT JDIMENSION jpeg_read_scanlines(j_decompress_ptr cinfo, JSAMPARRAY rows
 	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
 	if (s && s->mode == D_HIT) {
 		JDIMENSION n = 0;
-		while (n < max && cinfo->output_scanline < cinfo->output_height) {
+		while (n < max && cinfo->output_scanline < s->rows_total) {
 			memcpy(rows[n], s->hit + (uint64_t)cinfo->output_scanline * s->row_bytes, s->row_bytes);
 			cinfo->output_scanline++;
 			n++;
@@ -359,7 +387,10 @@ TS_EXPORT JDIMENSION jpeg_read_scanlines(j_decompress_ptr cinfo, JSAMPARRAY rows
 	JDIMENSION first = cinfo->output_scanline;
 	JDIMENSION n = a->read_scanlines(cinfo, rows, max);
 	if (s && s->mode == D_FILL) {
-		if (first != s->rows_done) { /* rows went past us (skip): cannot fill */
+		uint64_t row = (uint64_t)cinfo->output_width * (uint64_t)cinfo->output_components;
+		if (first != s->rows_done || row != s->row_bytes || (uint64_t)first + n > s->rows_total) {
+			/* rows went past us (skip), or the output is not the one we
+			 * reserved for: never write outside the fill */
 			ts_exact_abort(&s->fill);
 			s->mode = D_PASS;
 		} else {
@@ -420,8 +451,10 @@ TS_EXPORT boolean jpeg_finish_decompress(j_decompress_ptr cinfo)
 	struct dstate *s;
 	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
 	if (s && s->mode == D_HIT) {
-		/* Nothing was decoded: return the object to its start state, as
-		 * finish would, and let the source manager finish its stream. */
+		/* Nothing was decoded: consume the image's bytes up to its EOI as
+		 * finish would (a stream may hold more images), return the object
+		 * to its start state and let the source manager finish. */
+		skip_to_eoi(cinfo);
 		if (cinfo->src && cinfo->src->term_source)
 			cinfo->src->term_source(cinfo);
 		a->abort_d(cinfo);
