@@ -17,6 +17,10 @@ static struct ts_cache cache;
 static _Atomic int cache_state;
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Fork handlers: a child must not inherit open_lock held by another thread. */
+void ts_exact_fork_lock(void) { pthread_mutex_lock(&open_lock); }
+void ts_exact_fork_unlock(void) { pthread_mutex_unlock(&open_lock); }
+
 int ts_exact_enabled(void)
 {
 	return ts_shim_ready() && (ts_cfg.mode == TS_MODE_EXACT || ts_cfg.mode == TS_MODE_AUTO) &&

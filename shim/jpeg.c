@@ -74,6 +74,10 @@ static struct jpeg_api apis[MAX_APIS];
 static int napis;
 static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Fork handlers: a child must not inherit api_lock held by another thread. */
+void ts_jpeg_fork_lock(void) { pthread_mutex_lock(&api_lock); }
+void ts_jpeg_fork_unlock(void) { pthread_mutex_unlock(&api_lock); }
+
 static void *pick(void *handle, const char *name, void *ours)
 {
 	void *f = handle ? ts_real_dlsym(handle, name) : NULL;

@@ -113,19 +113,28 @@ static void on_role(enum ts_role role, uint32_t epoch, void *arg)
 		maybe_start_prefetch();
 }
 
+/*
+ * No fork in the middle of a join, a libjpeg lookup or a cache open: the
+ * child's copies stay consistent and its locks free. Always this order.
+ */
 static void atfork_prepare(void)
 {
-	/* No fork in the middle of a join: the child's copy stays consistent. */
 	pthread_mutex_lock(&join_lock);
+	ts_jpeg_fork_lock();
+	ts_exact_fork_lock();
 }
 
 static void atfork_parent(void)
 {
+	ts_exact_fork_unlock();
+	ts_jpeg_fork_unlock();
 	pthread_mutex_unlock(&join_lock);
 }
 
 static void atfork_child(void)
 {
+	ts_exact_fork_unlock();
+	ts_jpeg_fork_unlock();
 	pthread_mutex_unlock(&join_lock);
 	atomic_store(&ts_is_fork_child, 1);
 	/* The heartbeat thread stayed in the parent; the child never beats. */

@@ -56,6 +56,12 @@ void ts_shim_scope_known(void);
 /* In a Python process, put our sitecustomize first on PYTHONPATH (bootstrap.c). */
 void ts_bootstrap_python(void);
 
+/* Locks of the other modules, taken around fork (see shim.c's handlers). */
+void ts_jpeg_fork_lock(void);
+void ts_jpeg_fork_unlock(void);
+void ts_exact_fork_lock(void);
+void ts_exact_fork_unlock(void);
+
 /* Set in a forked child: it belongs to its parent's member and never uses CUDA. */
 extern _Atomic int ts_is_fork_child;
 
