@@ -89,14 +89,6 @@ void ts_exact_note_scope(const char *scope)
 		ts_cache_set_scope(&cache, scope);
 }
 
-int ts_exact_stats(struct ts_cache_stats *st)
-{
-	if (atomic_load(&cache_state) != CACHE_OPEN)
-		return -ENOENT;
-	ts_cache_stats(&cache, st);
-	return 0;
-}
-
 /*
  * Leave the cache at exit (the last user out removes it). DataLoader
  * workers usually end with _exit() and never get here; their parent, the

@@ -31,7 +31,5 @@ void ts_exact_commit(struct ts_cache_fill *fill, uint64_t decode_ns);
 void ts_exact_abort(struct ts_cache_fill *fill);
 /* The dataset scope became known or widened: note it in the cache. */
 void ts_exact_note_scope(const char *scope);
-/* Counters of this process's cache, for logs; 0 when not open. */
-int ts_exact_stats(struct ts_cache_stats *st);
 
 #endif

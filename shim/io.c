@@ -282,8 +282,9 @@ int ts_io_provenance(const void *buf, size_t len, struct ts_file_id *id, char *p
 	 * The buffer must be the stream as read: either exactly the bytes read
 	 * so far from offset 0 (a loader feeding the decoder as it reads, like
 	 * Pillow), or the whole file when the first read already covered it
-	 * (read, then decode from memory). A buffer cut short or patched by the
-	 * program is neither, and decodes for real.
+	 * (read, then decode from memory; the hash below then covers every
+	 * byte). A buffer cut short is neither, and decodes for real. Bytes past
+	 * the hashed first read are trusted to be what was read after it.
 	 */
 	int whole = last_read.first_len == last_read.id.size && len == last_read.id.size;
 	if (len != last_read.contig && !whole)
@@ -292,15 +293,13 @@ int ts_io_provenance(const void *buf, size_t len, struct ts_file_id *id, char *p
 	 * start of that file: it is that file's content. */
 	if (ts_hash64(buf, last_read.first_len, HASH_SEED) != last_read.first_hash)
 		return 0;
-	struct fd_entry snap = { .id = last_read.id, .path_slot = last_read.path_slot,
-				 .path_gen = last_read.path_gen };
-	*id = snap.id;
+	*id = last_read.id;
 	if (path && pathlen) {
 		path[0] = '\0';
-		uint32_t i = snap.path_slot;
-		if (i && i <= PATH_SLOTS && atomic_load(&paths[i - 1].gen) == snap.path_gen) {
+		uint32_t i = last_read.path_slot, gen = last_read.path_gen;
+		if (i && i <= PATH_SLOTS && atomic_load(&paths[i - 1].gen) == gen) {
 			snprintf(path, pathlen, "%s", paths[i - 1].path);
-			if (atomic_load(&paths[i - 1].gen) != snap.path_gen)
+			if (atomic_load(&paths[i - 1].gen) != gen)
 				path[0] = '\0'; /* recycled while we copied */
 		}
 	}

@@ -66,7 +66,6 @@ struct jpeg_api {
 	void (*abort_d)(j_decompress_ptr);
 	void (*destroy_d)(j_decompress_ptr);
 	void (*calc_output_dimensions)(j_decompress_ptr);
-	void (*abort)(j_common_ptr);
 };
 
 #define MAX_APIS 8
@@ -509,7 +508,6 @@ static void fill_api(struct jpeg_api *a, void *h)
 	a->abort_d = pick(h, "jpeg_abort_decompress", (void *)jpeg_abort_decompress);
 	a->destroy_d = pick(h, "jpeg_destroy_decompress", (void *)jpeg_destroy_decompress);
 	a->calc_output_dimensions = pick(h, "jpeg_calc_output_dimensions", NULL);
-	a->abort = pick(h, "jpeg_abort", NULL);
 	a->lib_id = library_id((void *)a->read_header);
 	/* A partial library is no library: decode calls would crash half-way. */
 	if (!a->create || !a->start || !a->read_scanlines || !a->finish || !a->abort_d || !a->destroy_d ||

@@ -22,6 +22,7 @@
 #include <jpeglib.h>
 
 #include "hash.h"
+#include "jpegtest.h"
 
 struct variant {
 	const char *name;
@@ -41,44 +42,6 @@ static const struct variant variants[] = {
 	{ "rgb-1-nofancy", JCS_RGB, 1, JDCT_ISLOW, FALSE }, { "rgb-2-nofancy", JCS_RGB, 2, JDCT_ISLOW, FALSE },
 };
 
-struct err {
-	struct jpeg_error_mgr pub;
-	jmp_buf jb;
-};
-
-static void on_error(j_common_ptr c)
-{
-	longjmp(((struct err *)c->err)->jb, 1);
-}
-
-/* Silent, but counts warnings as libjpeg's own emit_message does. */
-static void quiet(j_common_ptr c, int level)
-{
-	if (level < 0)
-		c->err->num_warnings++;
-}
-
-__attribute__((noinline)) static unsigned char *slurp(const char *path, size_t *len)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	struct stat sb;
-	if (fd < 0 || fstat(fd, &sb) != 0) {
-		perror(path);
-		exit(1);
-	}
-	unsigned char *buf = malloc((size_t)sb.st_size + 1);
-	size_t got = 0;
-	while (buf && got < (size_t)sb.st_size) {
-		ssize_t n = read(fd, buf + got, (size_t)sb.st_size - got);
-		if (n <= 0)
-			break;
-		got += (size_t)n;
-	}
-	close(fd);
-	*len = got;
-	return buf;
-}
-
 static void decode(const char *path, const struct variant *v, int pass)
 {
 	size_t len;
@@ -88,7 +51,7 @@ static void decode(const char *path, const struct variant *v, int pass)
 	struct err e;
 	c.err = jpeg_std_error(&e.pub);
 	e.pub.error_exit = on_error;
-	e.pub.emit_message = quiet;
+	e.pub.emit_message = count_warning;
 	if (setjmp(e.jb)) {
 		printf("%s %s %d error %d\n", path, v->name, pass, e.pub.msg_code);
 		jpeg_destroy_decompress(&c);

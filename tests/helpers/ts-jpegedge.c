@@ -21,40 +21,7 @@
 #include <jpeglib.h>
 
 #include "hash.h"
-
-struct err {
-	struct jpeg_error_mgr pub;
-	jmp_buf jb;
-};
-
-static void on_error(j_common_ptr c) { longjmp(((struct err *)c->err)->jb, 1); }
-
-static void count_warning(j_common_ptr c, int level)
-{
-	if (level < 0)
-		c->err->num_warnings++;
-}
-
-static unsigned char *slurp(const char *path, size_t *len)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	struct stat sb;
-	if (fd < 0 || fstat(fd, &sb) != 0) {
-		perror(path);
-		exit(1);
-	}
-	unsigned char *buf = malloc((size_t)sb.st_size + 1);
-	size_t got = 0;
-	while (buf && got < (size_t)sb.st_size) {
-		ssize_t n = read(fd, buf + got, (size_t)sb.st_size - got);
-		if (n <= 0)
-			break;
-		got += (size_t)n;
-	}
-	close(fd);
-	*len = got;
-	return buf;
-}
+#include "jpegtest.h"
 
 /* Decode the image whose header was read; print it. */
 static void finish_image(j_decompress_ptr c, const char *tag)
