@@ -17,11 +17,12 @@
 #include <stdint.h>
 
 #define TS_MAGIC          0x31304d4853535354ULL /* "TSSSHM01" little-endian */
-#define TS_LAYOUT_VERSION 2u
+#define TS_LAYOUT_VERSION 3u
 #define TS_MAX_MEMBERS    64u
 #define TS_MAX_DEPTH      64u
 #define TS_MAX_POSITIONS  16u
 #define TS_NAME_MAX       64u /* session name incl. NUL */
+#define TS_LABEL_MAX      96u /* what the session shares, for people (incl. NUL) */
 /* Timeouts a segment may carry: heartbeats come every timeout/4. */
 #define TS_TIMEOUT_MIN_MS 10u
 #define TS_TIMEOUT_MAX_MS 600000u
@@ -42,6 +43,7 @@ struct ts_static {
 	uint32_t creator_pid;
 	uint32_t reserved0;
 	char name[TS_NAME_MAX]; /* NUL-terminated session name */
+	char label[TS_LABEL_MAX]; /* NUL-terminated; "" for the process session */
 	uint32_t checksum;      /* FNV-1a of everything above */
 	uint32_t reserved1;
 };
@@ -113,10 +115,16 @@ struct ts_counters {
 	_Atomic uint64_t cpu_ns_saved;
 	_Atomic uint64_t takeovers;
 	_Atomic uint64_t evictions;
+	_Atomic uint64_t samples_served;  /* samples consumers took from the stream */
+	_Atomic uint64_t samples_produced; /* samples published, with their cost: */
+	_Atomic uint64_t produce_cpu_ns;   /* CPU the producers spent making them */
 	uint64_t pad;
 };
 
 enum ts_seg_state { TS_SEG_OPEN = 1, TS_SEG_CLOSED = 2 };
+
+/* feed_flags */
+#define TS_FEED_UNSHAREABLE 1u /* the producer met batches the feed cannot carry */
 
 /* producer word: epoch (high 32 bits) | member index + 1 (low 32; 0 = none) */
 struct ts_segment {
@@ -124,7 +132,16 @@ struct ts_segment {
 	_Atomic uint32_t state;
 	_Atomic uint32_t election_ev;  /* futex: bumped when the producer changes */
 	_Atomic uint64_t producer;
-	uint64_t pad[6];
+	/*
+	 * Data feeds (feed.h): a producer that is not iterating says so by
+	 * storing its producer word here with the time; a consumer that waits
+	 * longer than the timeout on an idle producer may take over.
+	 */
+	_Atomic uint64_t idle_word;
+	_Atomic uint64_t idle_ns;
+	_Atomic uint32_t feed_flags;   /* TS_FEED_* */
+	uint32_t pad0;
+	uint64_t pad[3];
 	struct ts_counters counters;
 	struct ts_member members[TS_MAX_MEMBERS];
 	struct ts_ring ring;

@@ -441,7 +441,7 @@ static int read_slot(struct ts_segment *seg, const struct ts_ring_reader *r, uin
 		if (atomic_load_explicit(word, memory_order_relaxed) != x)
 			continue;
 		/* An evicted reader's slot may be reclaimed and restored (ABA). */
-		if (evicted(seg, r))
+		if (r && evicted(seg, r))
 			return -ESTALE;
 		*writer = w1 - 1;
 		return 0;
@@ -652,4 +652,62 @@ int ts_ring_advance(struct ts_segment *seg, struct ts_ring_reader *r, const stru
 	atomic_fetch_add_explicit(&mb->batches_read, passed, memory_order_relaxed);
 	bump_wake(&seg->ring.rel_ev);
 	return 0;
+}
+
+int ts_ring_slot_meta(struct ts_segment *seg, uint64_t seq, struct ts_batch_meta *m, unsigned *writer)
+{
+	uint32_t d;
+	int ret;
+
+	if ((ret = ring_depth(seg, &d)))
+		return ret;
+	if ((ret = read_slot(seg, NULL, d, seq, m, writer)))
+		return ret;
+	return ts_batch_meta_valid(m) ? -EBADMSG : 0;
+}
+
+int ts_ring_wait_next(struct ts_segment *seg, struct ts_ring_reader *r, uint64_t timeout_ns,
+		      struct ts_batch_meta *m, unsigned *writer)
+{
+	uint64_t deadline = deadline_after(timeout_ns);
+	uint32_t d;
+	int ret;
+
+	if (!member_ok(r->self))
+		return -EINVAL;
+	if ((ret = ring_depth(seg, &d)))
+		return ret;
+	for (;;) {
+		uint32_t ev = atomic_load_explicit(&seg->ring.pub_ev, memory_order_acquire);
+		if (evicted(seg, r))
+			return -ESTALE;
+		ret = read_slot(seg, r, d, r->seq, m, writer);
+		if (ret == 0)
+			return ts_batch_meta_valid(m) ? -EBADMSG : 0;
+		if (ret != -EAGAIN)
+			return ret;
+		if ((ret = wait_slice(&seg->ring.pub_ev, ev, deadline)))
+			return ret;
+	}
+}
+
+int ts_ring_evict_laggards(struct ts_segment *seg, const struct ts_ring_writer *w)
+{
+	uint32_t d;
+	int ret, n = 0;
+
+	if ((ret = ring_depth(seg, &d)))
+		return ret;
+	if (w->next_seq + 1 <= d)
+		return 0;
+	uint64_t need = w->next_seq + 1 - d;
+	for (unsigned m = 0; m < TS_MAX_MEMBERS; m++) {
+		struct ts_member *mb = &seg->members[m];
+		uint64_t a = atomic_load_explicit(&mb->attach, memory_order_seq_cst);
+		if ((int)m == w->self || !(a & 1) ||
+		    atomic_load_explicit(&mb->read_seq, memory_order_acquire) >= need)
+			continue;
+		n += evict(seg, mb, &a);
+	}
+	return n;
 }

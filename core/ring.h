@@ -107,6 +107,21 @@ int ts_ring_peek(struct ts_segment *seg, struct ts_ring_reader *r, uint32_t npos
 int ts_ring_advance(struct ts_segment *seg, struct ts_ring_reader *r, const struct ts_read *rd,
 		    const uint64_t *got);
 
+/*
+ * The validated meta row of published seq, wherever it is (no reader):
+ * -EAGAIN not published (yet), -ESTALE overwritten since.
+ */
+int ts_ring_slot_meta(struct ts_segment *seg, uint64_t seq, struct ts_batch_meta *m, unsigned *writer);
+/* Wait (up to timeout_ns) until the slot the reader is in is published; its meta row. */
+int ts_ring_wait_next(struct ts_segment *seg, struct ts_ring_reader *r, uint64_t timeout_ns,
+		      struct ts_batch_meta *m, unsigned *writer);
+/*
+ * Producer: evict the live consumers that hold the slot the next begin()
+ * needs (they stopped reading); they notice with -ESTALE and re-attach.
+ * Returns how many.
+ */
+int ts_ring_evict_laggards(struct ts_segment *seg, const struct ts_ring_writer *w);
+
 /* Validate one meta row as read from shared memory. */
 int ts_batch_meta_valid(const struct ts_batch_meta *m);
 

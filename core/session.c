@@ -87,6 +87,7 @@ void ts_segment_init(struct ts_segment *seg, size_t size, const char *name, uid_
 	st->created_unix_ns = ts_prim_realtime_ns();
 	st->creator_pid = (uint32_t)getpid();
 	snprintf(st->name, sizeof(st->name), "%s", name);
+	snprintf(st->label, sizeof(st->label), "%s", p->label ? p->label : "");
 	st->checksum = ts_static_checksum(st);
 	atomic_store_explicit(&seg->state, TS_SEG_OPEN, memory_order_relaxed);
 }
@@ -126,6 +127,8 @@ int ts_segment_validate(const struct ts_segment *seg, size_t size, uid_t uid, ch
 		return fail(why, whylen, -EBADMSG, "out-of-range depth %u or timeout %u", st->depth, st->timeout_ms);
 	if (memchr(st->name, '\0', sizeof(st->name)) == NULL || !ts_session_name_valid(st->name))
 		return fail(why, whylen, -EBADMSG, "invalid session name in header");
+	if (memchr(st->label, '\0', sizeof(st->label)) == NULL)
+		return fail(why, whylen, -EBADMSG, "unterminated label in header");
 	uint32_t state = atomic_load_explicit(&seg->state, memory_order_relaxed);
 	if (state != TS_SEG_OPEN && state != TS_SEG_CLOSED)
 		return fail(why, whylen, -EBADMSG, "invalid state %u", state);
@@ -510,6 +513,52 @@ enum ts_role ts_session_tick(struct ts_session *s)
 	atomic_store_explicit(&seg->members[s->self].heartbeat_ns, now, memory_order_relaxed);
 	uint64_t w = atomic_load(&seg->producer);
 	return try_takeover(seg, s->self, w, now, 0) ? TS_ROLE_PRODUCER : TS_ROLE_CONSUMER;
+}
+
+void ts_session_set_idle(struct ts_session *s, int idle)
+{
+	if (!s->seg || s->self < 0)
+		return;
+	struct ts_segment *seg = s->seg;
+	uint64_t w = atomic_load(&seg->producer);
+	if (!idle) {
+		atomic_store(&seg->idle_word, 0);
+		return;
+	}
+	if (ts_producer_index(w) != s->self)
+		return;
+	/* the time first: whoever sees our word also sees a time at least this new */
+	atomic_store(&seg->idle_ns, ts_now_ns());
+	atomic_store(&seg->idle_word, w);
+}
+
+int ts_session_take_idle(struct ts_session *s, uint64_t idle_min_ns)
+{
+	if (!s->seg || s->self < 0)
+		return 0;
+	struct ts_segment *seg = s->seg;
+	uint64_t w = atomic_load(&seg->producer);
+	int idx = ts_producer_index(w);
+	if (idx == s->self)
+		return 1;
+	if (idx >= 0) {
+		uint64_t iw = atomic_load(&seg->idle_word);
+		uint64_t since = atomic_load(&seg->idle_ns), now = ts_now_ns();
+		if (iw != w || now < since || now - since < idle_min_ns)
+			return 0;
+	}
+	/* The same CAS as an election: a producer that woke up meanwhile changed nothing, so
+	 * we win; it learns at its next claim (the ring refuses a replaced producer). */
+	if (!atomic_compare_exchange_strong(&seg->producer, &w, ts_producer_word(ts_producer_epoch(w) + 1, s->self)))
+		return 0;
+	if (idx >= 0) {
+		ts_info("took over from idle member %d (pid %u)", idx, atomic_load(&seg->members[idx].pid));
+		atomic_fetch_add(&seg->counters.takeovers, 1);
+	}
+	atomic_store(&seg->idle_word, 0);
+	atomic_fetch_add(&seg->election_ev, 1);
+	ts_futex_wake_all(&seg->election_ev);
+	return 1;
 }
 
 /* ---- inspection ---------------------------------------------------------- */

@@ -24,6 +24,7 @@
 struct ts_session_params {
 	uint32_t depth;      /* used only when creating */
 	uint32_t timeout_ms; /* used only when creating */
+	const char *label;   /* used only when creating; NULL for none */
 };
 
 /* A process's handle on a session. */
@@ -73,6 +74,17 @@ void ts_session_forget(struct ts_session *s);
  */
 enum ts_role ts_session_tick(struct ts_session *s);
 enum ts_role ts_session_role(const struct ts_session *s);
+/*
+ * A producer that stops producing for a while (a data feed between two
+ * epochs) says so; idle=0 clears it. Any member may clear, only the
+ * producer sets.
+ */
+void ts_session_set_idle(struct ts_session *s, int idle);
+/*
+ * Become producer if the producer has been idle for idle_min_ns or there is
+ * none (1: we are producer now, 0: not). One contender wins.
+ */
+int ts_session_take_idle(struct ts_session *s, uint64_t idle_min_ns);
 
 /* Health of a member slot as seen now. */
 enum ts_member_health ts_member_health(const struct ts_segment *seg, unsigned idx, uint64_t now_ns);

@@ -180,6 +180,7 @@ __attribute__((destructor)) static void ts_shim_fini(void)
 	int expected = TS_READY;
 	if (!atomic_compare_exchange_strong(&ts_init_state, &expected, TS_FINI))
 		return;
+	ts_feed_api_fini();
 	if (owns_membership()) {
 		ts_heartbeat_stop(&member.heartbeat);
 		stop_prefetch();

@@ -55,6 +55,8 @@ void ts_shim_dataset_work(void);
 void ts_shim_scope_known(void);
 /* In a Python process, put our sitecustomize first on PYTHONPATH (bootstrap.c). */
 void ts_bootstrap_python(void);
+/* Leave every data feed of this process (at exit). */
+void ts_feed_api_fini(void);
 
 /* Locks of the other modules, taken around fork (see shim.c's handlers). */
 void ts_jpeg_fork_lock(void);

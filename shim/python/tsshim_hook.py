@@ -36,9 +36,40 @@ def on_torch_data(module):
         return
     if cls.__dict__.get("_tsshim_hooked"):
         return
-    # Next step of issue 4: wrap DataLoader.__iter__ here.
+    mode = os.environ.get("TSSHIM_MODE", "auto")
+    if mode not in ("auto", "socket"):
+        log("debug", "TSSHIM_MODE=%s: DataLoaders are not shared" % mode)
+        return
+    orig_iter = cls.__iter__
+
+    def __iter__(self):
+        it = None
+        try:
+            import tsshim_feed
+            it = tsshim_feed.iterate(self, orig_iter)
+        except Exception as e:  # the job runs on with its own DataLoader
+            log("warn", "DataLoader sharing failed (%s: %s); this loader runs on its own"
+                % (type(e).__name__, e))
+            try:
+                self.__dict__["_tsshim_state"] = None
+                self.__dict__["_tsshim_private"] = True
+            except Exception:
+                pass
+        return it if it is not None else orig_iter(self)
+
+    __iter__.__wrapped__ = orig_iter
+    __iter__.__doc__ = orig_iter.__doc__
+    cls.__iter__ = __iter__
     cls._tsshim_hooked = True
+    import atexit
+    atexit.register(_close_feeds)
     log("debug", "%s imported: DataLoader hooked" % TARGET)
+
+
+def _close_feeds():
+    mod = sys.modules.get("tsshim_feed")
+    if mod is not None:
+        mod.close_all()
 
 
 def install():

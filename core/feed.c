@@ -1,0 +1,741 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Data feeds (see feed.h). Memory ordering rides on the ring: a producer
+ * writes a slot file only between ts_ring_begin() and ts_ring_publish()
+ * (release), a reader reads it only between ts_ring_peek() (acquire) and a
+ * successful ts_ring_advance(). The ledger is a seqlock on its epoch word.
+ */
+#include "feed.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hash.h"
+#include "log.h"
+#include "prim.h"
+
+#define FEED_MAGIC    0x31304445454653ULL /* "SFEED01" */
+#define LEDGER_MAGIC  0x3130524744454cULL /* "LEDGR01" */
+#define FEED_VERSION  1u
+#define PAGE          4096ull
+#define NO_EPOCH      UINT64_MAX
+
+struct ts_feed_hdr {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t hdr_size;       /* first data byte; page multiple */
+	uint64_t seq;            /* ring seq these bytes belong to */
+	uint64_t stream_epoch;
+	uint64_t nsamples;
+	uint64_t schema_hash;
+	uint32_t npos;
+	uint32_t schema_len;
+	uint64_t index_off;      /* nsamples int64 dataset indices */
+	uint64_t off[TS_MAX_POSITIONS];
+	uint64_t len[TS_MAX_POSITIONS];
+	char schema[TS_FEED_SCHEMA_MAX];
+};
+
+#define HDR_SIZE ((sizeof(struct ts_feed_hdr) + PAGE - 1) / PAGE * PAGE)
+
+struct ts_feed_ledger {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t pad;
+	uint64_t nbits;
+	_Atomic uint64_t epoch;  /* stream epoch of the bits; NO_EPOCH while rewritten */
+	_Atomic uint64_t count;
+	uint64_t pad2[3];
+	_Atomic uint64_t bits[];
+};
+
+static inline uint64_t page_up(uint64_t v)
+{
+	return (v + PAGE - 1) / PAGE * PAGE;
+}
+
+static void map_drop(struct ts_feed_map *m)
+{
+	if (m->base)
+		munmap(m->base, m->size);
+	if (m->base && m->fd >= 0)
+		close(m->fd);
+	memset(m, 0, sizeof(*m));
+	m->fd = -1;
+}
+
+static int feed_path(char *buf, size_t n, const struct ts_feed *f, const char *kind)
+{
+	int len = snprintf(buf, n, "%s/" TS_FEED_PREFIX "%u.%s.%llx.%s", ts_shm_dir(), (unsigned)getuid(),
+			   f->s.name, (unsigned long long)f->incarnation, kind);
+	return len < 0 || (size_t)len >= n ? -ENAMETOOLONG : 0;
+}
+
+static int slot_path(char *buf, size_t n, const struct ts_feed *f, uint32_t writer, uint32_t epoch, uint32_t slot)
+{
+	char kind[64];
+	snprintf(kind, sizeof(kind), "w%u.e%u.s%u", writer, epoch, slot);
+	return feed_path(buf, n, f, kind);
+}
+
+/* Reserve the blocks now: a full /dev/shm is an error here, not a SIGBUS later. */
+static int grow(int fd, uint64_t size)
+{
+	int ret = posix_fallocate(fd, 0, (off_t)size);
+	if (ret == EOPNOTSUPP || ret == EINVAL)
+		ret = ftruncate(fd, (off_t)size) ? errno : 0;
+	return -ret;
+}
+
+/* ---- the ledger ------------------------------------------------------------ */
+
+static uint64_t ledger_bytes(uint64_t nbits)
+{
+	return page_up(sizeof(struct ts_feed_ledger) + (nbits + 63) / 64 * 8);
+}
+
+static int ledger_check(const struct ts_feed_ledger *l, size_t size, uint64_t nbits)
+{
+	if (size < sizeof(*l) || l->magic != LEDGER_MAGIC || l->version != FEED_VERSION || l->nbits != nbits ||
+	    size < ledger_bytes(nbits))
+		return -EPROTO;
+	return 0;
+}
+
+static int ledger_map(struct ts_feed *f, int fd)
+{
+	struct stat sb;
+	if (fstat(fd, &sb))
+		return -errno;
+	int ret = ts_shm_file_ours(&sb);
+	if (ret)
+		return ret;
+	if ((uint64_t)sb.st_size < ledger_bytes(f->nindex))
+		return -EPROTO;
+	void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED)
+		return -errno;
+	if ((ret = ledger_check(m, (size_t)sb.st_size, f->nindex))) {
+		munmap(m, (size_t)sb.st_size);
+		return ret;
+	}
+	f->ledger = m;
+	f->ledger_size = (size_t)sb.st_size;
+	return 0;
+}
+
+/* Created under a temporary name and linked into place, so nobody maps a half-made one. */
+static int ledger_open(struct ts_feed *f)
+{
+	char path[TS_PATH_MAX], tmp[TS_PATH_MAX + 32];
+	int ret = feed_path(path, sizeof(path), f, "ledger");
+	if (ret)
+		return ret;
+	for (int tries = 0; tries < 4; tries++) {
+		int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+		if (fd >= 0) {
+			ret = ledger_map(f, fd);
+			close(fd);
+			return ret;
+		}
+		if (errno != ENOENT)
+			return -errno;
+		snprintf(tmp, sizeof(tmp), "%s.tmp%u", path, (unsigned)getpid());
+		fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd < 0)
+			return -errno;
+		uint64_t size = ledger_bytes(f->nindex);
+		ret = grow(fd, size);
+		struct ts_feed_ledger *l = ret ? MAP_FAILED :
+			mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (l != MAP_FAILED) {
+			l->magic = LEDGER_MAGIC;
+			l->version = FEED_VERSION;
+			l->nbits = f->nindex;
+			atomic_store(&l->epoch, NO_EPOCH);
+			munmap(l, size);
+			ret = link(tmp, path) && errno != EEXIST ? -errno : 0;
+		} else if (!ret) {
+			ret = -errno;
+		}
+		unlink(tmp);
+		close(fd);
+		if (ret)
+			return ret;
+	}
+	return -EAGAIN;
+}
+
+/* Producer, after publishing: mark the batch's indices in its stream epoch. */
+static void ledger_mark(struct ts_feed *f, const struct ts_feed_batch *b)
+{
+	struct ts_feed_ledger *l = f->ledger;
+	if (!l || !b->index)
+		return;
+	if (atomic_load_explicit(&l->epoch, memory_order_relaxed) != b->stream_epoch) {
+		/* NO_EPOCH first: a reader that sees the new epoch sees cleared bits */
+		atomic_store_explicit(&l->epoch, NO_EPOCH, memory_order_seq_cst);
+		for (uint64_t i = 0; i < (l->nbits + 63) / 64; i++)
+			atomic_store_explicit(&l->bits[i], 0, memory_order_relaxed);
+		atomic_store_explicit(&l->count, 0, memory_order_relaxed);
+		atomic_store_explicit(&l->epoch, b->stream_epoch, memory_order_release);
+	}
+	for (uint64_t i = 0; i < b->nsamples; i++) {
+		uint64_t x = (uint64_t)b->index[i];
+		if (x < l->nbits)
+			atomic_fetch_or_explicit(&l->bits[x / 64], 1ull << (x % 64), memory_order_relaxed);
+	}
+	atomic_fetch_add_explicit(&l->count, b->nsamples, memory_order_relaxed);
+}
+
+/* ---- open, close, stale files --------------------------------------------- */
+
+static void on_role(enum ts_role role, uint32_t epoch, void *arg)
+{
+	const struct ts_session *s = arg;
+	ts_info("%s of feed '%s' (epoch %u)", role == TS_ROLE_PRODUCER ? "producer" : "consumer", s->name, epoch);
+}
+
+int ts_feed_open(struct ts_feed *f, const char *name, const struct ts_session_params *p, uint64_t nindex)
+{
+	memset(f, 0, sizeof(*f));
+	for (unsigned i = 0; i < TS_MAX_DEPTH; i++)
+		f->own[i].fd = f->peer[i].fd = -1;
+	if (nindex == 0 || nindex > TS_FEED_MAX_INDEX)
+		return -EINVAL;
+	f->nindex = nindex;
+	int ret = ts_session_join(&f->s, name, p);
+	if (ret)
+		return ret;
+	f->incarnation = f->s.seg->st.created_unix_ns;
+	ts_feed_clean_stale(name);
+	if ((ret = ledger_open(f)) == 0 &&
+	    (ret = ts_heartbeat_start(&f->hb, &f->s, on_role, &f->s)) == 0) {
+		f->hb_running = 1;
+		return 0;
+	}
+	ts_feed_close(f);
+	return ret;
+}
+
+void ts_feed_close(struct ts_feed *f)
+{
+	if (f->hb_running)
+		ts_heartbeat_stop(&f->hb);
+	f->hb_running = 0;
+	if (f->s.seg && f->attached)
+		ts_ring_detach(f->s.seg, &f->r);
+	f->attached = 0;
+	if (f->s.seg && f->w.claimed)
+		ts_ring_abort(f->s.seg, &f->w);
+	for (unsigned i = 0; i < TS_MAX_DEPTH; i++) {
+		map_drop(&f->own[i]);
+		map_drop(&f->peer[i]);
+	}
+	if (f->ledger)
+		munmap(f->ledger, f->ledger_size);
+	f->ledger = NULL;
+	char name[TS_NAME_MAX];
+	snprintf(name, sizeof(name), "%s", f->s.name);
+	ts_session_leave(&f->s);
+	if (name[0])
+		ts_feed_clean_stale(name);
+}
+
+enum ts_role ts_feed_role(struct ts_feed *f)
+{
+	return ts_session_role(&f->s);
+}
+
+/*
+ * Files of `session_name` whose incarnation is not the live segment's: left
+ * by a session that ended (or crashed). Removing them is safe: nobody can
+ * reach them through a segment any more.
+ */
+int ts_feed_clean_stale(const char *session_name)
+{
+	char seg_path[TS_PATH_MAX], prefix[TS_PATH_MAX], path[TS_PATH_MAX * 2], why[160];
+	uint64_t live = 0;
+	struct ts_view v;
+	if (ts_segment_path(seg_path, sizeof(seg_path), getuid(), session_name))
+		return -EINVAL;
+	if (ts_view_open(&v, seg_path, why, sizeof(why)) == 0) {
+		if (ts_segment_validate(v.seg, v.map_size, getuid(), why, sizeof(why)) == 0)
+			live = v.seg->st.created_unix_ns;
+		ts_view_close(&v);
+	} else if (access(seg_path, F_OK) == 0) {
+		return 0; /* there but unreadable: do not guess */
+	}
+	int plen = snprintf(prefix, sizeof(prefix), TS_FEED_PREFIX "%u.%s.", (unsigned)getuid(), session_name);
+	DIR *d = opendir(ts_shm_dir());
+	if (!d)
+		return -errno;
+	int removed = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		unsigned long long inc;
+		char *end;
+		if (strncmp(e->d_name, prefix, (size_t)plen) != 0)
+			continue;
+		inc = strtoull(e->d_name + plen, &end, 16);
+		if (*end != '.' || (live && inc == live))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", ts_shm_dir(), e->d_name);
+		removed += unlink(path) == 0;
+	}
+	closedir(d);
+	return removed;
+}
+
+/* Files of other producers (or of our own earlier epochs) in this incarnation. */
+static void remove_old_writers(struct ts_feed *f)
+{
+	char prefix[TS_PATH_MAX], mine[64], path[TS_PATH_MAX * 2];
+	int plen = snprintf(prefix, sizeof(prefix), TS_FEED_PREFIX "%u.%s.%llx.w", (unsigned)getuid(), f->s.name,
+			    (unsigned long long)f->incarnation);
+	int mlen = snprintf(mine, sizeof(mine), "%u.e%u.", (unsigned)f->w.self, f->w.epoch);
+	DIR *d = opendir(ts_shm_dir());
+	if (!d)
+		return;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		if (strncmp(e->d_name, prefix, (size_t)plen) != 0 || strncmp(e->d_name + plen, mine, (size_t)mlen) == 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", ts_shm_dir(), e->d_name);
+		unlink(path);
+	}
+	closedir(d);
+}
+
+/* ---- producer ------------------------------------------------------------- */
+
+static int writer_ready(struct ts_feed *f)
+{
+	uint64_t pw = atomic_load(&f->s.seg->producer);
+	if (ts_producer_index(pw) != f->s.self)
+		return -EPERM;
+	if (pw == f->w_word)
+		return 0;
+	int ret = ts_ring_writer_init(f->s.seg, f->s.self, &f->w);
+	if (ret)
+		return ret;
+	for (unsigned i = 0; i < TS_MAX_DEPTH; i++)
+		map_drop(&f->own[i]); /* named after the old epoch */
+	f->w_word = pw;
+	f->published = 0;
+	return 0;
+}
+
+/* Our file for slot `slot`, at least `need` bytes, mapped read-write. */
+static int own_file(struct ts_feed *f, unsigned slot, uint64_t need)
+{
+	struct ts_feed_map *m = &f->own[slot];
+	char path[TS_PATH_MAX];
+	int ret;
+	if (m->base && m->size >= need)
+		return 0;
+	if (!m->base) {
+		if ((ret = slot_path(path, sizeof(path), f, (uint32_t)f->w.self, f->w.epoch, slot)))
+			return ret;
+		/* A file of ours from before (same epoch, same slot) is ours to reuse. */
+		int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+		struct stat sb;
+		if (fd < 0)
+			return -errno;
+		if (fstat(fd, &sb) || (ret = ts_shm_file_ours(&sb)) != 0) {
+			ret = ret ? ret : -errno;
+			close(fd);
+			return ret;
+		}
+		m->fd = fd;
+		m->size = (size_t)sb.st_size;
+		m->writer = (uint32_t)f->w.self;
+		m->epoch = f->w.epoch;
+	} else {
+		munmap(m->base, m->size);
+		m->base = NULL;
+	}
+	uint64_t size = m->size;
+	if (size < need) {
+		size = page_up(need + need / 4); /* room for a somewhat bigger batch */
+		if ((ret = grow(m->fd, size))) {
+			close(m->fd);
+			memset(m, 0, sizeof(*m));
+			m->fd = -1;
+			return ret;
+		}
+	}
+	void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
+	if (base == MAP_FAILED) {
+		ret = -errno;
+		close(m->fd);
+		memset(m, 0, sizeof(*m));
+		m->fd = -1;
+		return ret;
+	}
+	m->base = base;
+	m->size = size;
+	return 0;
+}
+
+static int batch_valid(const struct ts_feed *f, const struct ts_feed_batch *b, uint64_t *need)
+{
+	if (b->npos < 1 || b->npos > TS_MAX_POSITIONS || b->nsamples == 0 || b->nsamples > TS_FEED_MAX_SAMPLES ||
+	    b->schema_len > TS_FEED_SCHEMA_MAX || (b->flags & ~TS_BATCH_END_OF_EPOCH))
+		return -EINVAL;
+	uint64_t total = HDR_SIZE + page_up(b->nsamples * sizeof(int64_t));
+	for (uint32_t p = 0; p < b->npos; p++) {
+		if (b->len[p] == 0 || b->len[p] % b->nsamples || b->len[p] >= (1ull << 44))
+			return -EINVAL;
+		total += page_up(b->len[p]);
+	}
+	for (uint64_t i = 0; b->index && i < b->nsamples; i++)
+		if (b->index[i] < 0 || (uint64_t)b->index[i] >= f->nindex)
+			return -EINVAL;
+	*need = total;
+	return 0;
+}
+
+static void fill_slot(struct ts_feed_hdr *h, const struct ts_feed_batch *b, uint64_t seq)
+{
+	char *base = (char *)h;
+	h->magic = FEED_MAGIC;
+	h->version = FEED_VERSION;
+	h->hdr_size = (uint32_t)HDR_SIZE;
+	h->seq = seq;
+	h->stream_epoch = b->stream_epoch;
+	h->nsamples = b->nsamples;
+	h->schema_hash = ts_hash64(b->schema, b->schema_len, 0) | 1; /* 0 means "any" */
+	h->npos = b->npos;
+	h->schema_len = b->schema_len;
+	memcpy(h->schema, b->schema, b->schema_len);
+	h->index_off = HDR_SIZE;
+	if (b->index)
+		memcpy(base + h->index_off, b->index, b->nsamples * sizeof(int64_t));
+	else
+		memset(base + h->index_off, 0xff, b->nsamples * sizeof(int64_t));
+	uint64_t off = h->index_off + page_up(b->nsamples * sizeof(int64_t));
+	for (uint32_t p = 0; p < TS_MAX_POSITIONS; p++) {
+		h->off[p] = p < b->npos ? off : 0;
+		h->len[p] = p < b->npos ? b->len[p] : 0;
+		if (p < b->npos) {
+			memcpy(base + off, b->src[p], b->len[p]);
+			off += page_up(b->len[p]);
+		}
+	}
+}
+
+int ts_feed_publish(struct ts_feed *f, const struct ts_feed_batch *b, uint64_t timeout_ns)
+{
+	struct ts_batch_meta *meta;
+	uint64_t need;
+	int ret;
+
+	if ((ret = batch_valid(f, b, &need)) || (ret = writer_ready(f)))
+		return ret;
+	if ((ret = ts_ring_begin(f->s.seg, &f->w, timeout_ns, &meta))) {
+		if (ret == -EPERM)
+			f->w_word = 0;
+		return ret;
+	}
+	if ((ret = own_file(f, f->w.slot, need))) {
+		ts_ring_abort(f->s.seg, &f->w);
+		return ret;
+	}
+	fill_slot(f->own[f->w.slot].base, b, f->w.seq);
+	meta->npos = b->npos;
+	meta->flags = b->flags;
+	meta->nsamples = b->nsamples;
+	meta->tag = f->w.epoch;
+	memcpy(meta->len, b->len, b->npos * sizeof(*b->len));
+	if ((ret = ts_ring_publish(f->s.seg, &f->w))) {
+		f->w_word = 0;
+		return ret == -EINVAL ? -EINVAL : -EPERM;
+	}
+	ledger_mark(f, b);
+	struct ts_counters *c = &f->s.seg->counters;
+	atomic_fetch_add_explicit(&c->samples_produced, b->nsamples, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->produce_cpu_ns, b->cpu_ns, memory_order_relaxed);
+	/* After a full turn of the ring no slot names an older producer's file. */
+	if (++f->published == f->s.seg->st.depth)
+		remove_old_writers(f);
+	return 0;
+}
+
+int ts_feed_evict_laggards(struct ts_feed *f)
+{
+	if (writer_ready(f))
+		return -EPERM;
+	return ts_ring_evict_laggards(f->s.seg, &f->w);
+}
+
+/* ---- reading slot files ---------------------------------------------------- */
+
+/* The mapped file of (writer, epoch, slot), validated for ring seq `seq`. */
+static int peer_file(struct ts_feed *f, uint32_t writer, uint32_t epoch, uint32_t slot, uint64_t seq,
+		     const struct ts_feed_hdr **out)
+{
+	struct ts_feed_map *m = &f->peer[slot];
+	char path[TS_PATH_MAX];
+	int ret;
+	if (slot >= TS_MAX_DEPTH)
+		return -EBADMSG;
+	if (m->base && (m->writer != writer || m->epoch != epoch))
+		map_drop(m);
+	for (int pass = 0; pass < 2; pass++) {
+		if (!m->base) {
+			if ((ret = slot_path(path, sizeof(path), f, writer, epoch, slot)))
+				return ret;
+			int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+			if (fd < 0)
+				return errno == ENOENT ? -ESTALE : -errno;
+			struct stat sb;
+			if (fstat(fd, &sb) || (ret = ts_shm_file_ours(&sb)) != 0 || (uint64_t)sb.st_size < HDR_SIZE) {
+				close(fd);
+				return -EBADMSG;
+			}
+			void *base = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+			if (base == MAP_FAILED) {
+				ret = -errno;
+				close(fd);
+				return ret;
+			}
+			*m = (struct ts_feed_map){ .base = base, .size = (size_t)sb.st_size, .fd = fd,
+						   .writer = writer, .epoch = epoch };
+		}
+		const struct ts_feed_hdr *h = m->base;
+		uint64_t end = h->index_off + h->nsamples * sizeof(int64_t);
+		for (uint32_t p = 0; p < h->npos && p < TS_MAX_POSITIONS; p++)
+			if (h->off[p] + h->len[p] > end)
+				end = h->off[p] + h->len[p];
+		if (h->magic != FEED_MAGIC || h->version != FEED_VERSION || h->hdr_size != HDR_SIZE ||
+		    h->seq != seq || h->npos < 1 || h->npos > TS_MAX_POSITIONS || h->schema_len > TS_FEED_SCHEMA_MAX ||
+		    h->nsamples == 0 || h->nsamples > TS_FEED_MAX_SAMPLES || h->index_off < HDR_SIZE)
+			return -EBADMSG;
+		if (end <= m->size) {
+			*out = h;
+			return 0;
+		}
+		map_drop(m); /* the producer grew the file since we mapped it */
+	}
+	return -EBADMSG;
+}
+
+/* Header fields must agree with the ring's meta row for that seq. */
+static int hdr_matches(const struct ts_feed_hdr *h, const struct ts_batch_meta *m)
+{
+	if (h->npos != m->npos || h->nsamples != m->nsamples)
+		return -EBADMSG;
+	for (uint32_t p = 0; p < m->npos; p++)
+		if (h->len[p] != m->len[p] || h->off[p] < h->index_off)
+			return -EBADMSG;
+	return 0;
+}
+
+/* ---- stream state (a successor's view) --------------------------------- */
+
+int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
+			 uint64_t *npublished)
+{
+	struct ts_segment *seg = f->s.seg;
+	struct ts_batch_meta m;
+	const struct ts_feed_hdr *h;
+	unsigned writer;
+	uint64_t pub = atomic_load_explicit(&seg->ring.pub_seq, memory_order_acquire);
+	uint32_t d = seg->st.depth;
+	int ret;
+
+	*epoch = 0;
+	*ended = 1;
+	*nrest = *npublished = 0;
+	if (pub == 0)
+		return 0;
+	if ((ret = ts_ring_slot_meta(seg, pub - 1, &m, &writer)) ||
+	    (ret = peer_file(f, writer, (uint32_t)m.tag, (uint32_t)((pub - 1) % d), pub - 1, &h)) ||
+	    (ret = hdr_matches(h, &m)))
+		return ret;
+	*epoch = h->stream_epoch;
+	*ended = !!(m.flags & TS_BATCH_END_OF_EPOCH);
+	if (*ended || !rest)
+		return 0;
+
+	uint64_t words = (f->nindex + 63) / 64;
+	uint64_t *bits = calloc(words, sizeof(*bits));
+	if (!bits)
+		return -ENOMEM;
+	struct ts_feed_ledger *l = f->ledger;
+	for (int tries = 0; tries < 8; tries++) {
+		uint64_t e = atomic_load_explicit(&l->epoch, memory_order_acquire);
+		if (e != *epoch)
+			break;
+		for (uint64_t i = 0; i < words; i++)
+			bits[i] = atomic_load_explicit(&l->bits[i], memory_order_relaxed);
+		atomic_thread_fence(memory_order_acquire);
+		if (atomic_load_explicit(&l->epoch, memory_order_relaxed) == e)
+			break;
+		memset(bits, 0, words * sizeof(*bits));
+	}
+	/* The ledger lags the ring by at most a batch: add what the ring still holds. */
+	for (uint64_t s = pub > d ? pub - d : 0; s < pub; s++) {
+		if (ts_ring_slot_meta(seg, s, &m, &writer) ||
+		    peer_file(f, writer, (uint32_t)m.tag, (uint32_t)(s % d), s, &h) || hdr_matches(h, &m) ||
+		    h->stream_epoch != *epoch)
+			continue;
+		const int64_t *idx = (const int64_t *)((const char *)h + h->index_off);
+		for (uint64_t i = 0; i < h->nsamples; i++)
+			if ((uint64_t)idx[i] < f->nindex)
+				bits[(uint64_t)idx[i] / 64] |= 1ull << ((uint64_t)idx[i] % 64);
+	}
+	uint64_t n = 0;
+	for (uint64_t i = 0; i < f->nindex; i++) {
+		if (bits[i / 64] >> (i % 64) & 1)
+			++*npublished;
+		else
+			rest[n++] = (int64_t)i;
+	}
+	*nrest = n;
+	free(bits);
+	return 0;
+}
+
+/* ---- consumer -------------------------------------------------------------- */
+
+int ts_feed_attach(struct ts_feed *f)
+{
+	if (f->attached)
+		ts_ring_detach(f->s.seg, &f->r);
+	f->attached = 0;
+	f->schema_hash = 0;
+	int ret = ts_ring_attach(f->s.seg, f->s.self, &f->r);
+	f->attached = ret == 0;
+	return ret;
+}
+
+int ts_feed_detach(struct ts_feed *f)
+{
+	if (!f->attached)
+		return 0;
+	f->attached = 0;
+	return ts_ring_detach(f->s.seg, &f->r);
+}
+
+int ts_feed_at_head(struct ts_feed *f)
+{
+	if (!f->attached)
+		return 0;
+	for (unsigned p = 0; p < TS_MAX_POSITIONS; p++)
+		if (f->r.off[p])
+			return 0;
+	return f->r.seq == atomic_load_explicit(&f->s.seg->ring.pub_seq, memory_order_acquire);
+}
+
+int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *out)
+{
+	struct ts_batch_meta m;
+	const struct ts_feed_hdr *h;
+	unsigned writer;
+	int ret;
+
+	if (!f->attached)
+		return -ENOTCONN;
+	if ((ret = ts_ring_wait_next(f->s.seg, &f->r, timeout_ns, &m, &writer)) ||
+	    (ret = peer_file(f, writer, (uint32_t)m.tag, (uint32_t)(f->r.seq % f->s.seg->st.depth), f->r.seq, &h)) ||
+	    (ret = hdr_matches(h, &m)))
+		return ret;
+	out->npos = m.npos;
+	out->nsamples = m.nsamples;
+	out->stream_epoch = h->stream_epoch;
+	out->schema_hash = h->schema_hash;
+	out->schema_len = h->schema_len;
+	memcpy(out->schema, h->schema, h->schema_len);
+	memset(out->sample_bytes, 0, sizeof(out->sample_bytes));
+	for (uint32_t p = 0; p < m.npos; p++)
+		out->sample_bytes[p] = m.len[p] / m.nsamples;
+	f->schema_hash = h->schema_hash;
+	/* acquire fence, then: the header was still that seq's while we read it */
+	atomic_thread_fence(memory_order_acquire);
+	return atomic_load_explicit(&f->s.seg->members[f->s.self].attach, memory_order_acquire) == f->r.attach ?
+		0 : -ESTALE;
+}
+
+/* Copy one peek's ranges out. */
+static int copy_ranges(struct ts_feed *f, const struct ts_read *rd, void *const *dst, const uint64_t *got)
+{
+	uint64_t at[TS_MAX_POSITIONS];
+	memcpy(at, got, rd->npos * sizeof(*at));
+	for (uint32_t k = 0; k < rd->nranges; k++) {
+		const struct ts_range *r0 = &rd->r[0][k];
+		const struct ts_feed_hdr *h;
+		struct ts_batch_meta m;
+		unsigned writer;
+		int ret;
+		/* the meta row again, for hdr_matches: the range carries only a part of it */
+		if ((ret = ts_ring_slot_meta(f->s.seg, r0->seq, &m, &writer)))
+			return ret == -EAGAIN ? -ESTALE : ret;
+		if (writer != r0->writer || m.tag != r0->tag)
+			return -ESTALE;
+		if ((ret = peer_file(f, r0->writer, (uint32_t)r0->tag, r0->slot, r0->seq, &h)) ||
+		    (ret = hdr_matches(h, &m)))
+			return ret;
+		if (f->schema_hash && h->schema_hash != f->schema_hash)
+			return -EPROTO;
+		for (uint32_t p = 0; p < rd->npos; p++) {
+			const struct ts_range *r = &rd->r[p][k];
+			if (r->off + r->len > h->len[p])
+				return -EBADMSG;
+			if (dst && dst[p])
+				memcpy((char *)dst[p] + at[p], (const char *)h + h->off[p] + r->off, r->len);
+			at[p] += r->len;
+		}
+	}
+	return 0;
+}
+
+int ts_feed_read(struct ts_feed *f, uint32_t npos, const uint64_t *want, void *const *dst, uint64_t *got,
+		 int *eoe, uint64_t timeout_ns)
+{
+	uint64_t left[TS_MAX_POSITIONS];
+	struct ts_read *rd;
+	int ret = 0;
+
+	*eoe = 0;
+	if (!f->attached)
+		return -ENOTCONN;
+	if (npos < 1 || npos > TS_MAX_POSITIONS)
+		return -EINVAL;
+	rd = malloc(sizeof(*rd)); /* ~30 KiB: not on a Python thread's stack */
+	if (!rd)
+		return -ENOMEM;
+	uint64_t deadline = ts_now_ns() + timeout_ns;
+	while (got[0] < want[0]) {
+		uint64_t now = ts_now_ns();
+		for (uint32_t p = 0; p < npos; p++)
+			left[p] = want[p] - got[p];
+		ret = ts_ring_peek(f->s.seg, &f->r, npos, left, rd, now < deadline ? deadline - now : 0);
+		if (ret)
+			break;
+		if ((ret = copy_ranges(f, rd, dst, got)))
+			break;
+		/* only an advance that finds us still attached makes the copy valid */
+		if ((ret = ts_ring_advance(f->s.seg, &f->r, rd, rd->got)))
+			break;
+		for (uint32_t p = 0; p < npos; p++)
+			got[p] += rd->got[p];
+		if (rd->end_of_epoch) {
+			*eoe = 1;
+			break;
+		}
+	}
+	free(rd);
+	if (ret == -ESTALE)
+		f->attached = 0;
+	return ret;
+}

@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Data feeds: a stream of host batches shared by the jobs that iterate the
+ * same loader (the PyTorch layer's data plane on the CPU side).
+ *
+ * A feed is a session of its own (one per loader key) plus shared-memory
+ * files next to it:
+ *
+ *   tsshim-feed.<uid>.<session>.<incarnation>.w<writer>.e<epoch>.s<slot>
+ *       one per ring slot and producer: a header (the batch's seq, stream
+ *       epoch, schema, sample indices, where each position lies) then the
+ *       positions' bytes, page aligned. Grown, never shrunk.
+ *   tsshim-feed.<uid>.<session>.<incarnation>.ledger
+ *       a bitmap of the dataset indices published in the current stream
+ *       epoch, so that a successor produces exactly the rest of an epoch.
+ *
+ * <incarnation> is the session segment's creation time: files of an older
+ * segment of the same name are recognisably stale and removed at open.
+ *
+ * The ring (ring.h) orders everything: a slot file is written only while
+ * its slot is claimed and read only while the reader holds it; every field
+ * read from a file is validated against the ring's meta row first.
+ *
+ * All functions return 0 or -errno and never wait longer than asked.
+ */
+#ifndef TSSHIM_CORE_FEED_H
+#define TSSHIM_CORE_FEED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "heartbeat.h"
+#include "layout.h"
+#include "ring.h"
+#include "session.h"
+
+#define TS_FEED_PREFIX      "tsshim-feed."
+#define TS_FEED_SCHEMA_MAX  8192u
+#define TS_FEED_MAX_SAMPLES (1u << 24)
+#define TS_FEED_MAX_INDEX   (1ull << 34) /* dataset length the ledger covers */
+
+struct ts_feed_map {
+	void *base;
+	size_t size;
+	int fd;
+	uint32_t writer, epoch; /* whose file this is */
+};
+
+struct ts_feed_ledger;
+
+struct ts_feed {
+	struct ts_session s;
+	struct ts_heartbeat hb;
+	int hb_running;
+	uint64_t incarnation;
+	uint64_t nindex;
+	struct ts_feed_ledger *ledger;
+	size_t ledger_size;
+	/* producer */
+	struct ts_ring_writer w;
+	uint64_t w_word;               /* producer word w was set up for; 0: none */
+	uint64_t published;            /* since w_word */
+	struct ts_feed_map own[TS_MAX_DEPTH];
+	/* consumer */
+	struct ts_ring_reader r;
+	int attached;
+	uint64_t schema_hash;          /* what this reader expects; 0: learn from the next slot */
+	struct ts_feed_map peer[TS_MAX_DEPTH];
+};
+
+/* What the slot at a reader's position holds. */
+struct ts_feed_info {
+	uint32_t npos;
+	uint32_t schema_len;
+	uint64_t nsamples;
+	uint64_t stream_epoch;
+	uint64_t schema_hash;
+	uint64_t sample_bytes[TS_MAX_POSITIONS];
+	char schema[TS_FEED_SCHEMA_MAX];
+};
+
+/* One batch to publish. */
+struct ts_feed_batch {
+	uint32_t npos;
+	uint32_t flags;                /* TS_BATCH_END_OF_EPOCH */
+	uint64_t nsamples;
+	const uint64_t *len;           /* bytes per position */
+	const void *const *src;        /* bytes per position */
+	const int64_t *index;          /* dataset index of each sample, in [0, nindex) */
+	uint64_t stream_epoch;
+	const char *schema;
+	uint32_t schema_len;
+	uint64_t cpu_ns;               /* what making the batch cost (counters) */
+};
+
+/* Join feed session `name` (created with p and label if new). nindex: dataset length. */
+int ts_feed_open(struct ts_feed *f, const char *name, const struct ts_session_params *p, uint64_t nindex);
+void ts_feed_close(struct ts_feed *f);
+enum ts_role ts_feed_role(struct ts_feed *f);
+
+/*
+ * Producer. -EPERM: not the producer (any more); -ETIMEDOUT: consumers still
+ * hold the slot (nothing was claimed); -ENOSPC: shared memory is full.
+ */
+int ts_feed_publish(struct ts_feed *f, const struct ts_feed_batch *b, uint64_t timeout_ns);
+/* After a publish timed out for long enough: evict the consumers that stopped reading. */
+int ts_feed_evict_laggards(struct ts_feed *f);
+
+/*
+ * Where the stream stands: the stream epoch of the last batch published and
+ * whether it ended that epoch (nothing published yet: epoch 0, ended). For
+ * an unfinished epoch, `rest` (nindex entries) receives the indices not
+ * published in it yet, ascending, and *nrest their count; *npublished the
+ * samples published in it.
+ */
+int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
+			 uint64_t *npublished);
+
+/* Consumer: (re-)attach at the head; detach releases every slot held. */
+int ts_feed_attach(struct ts_feed *f);
+int ts_feed_detach(struct ts_feed *f);
+/* Is the reader at the head, between two batches? */
+int ts_feed_at_head(struct ts_feed *f);
+/* Wait for the slot the reader is in and describe it; sets the expected schema. */
+int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *out);
+/*
+ * Copy the next want[p] - got[p] bytes of every position to dst[p] + got[p]
+ * (dst NULL: skip them), raising got[]. Stops early at an epoch's end
+ * (*eoe = 1). -ETIMEDOUT with got[] raised as far as data came; -ESTALE:
+ * evicted (re-attach); -EPROTO: another schema or cut.
+ */
+int ts_feed_read(struct ts_feed *f, uint32_t npos, const uint64_t *want, void *const *dst, uint64_t *got,
+		 int *eoe, uint64_t timeout_ns);
+
+/* Remove feed files of session incarnations that are gone; returns how many. */
+int ts_feed_clean_stale(const char *session_name);
+
+#endif

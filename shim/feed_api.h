@@ -1,0 +1,35 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Data-feed entry points for the PyTorch layer (shim/python/tsshim_feed.py,
+ * through ctypes). Not part of the public C API in include/tsshim.h: their
+ * shape follows what the Python layer needs and may change with it.
+ */
+#ifndef TSSHIM_SHIM_FEED_API_H
+#define TSSHIM_SHIM_FEED_API_H
+
+#include <stdint.h>
+
+int tsshim_feed_open(const char *key, const char *label, uint64_t nindex);
+void tsshim_feed_close(int h);
+int tsshim_feed_role(int h);
+int tsshim_feed_timeout_ms(int h);
+int tsshim_feed_take_idle(int h);
+int tsshim_feed_set_idle(int h, int idle);
+int tsshim_feed_flags(int h);
+int tsshim_feed_set_unshareable(int h);
+int tsshim_feed_publish(int h, uint32_t npos, uint32_t flags, uint64_t nsamples, const uint64_t *len,
+	const void *const *src, const int64_t *index, uint64_t stream_epoch,
+	const char *schema, uint32_t schema_len, uint64_t cpu_ns, uint32_t timeout_ms);
+int tsshim_feed_evict_laggards(int h);
+int tsshim_feed_stream_state(int h, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
+	     uint64_t *npublished);
+int tsshim_feed_attach(int h);
+int tsshim_feed_detach(int h);
+int tsshim_feed_at_head(int h);
+int tsshim_feed_next(int h, uint32_t timeout_ms, uint32_t *npos, uint64_t *nsamples, uint64_t *stream_epoch,
+	uint64_t *sample_bytes, char *schema, uint32_t *schema_len);
+int tsshim_feed_read(int h, uint32_t npos, const uint64_t *want, void *const *dst, uint64_t *got, int *eoe,
+	uint32_t timeout_ms);
+int tsshim_feed_served(int h, uint64_t batches, uint64_t samples);
+
+#endif

@@ -1,0 +1,649 @@
+# SPDX-License-Identifier: MIT
+"""DataLoader sharing (issue 4): what iterating a hooked DataLoader does.
+
+The mechanism lives in the C shim (core/feed.c, reached through ctypes on the
+library that is already loaded); this module decides, per epoch, which of
+three things the job's iteration is:
+
+  producer   the job's own DataLoader runs for real (same RNG draws, same
+             batches as without the shim); every batch is also published to
+             the loader's feed, then yielded unchanged.
+  consumer   no worker starts, no file is read: batches are cut from the
+             feed at the job's own batch size, in the stream's order, until
+             the stream's epoch ends.
+  successor  a consumer that became producer mid-epoch (the producer died,
+             left, or sat idle longer than TSSHIM_TIMEOUT_MS): it produces
+             exactly the samples of the stream's epoch not published yet,
+             with a private DataLoader built from the job's own settings,
+             and reads them back like any consumer.
+
+Any failure falls back to the job's own DataLoader for the rest of the
+epoch (and for good), with one notice; user exceptions pass through as is.
+"""
+import collections
+import ctypes
+import errno
+import hashlib
+import itertools
+import json
+import os
+import sys
+import time
+
+import tsshim_hook as hook
+
+ROLE_PRODUCER, ROLE_CONSUMER = 1, 2
+EOE = 1
+UNSHAREABLE = 1
+SLICE_MS = 100          # longest C call: Ctrl-C is served at least this often
+MAX_POS = 16
+SCHEMA_MAX = 8192
+
+_lib = None
+_feeds = {}             # key -> _Feed, one per key and process
+
+
+class Fallback(Exception):
+    """Sharing cannot go on: the message says why (one notice)."""
+
+
+class NotCarried(Exception):
+    """A batch the feed cannot carry."""
+
+
+# --- the C side ----------------------------------------------------------------
+
+def _bind():
+    global _lib
+    if _lib is not None:
+        return _lib or None
+    _lib = False
+    try:
+        lib = ctypes.CDLL(None)
+        lib.tsshim_feed_open
+    except (OSError, AttributeError):
+        return None  # the shim is not loaded: the layer stays silent
+    u32, u64, i32, vp, cp = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p
+    pu64, pi32, pu32 = ctypes.POINTER(u64), ctypes.POINTER(i32), ctypes.POINTER(u32)
+    sig = {
+        "open": (i32, [cp, cp, u64]), "close": (None, [i32]), "role": (i32, [i32]),
+        "timeout_ms": (i32, [i32]), "take_idle": (i32, [i32]), "set_idle": (i32, [i32, i32]),
+        "flags": (i32, [i32]), "set_unshareable": (i32, [i32]),
+        "publish": (i32, [i32, u32, u32, u64, pu64, ctypes.POINTER(vp), vp, u64, cp, u32, u64, u32]),
+        "evict_laggards": (i32, [i32]),
+        "stream_state": (i32, [i32, pu64, pi32, vp, pu64, pu64]),
+        "attach": (i32, [i32]), "detach": (i32, [i32]), "at_head": (i32, [i32]),
+        "next": (i32, [i32, u32, pu32, pu64, pu64, pu64, ctypes.c_char_p, pu32]),
+        "read": (i32, [i32, u32, pu64, ctypes.POINTER(vp), pu64, pi32, u32]),
+        "served": (i32, [i32, u64, u64]),
+    }
+    for name, (res, args) in sig.items():
+        fn = getattr(lib, "tsshim_feed_" + name)
+        fn.restype, fn.argtypes = res, args
+    _lib = lib
+    return lib
+
+
+def _err(ret):
+    return errno.errorcode.get(-ret, str(ret))
+
+
+class _Feed:
+    """One loader key's feed in this process (a member of its session)."""
+
+    def __init__(self, lib, key, label, nindex):
+        self.lib, self.key = lib, key
+        self.h = lib.tsshim_feed_open(key.encode(), label.encode("utf-8", "replace")[:95], nindex)
+        if self.h < 0:
+            raise Fallback("cannot open feed %s: %s" % (key, _err(self.h)))
+        self.timeout_ms = max(10, lib.tsshim_feed_timeout_ms(self.h))
+        self.busy = False   # an iterator of ours is running on it
+        self.attached = False
+
+    def role(self):
+        return self.lib.tsshim_feed_role(self.h)
+
+    def close(self):
+        if self.h >= 0:
+            self.lib.tsshim_feed_close(self.h)
+        self.h = -1
+
+
+def feed_for(key, label, nindex):
+    lib = _bind()
+    if lib is None:
+        return None
+    f = _feeds.get(key)
+    if f is None or f.h < 0:
+        f = _feeds[key] = _Feed(lib, key, label, nindex)
+    return f
+
+
+def close_all():
+    for f in list(_feeds.values()):
+        f.close()
+    _feeds.clear()
+
+
+# --- batches as positions --------------------------------------------------------
+
+def _flatten(batch, torch, leaves):
+    """(schema node, leaves appended): tensors along dim 0 in nested tuples/lists/dicts."""
+    if isinstance(batch, torch.Tensor):
+        if batch.device.type != "cpu" or batch.dim() < 1 or batch.is_sparse or batch.is_quantized:
+            raise NotCarried("batch holds a %s tensor of shape %s" % (batch.device.type, tuple(batch.shape)))
+        leaves.append(batch)
+        return {"t": len(leaves) - 1, "dtype": str(batch.dtype).replace("torch.", ""),
+                "shape": list(batch.shape[1:])}
+    if isinstance(batch, tuple) and not hasattr(batch, "_fields"):
+        return {"tuple": [_flatten(x, torch, leaves) for x in batch]}
+    if isinstance(batch, list):
+        return {"list": [_flatten(x, torch, leaves) for x in batch]}
+    if type(batch) is dict and all(type(k) is str for k in batch):
+        keys = sorted(batch)
+        return {"dict": keys, "v": [_flatten(batch[k], torch, leaves) for k in keys]}
+    raise NotCarried("batch holds a %s (the feed carries tensors in tuples, lists and dicts)"
+                     % type(batch).__name__)
+
+
+def _build(node, leaves):
+    if "t" in node:
+        return leaves[node["t"]]
+    if "tuple" in node:
+        return tuple(_build(x, leaves) for x in node["tuple"])
+    if "list" in node:
+        return [_build(x, leaves) for x in node["list"]]
+    return {k: _build(v, leaves) for k, v in zip(node["dict"], node["v"])}
+
+
+def _tensor_nodes(node, out):
+    if "t" in node:
+        out.append(node)
+    for k in ("tuple", "list", "v"):
+        for x in node.get(k, ()):
+            _tensor_nodes(x, out)
+    return out
+
+
+def describe_batch(batch, torch):
+    """(schema bytes, contiguous leaves, nsamples) of a collated batch."""
+    leaves = []
+    node = _flatten(batch, torch, leaves)
+    if not leaves or len(leaves) > MAX_POS:
+        raise NotCarried("batch has %d tensors (1..%d carried)" % (len(leaves), MAX_POS))
+    n = leaves[0].shape[0]
+    if n == 0 or any(t.shape[0] != n for t in leaves) or any(t.numel() == 0 for t in leaves):
+        raise NotCarried("batch tensors do not share a non-empty first dimension")
+    schema = json.dumps(node, sort_keys=True, separators=(",", ":")).encode()
+    if len(schema) > SCHEMA_MAX:
+        raise NotCarried("batch structure too large to describe")
+    return schema, [t.contiguous() for t in leaves], n
+
+
+def _proc_cpu_ns(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * 1000000000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+# --- recording which indices each batch holds ----------------------------------
+
+class RecordingBatchSampler:
+    """Stands in for the loader's batch sampler while its iterator is made:
+    the same batches, the same RNG draws, and a note of each batch's indices
+    (batches arrive in order, so the notes line up with them)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.notes = collections.deque()
+
+    def __iter__(self):
+        for b in self.inner:
+            self.notes.append(list(b))
+            yield b
+
+    def __len__(self):
+        return len(self.inner)
+
+
+# --- one epoch -------------------------------------------------------------------
+
+class SharedIter:
+    """What iter(loader) returns for a loader that shares."""
+
+    def __init__(self, loader, state, orig_iter):
+        self._loader, self._state, self._orig_iter = loader, state, orig_iter
+        self._len = len(loader)
+        self._gen = self._run()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._gen)
+
+    def __len__(self):
+        return self._len
+
+    def close(self):
+        self._gen.close()
+
+    def __del__(self):
+        try:
+            self._gen.close()
+        except Exception:
+            pass
+
+    def _run(self):
+        st, loader = self._state, self._loader
+        feed = st.feed
+        yielded = 0
+        if feed.busy:  # a second live iterator of the same loader: it runs on its own
+            yield from self._orig_iter(loader)
+            return
+        feed.busy = True
+        ep = _Epoch(self, st, feed)
+        try:
+            try:
+                for batch in ep.batches():
+                    yielded += 1
+                    yield batch
+                return
+            except Fallback as e:
+                st.disable(str(e))
+            except NotCarried as e:
+                st.disable("batches cannot be shared: %s" % e)
+            # the rest of the epoch from the job's own loader
+            rest = self._len - yielded
+            if rest > 0:
+                it = self._orig_iter(loader)
+                yield from itertools.islice(it, rest)
+        finally:
+            ep.finish()
+            feed.busy = False
+
+
+class _Epoch:
+    def __init__(self, it, st, feed):
+        self.it, self.st, self.feed = it, st, feed
+        self.lib, self.h = feed.lib, feed.h
+        self.torch = sys.modules["torch"]
+        self.loader = it._loader
+        self.source = None        # (iterator of (batch, indices), stream epoch) while producing
+        self.producing_real = False
+        self.schema = None
+        self.stream_epoch = 0
+        self.waited_ms = 0
+        self.done_clean = False
+        self.yielded = 0
+
+    # -- helpers --
+    def role(self):
+        return self.lib.tsshim_feed_role(self.h)
+
+    def attach(self):
+        ret = self.lib.tsshim_feed_attach(self.h)
+        if ret:
+            raise Fallback("cannot attach to the feed: %s" % _err(ret))
+        self.feed.attached = True
+
+    def finish(self):
+        """End of the epoch, or the job broke out of it: release what we hold."""
+        if self.source is not None:
+            self.source = None
+        if self.role() == ROLE_PRODUCER:
+            self.lib.tsshim_feed_set_idle(self.h, 1)
+        if not self.done_clean and self.feed.attached:
+            self.lib.tsshim_feed_detach(self.h)
+            self.feed.attached = False
+
+    def stream_state(self, want_rest):
+        e, ended = ctypes.c_uint64(), ctypes.c_int()
+        nrest, npub = ctypes.c_uint64(), ctypes.c_uint64()
+        rest = self.torch.empty(self.st.nindex if want_rest else 0, dtype=self.torch.int64)
+        ret = self.lib.tsshim_feed_stream_state(self.h, ctypes.byref(e), ctypes.byref(ended),
+                                               rest.data_ptr() if want_rest else None,
+                                               ctypes.byref(nrest), ctypes.byref(npub))
+        if ret:
+            raise Fallback("cannot read the stream's state: %s" % _err(ret))
+        return e.value, bool(ended.value), rest[:nrest.value], npub.value
+
+    def publish(self, batch, indices, eoe, cpu_ns):
+        schema, leaves, n = describe_batch(batch, self.torch)
+        if self.schema is None:
+            self.schema = schema
+        elif schema != self.schema:
+            raise NotCarried("batch structure or sample shape changed between batches")
+        npos = len(leaves)
+        lens = (ctypes.c_uint64 * npos)(*[t.numel() * t.element_size() for t in leaves])
+        srcs = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in leaves])
+        idx = self.torch.tensor(indices, dtype=self.torch.int64) if indices is not None else None
+        if idx is not None and idx.numel() != n:
+            idx = None
+        waited = 0
+        stall_ms = max(10 * self.feed.timeout_ms, 5000)
+        while True:
+            ret = self.lib.tsshim_feed_publish(self.h, npos, EOE if eoe else 0, n, lens, srcs,
+                                              idx.data_ptr() if idx is not None else None,
+                                              self.stream_epoch, schema, len(schema), cpu_ns, SLICE_MS)
+            if ret != -errno.ETIMEDOUT:
+                break
+            waited += SLICE_MS
+            if waited >= stall_ms:  # a consumer stopped reading: it loses its place, not us our job
+                self.lib.tsshim_feed_evict_laggards(self.h)
+                waited = 0
+        if ret == -errno.EPERM:
+            return False
+        if ret:
+            self.lib.tsshim_feed_set_unshareable(self.h)
+            raise Fallback("cannot publish a batch: %s" % _err(ret))
+        return True
+
+    def skip_own(self, batch_bytes):
+        """Move our reader past the batch we just published (no copy)."""
+        npos = len(batch_bytes)
+        want = (ctypes.c_uint64 * npos)(*batch_bytes)
+        got = (ctypes.c_uint64 * npos)()
+        eoe = ctypes.c_int()
+        ret = self.lib.tsshim_feed_read(self.h, npos, want, None, got, ctypes.byref(eoe), 0)
+        if ret or got[0] != want[0]:
+            self.attach()  # lost our place: start again at the head
+
+    # -- the epoch --
+    def batches(self):
+        if not self.feed.attached:
+            self.attach()
+        if self.role() == ROLE_PRODUCER:
+            self.lib.tsshim_feed_set_idle(self.h, 0)
+            epoch, ended, _, _ = self.stream_state(False)
+            if ended and self.lib.tsshim_feed_at_head(self.h) == 1:
+                self.stream_epoch = epoch + 1
+                yield from self.produce_real()
+                return
+        try:
+            yield from self.consume()
+        except _SwitchToReal:
+            # we became producer while waiting at the head of a finished stream epoch
+            if not self.yielded:
+                yield from self.produce_real()
+
+    def produce_real(self):
+        """This epoch runs on the job's own DataLoader; each batch is also published."""
+        loader, torch = self.loader, self.torch
+        real, rec = self.st.real_iter(loader, self.it._orig_iter)
+        nb = len(real) if hasattr(real, "__len__") else None
+        workers = lambda: [w.pid for w in getattr(real, "_workers", []) if w.pid]  # noqa: E731
+        k = 0
+        publishing = True
+        while True:
+            t0 = time.process_time_ns()
+            w0 = sum(_proc_cpu_ns(p) for p in workers())
+            try:
+                batch = next(real)
+            except StopIteration:
+                break
+            cost = time.process_time_ns() - t0 + max(0, sum(_proc_cpu_ns(p) for p in workers()) - w0)
+            indices = rec.notes.popleft() if rec.notes else None
+            eoe = nb is not None and k == nb - 1
+            k += 1
+            if publishing:
+                try:
+                    ok = self.publish(batch, indices, eoe, cost)
+                except NotCarried:
+                    self.lib.tsshim_feed_set_unshareable(self.h)
+                    raise
+                if ok:
+                    _, leaves, _ = describe_batch(batch, torch)
+                    self.skip_own([t.numel() * t.element_size() for t in leaves])
+                else:
+                    # replaced while we worked: the successor produces the rest of the
+                    # epoch, this batch included, and we read it like everyone else
+                    hook.log("info", "feed %s: no longer producer; reading the rest of the epoch"
+                             % self.feed.key)
+                    del real
+                    yield from self.consume()
+                    return
+            yield batch
+        self.done_clean = True
+
+    def consume(self):
+        """Batches cut from the feed at our batch size, until the stream's epoch ends."""
+        torch, loader = self.torch, self.loader
+        bs = loader.batch_size
+        pin = bool(loader.pin_memory) and torch.cuda.is_available()
+        node, sample_bytes = self.next_info()
+        nodes = _tensor_nodes(node, [])
+        nodes.sort(key=lambda n: n["t"])
+        npos = len(nodes)
+        dtypes = [getattr(torch, n["dtype"]) for n in nodes]
+        for n, dt, sb in zip(nodes, dtypes, sample_bytes):
+            el = torch.empty((), dtype=dt).element_size()
+            per = el
+            for d in n["shape"]:
+                per *= d
+            if per != sb:
+                raise Fallback("stream's sample size disagrees with its schema")
+        while True:
+            outs = [torch.empty([bs] + n["shape"], dtype=dt, pin_memory=pin) for n, dt in zip(nodes, dtypes)]
+            want = (ctypes.c_uint64 * npos)(*[bs * sb for sb in sample_bytes[:npos]])
+            got = (ctypes.c_uint64 * npos)()
+            dst = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in outs])
+            eoe = ctypes.c_int()
+            while True:
+                ret = self.lib.tsshim_feed_read(self.h, npos, want, dst, got, ctypes.byref(eoe), SLICE_MS)
+                if ret == 0:
+                    break
+                if ret == -errno.ETIMEDOUT:
+                    self.on_wait()
+                    continue
+                if ret == -errno.ESTALE:  # evicted while we were away: on from the head
+                    hook.log("info", "feed %s: evicted (too slow); continuing at the head" % self.feed.key)
+                    self.attach()
+                    continue
+                raise Fallback("reading the feed failed: %s" % _err(ret))
+            self.waited_ms = 0
+            n = got[0] // sample_bytes[0]
+            if n and (n == bs or not loader.drop_last):
+                leaves = [t[:n] if n < bs else t for t in outs]
+                self.yielded += 1
+                self.lib.tsshim_feed_served(self.h, 1, n)
+                yield _build(node, leaves)
+            if eoe.value:
+                self.done_clean = True
+                return
+
+    def next_info(self):
+        """Wait for the batch at our position: (schema node, bytes per sample per position)."""
+        npos, ns, se = ctypes.c_uint32(), ctypes.c_uint64(), ctypes.c_uint64()
+        sb = (ctypes.c_uint64 * MAX_POS)()
+        buf = ctypes.create_string_buffer(SCHEMA_MAX)
+        slen = ctypes.c_uint32()
+        while True:
+            ret = self.lib.tsshim_feed_next(self.h, SLICE_MS, ctypes.byref(npos), ctypes.byref(ns),
+                                            ctypes.byref(se), sb, buf, ctypes.byref(slen))
+            if ret == 0:
+                break
+            if ret == -errno.ETIMEDOUT:
+                self.on_wait()
+                continue
+            if ret in (-errno.ESTALE, -errno.ENOTCONN):
+                self.attach()
+                continue
+            raise Fallback("reading the feed failed: %s" % _err(ret))
+        try:
+            node = json.loads(buf.raw[:slen.value].decode())
+        except ValueError:
+            raise Fallback("the stream's schema is not readable")
+        return node, list(sb)[:npos.value]
+
+    def on_wait(self):
+        """No data yet: is someone producing? Otherwise we do."""
+        if self.lib.tsshim_feed_flags(self.h) & UNSHAREABLE:
+            raise Fallback("the producer found the batches cannot be shared")
+        self.waited_ms += SLICE_MS
+        role = self.role()
+        if role != ROLE_PRODUCER and self.waited_ms >= self.feed.timeout_ms:
+            if self.lib.tsshim_feed_take_idle(self.h) == 1:
+                role = ROLE_PRODUCER
+        if role != ROLE_PRODUCER:
+            return
+        self.lib.tsshim_feed_set_idle(self.h, 0)
+        if self.source is None:
+            self.start_source()
+        if self.source != "done":
+            self.produce_one()
+
+    def start_source(self):
+        epoch, ended, rest, npub = self.stream_state(True)
+        if ended:
+            # the stream is between epochs and we are at its head: our own loader runs
+            # this epoch (the generator above switches to produce_real)
+            self.stream_epoch = epoch + 1
+            self.source = "real"
+            raise _SwitchToReal()
+        self.stream_epoch = epoch
+        self.source = self.st.remainder(self.loader, self.it._orig_iter, rest, npub)
+        hook.log("info", "feed %s: producing the rest of stream epoch %d (%d samples)"
+                 % (self.feed.key, epoch, max(0, self.st.epoch_samples - npub)))
+
+    def produce_one(self):
+        t0 = time.process_time_ns()
+        try:
+            batch, indices, last = next(self.source)
+        except StopIteration:
+            self.source = "done"
+            return
+        if not self.publish(batch, indices, last, time.process_time_ns() - t0):
+            self.source = None  # replaced meanwhile: the new producer goes on
+
+
+class _SwitchToReal(Exception):
+    pass
+
+
+# --- per loader ------------------------------------------------------------------
+
+def _epoch_samples(loader):
+    n = len(loader.sampler)
+    return n // loader.batch_size * loader.batch_size if loader.drop_last else n
+
+
+class LoaderState:
+    """What the layer knows of one DataLoader object (kept on it)."""
+
+    def __init__(self, loader, key, why):
+        self.key, self.why = key, why
+        self.disabled = None if key else why
+        self.feed = None
+        self.rec = None
+        if key:
+            data = sys.modules["torch.utils.data"]
+            self.nindex = len(loader.dataset)
+            self.epoch_samples = _epoch_samples(loader)
+            s = loader.sampler
+            if type(s) is data.SequentialSampler:
+                self.kind = "sequential"
+            elif type(s) is data.RandomSampler and not s.replacement and s.num_samples == self.nindex:
+                self.kind = "random"
+            elif type(s) is data.SubsetRandomSampler:
+                self.kind = "subset"
+                self.subset = sys.modules["torch"].as_tensor(list(s.indices), dtype=sys.modules["torch"].int64)
+            else:
+                self.disabled = self.why = "sampler draws with replacement or not once per sample " \
+                    "(a successor could not finish its epoch exactly)"
+                self.key = None
+
+    def disable(self, why):
+        if self.disabled:
+            return
+        self.disabled = why
+        hook.log("warn", "DataLoader sharing off for this loader: %s; it runs on its own" % why)
+        if self.feed is not None:
+            _feeds.pop(self.feed.key, None)
+            self.feed.close()
+            self.feed = None
+
+    def real_iter(self, loader, orig_iter):
+        """The loader's own iterator, its batch sampler recorded."""
+        if self.rec is None or self.rec.inner is not loader.batch_sampler:
+            self.rec = RecordingBatchSampler(loader.batch_sampler)
+        self.rec.notes.clear()
+        inner = loader.batch_sampler
+        # DataLoader refuses batch_sampler changes after __init__; we put it back at once
+        object.__setattr__(loader, "batch_sampler", self.rec)
+        try:
+            it = orig_iter(loader)
+        finally:
+            object.__setattr__(loader, "batch_sampler", inner)
+        return it, self.rec
+
+    def remainder(self, loader, orig_iter, rest, npub):
+        """(batch, indices, last) for the samples of the stream epoch not published yet."""
+        torch = sys.modules["torch"]
+        data = sys.modules["torch.utils.data"]
+        count = self.epoch_samples - npub
+        if count <= 0:
+            raise Fallback("stream epoch has no samples left but was never ended")
+        g = torch.Generator()
+        g.manual_seed(int.from_bytes(os.urandom(7), "little"))
+        idx = rest
+        if self.kind == "subset":
+            idx = idx[torch.isin(idx, self.subset)]
+        if self.kind != "sequential":
+            idx = idx[torch.randperm(len(idx), generator=g)]
+        idx = idx[:count].tolist()
+        kw = dict(batch_size=loader.batch_size, sampler=idx, num_workers=loader.num_workers,
+                  collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn,
+                  multiprocessing_context=loader.multiprocessing_context, generator=g,
+                  timeout=loader.timeout)
+        if loader.num_workers > 0:
+            kw["prefetch_factor"] = loader.prefetch_factor
+        private = data.DataLoader(loader.dataset, **kw)
+        private._tsshim_private = True
+        bs = loader.batch_size
+        nb = (len(idx) + bs - 1) // bs
+
+        def gen():
+            for k, batch in enumerate(orig_iter(private)):
+                yield batch, idx[k * bs:(k + 1) * bs], k == nb - 1
+        return gen()
+
+
+def iterate(loader, orig_iter):
+    """iter(loader) when it shares, else None (the caller runs orig_iter)."""
+    if loader.__dict__.get("_tsshim_private"):
+        return None
+    st = loader.__dict__.get("_tsshim_state")
+    if st is None:
+        import tsshim_loader
+        key, why = tsshim_loader.fingerprint(loader)
+        if key:
+            e = _epoch_samples(loader)
+            key = hashlib.sha256(("%s:%d" % (key, e)).encode()).hexdigest()[:16]
+        st = LoaderState(loader, key, why)
+        loader.__dict__["_tsshim_state"] = st
+        if st.disabled:
+            hook.log("info", "DataLoader not shared: %s" % st.why)
+    if st.disabled:
+        return None
+    if st.feed is None:
+        try:
+            st.feed = feed_for(st.key, _label(loader, st), st.nindex)
+        except Fallback as e:
+            st.disable(str(e))
+            return None
+        if st.feed is None:  # the C shim is not loaded here
+            st.disabled = "tsshim not loaded"
+            return None
+        hook.log("info", "DataLoader shares as feed %s (%s)" % (st.key, _label(loader, st)))
+    return SharedIter(loader, st, orig_iter)
+
+
+def _label(loader, st):
+    ds = loader.dataset
+    root = getattr(ds, "root", None)
+    return "%s%s samples=%d" % (type(ds).__name__, " " + str(root) if root is not None else "",
+                                st.epoch_samples)
