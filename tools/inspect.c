@@ -25,7 +25,8 @@
  *   SUMMARY of a readable session:
  *     {"name": str, "path": str, "state": "open"|"closed",
  *      "members": int, "live": int, "stale": int, "dead": int,
- *      "producer_pid": int|null, "depth": int, "claim_seq": int, "pub_seq": int}
+ *      "producer_pid": int|null, "depth": int, "claim_seq": int, "pub_seq": int,
+ *      "loader": str|null}                 a shared DataLoader's feed: what it loads
  *   SUMMARY of a segment that fails validation (corrupt, truncated,
  *   another build's layout, foreign-owned or not mode 0600):
  *     {"name": str, "path": str, "state": "corrupt", "error": str}
@@ -56,7 +57,14 @@
  *       "error": str}]},                 only when the slot fails validation
  *     "counters": {"batches_shared": int, "decodes_skipped": int,
  *       "decodes_shared": int, "bytes_not_copied": int,
- *       "cpu_ns_saved": int, "takeovers": int, "evictions": int}}}
+ *       "cpu_ns_saved": int, "takeovers": int, "evictions": int},
+ *     "feed": {                          a shared DataLoader's session, else null
+ *       "key": str,                      the loader's sharing key (16 hex digits)
+ *       "label": str,                    what it loads, as its creator described it
+ *       "samples_produced": int, "samples_served": int,  served: to consumers
+ *       "produce_cpu_ns": int,           CPU the producers spent on their batches
+ *       "cpu_ns_saved": int,             samples_served x produce_cpu_ns / samples_produced
+ *       "shareable": bool}}}             false: the producer met batches it cannot carry
  *
  * Clean (--clean):
  *   {"schema": 1, "clean": {"removed": [str, ...],
@@ -130,6 +138,9 @@ struct snap {
 	struct slot_snap slots[TS_MAX_DEPTH];
 	uint64_t batches_shared, decodes_skipped, decodes_shared, bytes_not_copied,
 		cpu_ns_saved, takeovers, evictions;
+	char label[TS_LABEL_MAX];       /* non-empty: a data feed (one DataLoader key) */
+	uint64_t samples_served, samples_produced, produce_cpu_ns, feed_cpu_ns_saved;
+	uint32_t feed_flags;
 	int has_session;                /* the session segment exists and is valid */
 	int has_cache;                  /* the session's decoded-image cache (exact mode) */
 	char cache_path[TS_PATH_MAX];
@@ -233,6 +244,23 @@ static void snapshot(const struct ts_view *v, struct snap *s)
 	s->cpu_ns_saved = LOAD(&c->cpu_ns_saved);
 	s->takeovers = LOAD(&c->takeovers);
 	s->evictions = LOAD(&c->evictions);
+	memcpy(s->label, seg->st.label, sizeof(s->label));
+	s->label[sizeof(s->label) - 1] = '\0'; /* validated at open; the owner may still scribble */
+	s->samples_served = LOAD(&c->samples_served);
+	s->samples_produced = LOAD(&c->samples_produced);
+	s->produce_cpu_ns = LOAD(&c->produce_cpu_ns);
+	s->feed_flags = LOAD(&seg->feed_flags);
+	if (s->samples_produced)
+		s->feed_cpu_ns_saved = (uint64_t)((double)s->samples_served * (double)s->produce_cpu_ns /
+						  (double)s->samples_produced);
+	s->cpu_ns_saved += s->feed_cpu_ns_saved;
+}
+
+/* A feed's key: what its session name adds after the last dot. */
+static const char *feed_key(const struct snap *s)
+{
+	const char *dot = strrchr(s->name, '.');
+	return dot ? dot + 1 : s->name;
 }
 
 /*
@@ -408,6 +436,9 @@ static void text_header(const struct snap *s)
 	if (now >= s->created_unix_ns)
 		fmt_age(age, sizeof(age), (now - s->created_unix_ns) / 1000000000u);
 	printf("session   %s (%s)\n", s->name, seg_state_label(s->state));
+	if (s->label[0])
+		printf("loader    %s (key %s)%s\n", s->label, feed_key(s),
+		       s->feed_flags & TS_FEED_UNSHAREABLE ? ", batches not shareable" : "");
 	printf("path      %s\n", s->path);
 	printf("created   %s, %s ago, by pid %u\n", when, age, s->creator_pid);
 	printf("depth     %u batches\n", s->depth);
@@ -478,6 +509,12 @@ static void text_counters(const struct snap *s)
 	printf("  cpu time saved    %.3f s\n", (double)s->cpu_ns_saved / 1e9);
 	printf("  takeovers         %" PRIu64 "\n", s->takeovers);
 	printf("  evictions         %" PRIu64 "\n", s->evictions);
+	if (s->label[0]) {
+		printf("  samples produced  %" PRIu64 " (%.3f s of CPU)\n", s->samples_produced,
+		       (double)s->produce_cpu_ns / 1e9);
+		printf("  samples served    %" PRIu64 " (%.3f s of CPU not spent)\n", s->samples_served,
+		       (double)s->feed_cpu_ns_saved / 1e9);
+	}
 }
 
 static void text_cache(const struct snap *s)
@@ -532,8 +569,8 @@ static void text_list_row(int w, const struct entry *e, const struct snap *s, co
 	const char *state = seg_state_label(s->state);
 	if (s->state == TS_SEG_OPEN && s->live + s->stale == 0)
 		state = "open, no live member (--clean removes it)";
-	printf("%-*s  %-12s  %8s  %10" PRIu64 "  %s\n", w, e->name, members, producer, s->pub_seq,
-	       state);
+	printf("%-*s  %-12s  %8s  %10" PRIu64 "  %s%s%s\n", w, e->name, members, producer, s->pub_seq,
+	       state, s->label[0] ? "; loader: " : "", s->label);
 }
 
 /* ---- JSON output -------------------------------------------------------- */
@@ -699,6 +736,23 @@ static void json_counters(struct jw *j, const struct snap *s)
 	j_close(j, '}');
 }
 
+static void json_feed(struct jw *j, const struct snap *s)
+{
+	if (!s->label[0]) {
+		j_null(j, "feed");
+		return;
+	}
+	j_open(j, "feed", '{');
+	j_str(j, "key", feed_key(s));
+	j_str(j, "label", s->label);
+	j_u64(j, "samples_produced", s->samples_produced);
+	j_u64(j, "samples_served", s->samples_served);
+	j_u64(j, "produce_cpu_ns", s->produce_cpu_ns);
+	j_u64(j, "cpu_ns_saved", s->feed_cpu_ns_saved);
+	j_bool(j, "shareable", !(s->feed_flags & TS_FEED_UNSHAREABLE));
+	j_close(j, '}');
+}
+
 static void json_cache(struct jw *j, const struct snap *s)
 {
 	const struct ts_cache_stats *c = &s->cache;
@@ -755,6 +809,7 @@ static void json_session(const struct snap *s)
 	json_members(&j, s);
 	json_ring(&j, s);
 	json_counters(&j, s);
+	json_feed(&j, s);
 	json_cache(&j, s);
 	j_close(&j, '}');
 	j_end(&j);
@@ -781,6 +836,10 @@ static void json_list_item(struct jw *j, const struct entry *e, const struct sna
 		j_u64(j, "depth", s->depth);
 		j_u64(j, "claim_seq", s->claim_seq);
 		j_u64(j, "pub_seq", s->pub_seq);
+		if (s->label[0])
+			j_str(j, "loader", s->label);
+		else
+			j_null(j, "loader");
 	}
 	j_close(j, '}');
 }

@@ -9,7 +9,9 @@ None when the loader cannot share; why is one line saying which (for the
 What enters the key: the dataset (class and a description of its content that
 does not read the data), its transforms, the sampler KIND and the collate
 function. What does not: batch size, drop_last (each consumer cuts and drops
-on its own), num_workers, pin_memory, persistent_workers, prefetch_factor,
+on its own; tsshim_feed adds the number of samples an epoch holds, which
+drop_last can change, to the feed's key), num_workers, pin_memory,
+persistent_workers, prefetch_factor,
 worker_init_fn, the generator, the model, the DataLoader subclass.
 
 Imported only once torch.utils.data is loaded; never imports torch or

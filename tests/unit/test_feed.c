@@ -1,0 +1,330 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Data feeds (core/feed.c): what a consumer reads is what the producer
+ * published, at any batch size; a successor learns exactly which samples of
+ * an unfinished epoch are left; bad slot files are refused; nothing is left
+ * in /dev/shm. Consumers run in forked children (a process is one member).
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "feed.h"
+
+#define NINDEX 50
+#define SEC    1000000000ull
+
+static char name[64];
+static const struct ts_session_params params = { .depth = 4, .timeout_ms = 1000, .label = "unit" };
+static const char schema[] = "{\"tuple\":[{\"t\":0},{\"t\":1}]}";
+
+static void setup(void)
+{
+	static int n;
+	snprintf(name, sizeof(name), "feedtest-%d-%d", (int)getpid(), n++);
+}
+
+TestSuite(feed, .init = setup, .timeout = 60);
+
+/* Sample i: position 0 holds 3 uint32 (i, 2i, 3i), position 1 one uint64 (i * 1000). */
+static void fill(uint32_t *p0, uint64_t *p1, const int64_t *idx, uint64_t n)
+{
+	for (uint64_t k = 0; k < n; k++) {
+		p0[3 * k] = (uint32_t)idx[k];
+		p0[3 * k + 1] = 2 * (uint32_t)idx[k];
+		p0[3 * k + 2] = 3 * (uint32_t)idx[k];
+		p1[k] = (uint64_t)idx[k] * 1000;
+	}
+}
+
+static int publish(struct ts_feed *f, const int64_t *idx, uint64_t n, uint64_t epoch, int eoe, const char *sch)
+{
+	uint32_t p0[3 * 64];
+	uint64_t p1[64];
+	fill(p0, p1, idx, n);
+	uint64_t len[2] = { n * 12, n * 8 };
+	const void *src[2] = { p0, p1 };
+	struct ts_feed_batch b = { .npos = 2, .flags = eoe ? TS_BATCH_END_OF_EPOCH : 0, .nsamples = n, .len = len,
+				   .src = src, .index = idx, .stream_epoch = epoch, .schema = sch,
+				   .schema_len = (uint32_t)strlen(sch), .cpu_ns = 1000 * n };
+	return ts_feed_publish(f, &b, 5 * SEC);
+}
+
+/* The permutation every test publishes: i -> (7i + 3) mod 50. */
+static int64_t perm(uint64_t k)
+{
+	return (int64_t)((7 * k + 3) % NINDEX);
+}
+
+/* Child: read one epoch at batch size bs; exit 0 iff every sample is right and in order. */
+static void consumer_child(int bs, int ready_fd)
+{
+	struct ts_feed f;
+	if (ts_feed_open(&f, name, &params, NINDEX) || ts_feed_attach(&f))
+		_exit(10);
+	(void)!write(ready_fd, "r", 1);
+	struct ts_feed_info info;
+	int ret;
+	while ((ret = ts_feed_next(&f, 5 * SEC, &info)) == -ETIMEDOUT)
+		;
+	if (ret || info.npos != 2 || info.sample_bytes[0] != 12 || info.sample_bytes[1] != 8 ||
+	    info.schema_len != strlen(schema) || memcmp(info.schema, schema, info.schema_len))
+		_exit(11);
+	uint64_t seen = 0;
+	for (int eoe = 0; !eoe;) {
+		uint32_t p0[3 * 64];
+		uint64_t p1[64], got[2] = { 0, 0 }, want[2] = { (uint64_t)bs * 12, (uint64_t)bs * 8 };
+		void *dst[2] = { p0, p1 };
+		if (ts_feed_read(&f, 2, want, dst, got, &eoe, 5 * SEC))
+			_exit(12);
+		uint64_t n = got[0] / 12;
+		if (got[1] != n * 8 || (n != (uint64_t)bs && !eoe) || n == 0)
+			_exit(13);
+		for (uint64_t k = 0; k < n; k++, seen++) {
+			uint64_t i = (uint64_t)perm(seen);
+			if (p0[3 * k] != i || p0[3 * k + 1] != 2 * i || p0[3 * k + 2] != 3 * i || p1[k] != i * 1000)
+				_exit(14);
+		}
+	}
+	ts_feed_close(&f);
+	_exit(seen == NINDEX ? 0 : 15);
+}
+
+static pid_t start_consumer(int bs)
+{
+	int pfd[2];
+	char c;
+	cr_assert_eq(pipe(pfd), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(pfd[0]);
+		consumer_child(bs, pfd[1]);
+	}
+	close(pfd[1]);
+	cr_assert_eq(read(pfd[0], &c, 1), 1, "consumer did not attach");
+	close(pfd[0]);
+	return pid;
+}
+
+static int wait_exit(pid_t pid)
+{
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 100 + WTERMSIG(st);
+}
+
+/* Publish one epoch of the permutation in batches of pbs. */
+static void publish_epoch(struct ts_feed *f, uint64_t epoch, uint64_t pbs)
+{
+	int64_t idx[64];
+	for (uint64_t at = 0; at < NINDEX; at += pbs) {
+		uint64_t n = NINDEX - at < pbs ? NINDEX - at : pbs;
+		for (uint64_t k = 0; k < n; k++)
+			idx[k] = perm(at + k);
+		cr_assert_eq(publish(f, idx, n, epoch, at + n == NINDEX, schema), 0, "publish at %lu", (unsigned long)at);
+	}
+}
+
+static int count_files(void)
+{
+	char prefix[128];
+	int n = 0, plen = snprintf(prefix, sizeof(prefix), TS_FEED_PREFIX "%u.%s.", (unsigned)getuid(), name);
+	DIR *d = opendir(ts_shm_dir());
+	struct dirent *e;
+	while (d && (e = readdir(d)) != NULL)
+		n += strncmp(e->d_name, prefix, (size_t)plen) == 0;
+	if (d)
+		closedir(d);
+	return n;
+}
+
+Test(feed, consumers_at_other_batch_sizes_read_the_stream_in_order)
+{
+	struct ts_feed f;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	cr_assert_eq(ts_feed_role(&f), TS_ROLE_PRODUCER, "the first member produces");
+	pid_t a = start_consumer(7), b = start_consumer(10), c = start_consumer(64);
+	publish_epoch(&f, 1, 10); /* depth 4 < 5 batches: the consumers must keep up */
+	cr_expect_eq(wait_exit(a), 0, "batch size 7");
+	cr_expect_eq(wait_exit(b), 0, "batch size 10");
+	cr_expect_eq(wait_exit(c), 0, "batch size 64 (one short batch)");
+	cr_expect_eq(atomic_load(&f.s.seg->counters.samples_produced), (uint64_t)NINDEX);
+	cr_expect_eq(atomic_load(&f.s.seg->counters.produce_cpu_ns), 1000ull * NINDEX);
+	cr_expect_str_eq(f.s.seg->st.label, "unit");
+	ts_feed_close(&f);
+	cr_expect_eq(count_files(), 0, "the last member out removes the feed's files");
+}
+
+Test(feed, successor_learns_exactly_the_rest_of_an_epoch)
+{
+	struct ts_feed f;
+	int64_t rest[NINDEX], idx[10];
+	uint64_t epoch, nrest, npub;
+	int ended;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub), 0);
+	cr_expect(epoch == 0 && ended, "nothing published: epoch 0, ended");
+
+	publish_epoch(&f, 1, 10);
+	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub), 0);
+	cr_expect(epoch == 1 && ended, "a full epoch ends with its last batch");
+
+	/* Epoch 2: 6 batches of 7 published (more than the ring holds: the ledger counts). */
+	for (uint64_t b = 0; b < 6; b++) {
+		for (uint64_t k = 0; k < 7; k++)
+			idx[k] = perm(b * 7 + k);
+		cr_assert_eq(publish(&f, idx, 7, 2, 0, schema), 0);
+	}
+	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub), 0);
+	cr_expect(epoch == 2 && !ended);
+	cr_expect_eq(npub, 42u);
+	cr_assert_eq(nrest, 8u, "50 - 42 samples left");
+	for (uint64_t k = 0; k < nrest; k++)
+		for (uint64_t s = 0; s < 42; s++)
+			cr_expect_neq(rest[k], perm(s), "index %ld was published", (long)rest[k]);
+	for (uint64_t k = 1; k < nrest; k++)
+		cr_expect_lt(rest[k - 1], rest[k], "ascending");
+	ts_feed_close(&f);
+}
+
+Test(feed, ledger_lag_is_covered_by_the_ring)
+{
+	struct ts_feed f;
+	int64_t rest[NINDEX], idx[5] = { 1, 2, 3, 4, 5 };
+	uint64_t epoch, nrest, npub;
+	int ended;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	cr_assert_eq(publish(&f, idx, 5, 1, 0, schema), 0);
+	/* A producer that died between publishing and marking: wipe the ledger. */
+	atomic_store(&((_Atomic uint64_t *)f.ledger)[3], UINT64_MAX - 1);
+	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub), 0);
+	cr_expect_eq(npub, 5u, "what the ring still holds counts as published");
+	cr_expect_eq(nrest, (uint64_t)NINDEX - 5);
+	ts_feed_close(&f);
+}
+
+Test(feed, refuses_bad_batches_and_other_schemas)
+{
+	struct ts_feed f;
+	int64_t idx[4] = { 0, 1, 2, NINDEX };
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	cr_expect_eq(publish(&f, idx, 4, 1, 0, schema), -EINVAL, "index beyond the dataset");
+	idx[3] = 3;
+	uint64_t len[2] = { 4 * 12, 7 };
+	const void *src[2] = { idx, idx };
+	struct ts_feed_batch b = { .npos = 2, .nsamples = 4, .len = len, .src = src, .schema = "" };
+	cr_expect_eq(ts_feed_publish(&f, &b, SEC), -EINVAL, "a position that is not whole samples");
+
+	/* A consumer that learnt one schema refuses another. */
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct ts_feed g;
+		struct ts_feed_info info;
+		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g))
+			_exit(10);
+		while (ts_feed_next(&g, 5 * SEC, &info) == -ETIMEDOUT)
+			;
+		uint32_t p0[3 * 8];
+		uint64_t p1[8], got[2] = { 0, 0 }, want[2] = { 8 * 12, 8 * 8 };
+		void *dst[2] = { p0, p1 };
+		int eoe, ret = ts_feed_read(&g, 2, want, dst, got, &eoe, 5 * SEC);
+		_exit(ret == -EPROTO && got[0] <= 4 * 12 ? 0 : 20 + (ret < 0 ? -ret % 50 : 0));
+	}
+	usleep(200000);
+	cr_assert_eq(publish(&f, idx, 4, 1, 0, schema), 0);
+	cr_assert_eq(publish(&f, idx, 4, 1, 0, "{\"other\":1}"), 0);
+	cr_expect_eq(wait_exit(pid), 0, "second schema refused with -EPROTO after the first batch");
+	ts_feed_close(&f);
+}
+
+Test(feed, corrupt_slot_header_is_refused_not_trusted)
+{
+	struct ts_feed f;
+	int64_t idx[4] = { 0, 1, 2, 3 };
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct ts_feed g;
+		struct ts_feed_info info;
+		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g))
+			_exit(10);
+		int ret;
+		while ((ret = ts_feed_next(&g, 5 * SEC, &info)) == -ETIMEDOUT)
+			;
+		_exit(ret == -EBADMSG ? 0 : 20);
+	}
+	usleep(200000);
+	cr_assert_eq(publish(&f, idx, 4, 1, 0, schema), 0);
+	/* Scribble over the published slot's header. */
+	uint64_t *h = f.own[0].base;
+	h[4] ^= 0xffffff; /* nsamples: no longer what the ring says */
+	cr_expect_eq(wait_exit(pid), 0, "a header that disagrees with the ring is -EBADMSG");
+	ts_feed_close(&f);
+}
+
+Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
+{
+	struct ts_feed f;
+	int64_t idx[2] = { 0, 1 };
+	int pfd[2];
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	cr_assert_eq(pipe(pfd), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct ts_feed g;
+		char c;
+		close(pfd[1]);
+		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g))
+			_exit(10);
+		(void)!read(pfd[0], &c, 1); /* stalls until told */
+		uint32_t p0[6];
+		uint64_t p1[2], got[2] = { 0, 0 }, want[2] = { 24, 16 };
+		void *dst[2] = { p0, p1 };
+		int eoe, ret = ts_feed_read(&g, 2, want, dst, got, &eoe, SEC);
+		_exit(ret == -ESTALE ? 0 : 20);
+	}
+	close(pfd[0]);
+	usleep(300000);
+	for (int k = 0; k < 4; k++)
+		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
+	uint64_t len[2] = { 24, 16 };
+	uint32_t p0[6];
+	uint64_t p1[2];
+	const void *src[2] = { p0, p1 };
+	struct ts_feed_batch b = { .npos = 2, .nsamples = 2, .len = len, .src = src, .index = idx, .stream_epoch = 1,
+				   .schema = schema, .schema_len = (uint32_t)strlen(schema) };
+	cr_expect_eq(ts_feed_publish(&f, &b, SEC / 10), -ETIMEDOUT, "held back by the stalled consumer");
+	cr_expect_eq(ts_feed_evict_laggards(&f), 1);
+	cr_expect_eq(ts_feed_publish(&f, &b, SEC / 10), 0, "free again");
+	(void)!write(pfd[1], "g", 1);
+	cr_expect_eq(wait_exit(pid), 0, "the evicted consumer learns it with -ESTALE");
+	close(pfd[1]);
+	ts_feed_close(&f);
+}
+
+Test(feed, stale_files_of_an_ended_session_are_removed)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/" TS_FEED_PREFIX "%u.%s.1234.w0.e1.s0", ts_shm_dir(), (unsigned)getuid(), name);
+	int fd = open(path, O_CREAT | O_EXCL | O_RDWR, 0600);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	cr_expect_eq(count_files(), 1);
+	struct ts_feed f;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	cr_expect_eq(access(path, F_OK), -1, "a file of another incarnation is removed at open");
+	ts_feed_close(&f);
+	cr_expect_eq(count_files(), 0);
+}
