@@ -1,0 +1,279 @@
+"""A plain PyTorch training job over a tsshim-mkdata dataset, as a user writes it.
+
+Nothing here knows about tsshim except the recording, which the shared-loader
+scenario (tests/scenarios/pytorch_share.sh) and its verifier
+(tests/py/share_verify.py) read. It trains a tiny model (SGD: forward, loss,
+backward, step) on torchvision ImageFolder(ROOT/train) with shuffle=True and,
+with --val, iterates ImageFolder(ROOT/val) in order (shuffle=False) after
+each training epoch. Transforms are deterministic, so every sample is known
+by the sha1 of its image tensor.
+
+Record (--record FILE): JSON lines, flushed one by one (a SIGKILLed job
+leaves at most a partial last line):
+  {"start": true, "pid": P, "args": {...}, "train_len": N, "val_len": M,
+   "classes": [...]}                                       first line
+  {"loader": "train"|"val", "epoch": e, "batch": i, "n": len,
+   "h": [16 hex digits of sha1(float32 contiguous bytes of each sample)],
+   "y": [labels], "loss": x}                               per yielded batch
+  {"loader": ..., "epoch": e, "end": true, "batches": k, "len": len(loader)}
+                                                           after each epoch
+  {"done": true, "data_cpu_s": X, "main_data_cpu_s": Xm, "worker_cpu_s": Xw,
+   "cpu_s": Y, "wall_s": Z, "workers_started": W,
+   "workers_by_loader": {"train": Wt, "val": Wv}}          last line
+
+CPU accounting:
+  data_cpu_s    = main_data_cpu_s + worker_cpu_s, the CPU the TRAINING input
+                  pipeline cost this job:
+  main_data_cpu_s  this process's CPU (time.process_time: all its threads)
+                  spent inside iter() and next() on the train loader;
+  worker_cpu_s  the CPU of the train loader's worker processes: each worker
+                  (fork or spawn alike) registers, from worker_init_fn, a
+                  multiprocessing.util.Finalize that appends "PID LOADER CPU"
+                  (its own getrusage(RUSAGE_SELF)) to FILE.workers-cpu when it
+                  leaves its loop; a worker killed before that (rare: the
+                  DataLoader terminates workers that do not leave in time)
+                  is missing from the sum.
+  cpu_s         all CPU of the job: getrusage(SELF) + getrusage(CHILDREN),
+                  taken after the loaders are gone (workers joined).
+  workers_started  worker processes started for this job's loaders: the
+                  lines "PID LOADER" that worker_init_fn appended to
+                  FILE.workers (truncated at start). worker_init_fn is a plain
+                  module-level function; it finds the file and the loader name
+                  in os.environ (SHARE_JOB_WORKERS, SHARE_JOB_LOADER), set
+                  before each iter(): fork copies the environment, spawn
+                  passes it on.
+
+Prints one line at the end (training loader only):
+  job: batches=N samples=M epochs=E cpu_s=X wall_s=Y
+"""
+import argparse
+import hashlib
+import json
+import os
+import resource
+import sys
+import time
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+ENV_WORKERS = "SHARE_JOB_WORKERS"
+ENV_LOADER = "SHARE_JOB_LOADER"
+
+
+def make_transform(name):
+    """The deterministic transforms; share_verify.py uses these very ones."""
+    if name == "std":
+        steps = [transforms.Resize(40), transforms.CenterCrop(32)]
+    elif name == "other":
+        steps = [transforms.Resize(40), transforms.CenterCrop(28), transforms.Resize(32)]
+    else:
+        raise ValueError("unknown transform %r" % name)
+    return transforms.Compose(steps + [transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
+
+
+def sample_hash(t):
+    """16 hex digits: sha1 of one sample's image tensor, float32 contiguous bytes."""
+    t = t.detach().to("cpu", torch.float32).contiguous()
+    return hashlib.sha1(t.numpy().tobytes()).hexdigest()[:16]
+
+
+def make_model(kind, classes):
+    if kind == "a":  # linear
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, classes))
+    if kind == "b":  # small conv net
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                             nn.Flatten(), nn.Linear(16, classes))
+    if kind == "c":  # two-layer MLP
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 64), nn.ReLU(), nn.Linear(64, classes))
+    raise ValueError("unknown model %r" % kind)
+
+
+# --- worker bookkeeping: module-level, so spawn can pickle it by name -----------
+
+def _worker_exit(path, loader):
+    try:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        with open(path, "a") as f:
+            f.write("%d %s %.6f\n" % (os.getpid(), loader, ru.ru_utime + ru.ru_stime))
+    except OSError:
+        pass
+
+
+def worker_init(worker_id):
+    path = os.environ.get(ENV_WORKERS)
+    if not path:
+        return
+    loader = os.environ.get(ENV_LOADER, "?")
+    with open(path, "a") as f:  # one short write in append mode: no interleaving
+        f.write("%d %s\n" % (os.getpid(), loader))
+    import multiprocessing.util
+    multiprocessing.util.Finalize(None, _worker_exit, args=(path + "-cpu", loader), exitpriority=100)
+
+
+class JobLoader(DataLoader):
+    """A DataLoader subclass, the way Lightning and friends write them."""
+
+    def __init__(self, dataset, *args, **kwargs):
+        self.job_iters = 0
+        super().__init__(dataset, *args, **kwargs)
+
+    def __iter__(self):
+        self.job_iters += 1
+        return super().__iter__()
+
+
+class Recorder:
+    def __init__(self, path):
+        self.f = open(path, "w", buffering=1) if path else None
+
+    def __call__(self, **obj):
+        if self.f:
+            self.f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+            self.f.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", required=True, help="tsshim-mkdata root (uses ROOT/train, ROOT/val with --val)")
+    ap.add_argument("--seed", type=int, default=0, help="torch.manual_seed (default 0)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--val-batch-size", type=int, default=None, help="default: --batch-size")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--start-method", choices=["default", "fork", "spawn"], default="default",
+                    help="multiprocessing_context of the loaders when --workers > 0")
+    ap.add_argument("--persistent", action="store_true", help="persistent_workers (with --workers > 0)")
+    ap.add_argument("--pin-memory", action="store_true")
+    ap.add_argument("--drop-last", action="store_true")
+    ap.add_argument("--model", choices=["a", "b", "c"], default="a",
+                    help="a: linear, b: small conv net, c: two-layer MLP")
+    ap.add_argument("--transform", choices=["std", "other"], default="std",
+                    help="std: Resize(40) CenterCrop(32); other: Resize(40) CenterCrop(28) Resize(32); "
+                         "both then ToTensor, Normalize")
+    ap.add_argument("--subclass", action="store_true", help="use a DataLoader subclass")
+    ap.add_argument("--val", action="store_true", help="validate (ROOT/val, in order) after each epoch")
+    ap.add_argument("--break-after", type=int, default=0, metavar="N",
+                    help="leave each training epoch after N batches")
+    ap.add_argument("--sleep", type=float, default=0.0, metavar="S", help="sleep S seconds per training batch")
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    ap.add_argument("--record", metavar="FILE", help="JSON-lines record (see above)")
+    a = ap.parse_args()
+    if a.val_batch_size is None:
+        a.val_batch_size = a.batch_size
+    t0 = time.monotonic()
+
+    torch.manual_seed(a.seed)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    rec = Recorder(a.record)
+    if a.record:
+        os.environ[ENV_WORKERS] = a.record + ".workers"
+        for p in (a.record + ".workers", a.record + ".workers-cpu"):
+            open(p, "w").close()
+
+    tf = make_transform(a.transform)
+    train_ds = datasets.ImageFolder(os.path.join(a.root, "train"), transform=tf)
+    val_ds = datasets.ImageFolder(os.path.join(a.root, "val"), transform=tf) if a.val else None
+
+    cls = JobLoader if a.subclass else DataLoader
+
+    def loader(ds, batch_size, shuffle):
+        kw = dict(batch_size=batch_size, shuffle=shuffle, num_workers=a.workers, pin_memory=a.pin_memory,
+                  drop_last=a.drop_last)
+        if a.workers > 0:
+            kw.update(worker_init_fn=worker_init, persistent_workers=a.persistent)
+            if a.start_method != "default":
+                kw["multiprocessing_context"] = a.start_method
+        return cls(ds, **kw)
+
+    train_dl = loader(train_ds, a.batch_size, True)
+    val_dl = loader(val_ds, a.val_batch_size, False) if a.val else None
+    rec(start=True, pid=os.getpid(), args=vars(a), train_len=len(train_ds),
+        val_len=len(val_ds) if val_ds is not None else None, classes=train_ds.classes)
+
+    model = make_model(a.model, len(train_ds.classes))
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+
+    batches = samples = 0
+    data_cpu = 0.0
+    for epoch in range(a.epochs):
+        model.train()
+        os.environ[ENV_LOADER] = "train"
+        c = time.process_time()
+        it = iter(train_dl)
+        data_cpu += time.process_time() - c
+        i = 0
+        while True:
+            if a.break_after and i >= a.break_after:
+                break
+            c = time.process_time()
+            try:
+                x, y = next(it)
+            except StopIteration:
+                data_cpu += time.process_time() - c
+                break
+            data_cpu += time.process_time() - c
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            rec(loader="train", epoch=epoch, batch=i, n=len(y), h=[sample_hash(s) for s in x],
+                y=y.tolist(), loss=round(loss.item(), 6))
+            i += 1
+            batches += 1
+            samples += len(y)
+            if a.sleep > 0:
+                time.sleep(a.sleep)
+        del it
+        rec(loader="train", epoch=epoch, end=True, batches=i, len=len(train_dl))
+
+        if val_dl is not None:
+            model.eval()
+            os.environ[ENV_LOADER] = "val"
+            j = 0
+            with torch.no_grad():
+                for x, y in val_dl:
+                    loss = loss_fn(model(x), y)
+                    rec(loader="val", epoch=epoch, batch=j, n=len(y), h=[sample_hash(s) for s in x],
+                        y=y.tolist(), loss=round(loss.item(), 6))
+                    j += 1
+            rec(loader="val", epoch=epoch, end=True, batches=j, len=len(val_dl))
+
+    # Let the workers go (persistent ones live as long as their loader), so
+    # that they are joined and counted in RUSAGE_CHILDREN.
+    del train_dl, val_dl
+    import gc
+    gc.collect()
+    wall = time.monotonic() - t0
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    by_loader = {}
+    worker_cpu = 0.0
+    if a.record:
+        for line in open(a.record + ".workers"):
+            parts = line.split()
+            if len(parts) == 2:
+                by_loader[parts[1]] = by_loader.get(parts[1], 0) + 1
+        for line in open(a.record + ".workers-cpu"):
+            parts = line.split()
+            if len(parts) == 3 and parts[1] == "train":
+                worker_cpu += float(parts[2])
+    rec(done=True, data_cpu_s=round(data_cpu + worker_cpu, 4), main_data_cpu_s=round(data_cpu, 4),
+        worker_cpu_s=round(worker_cpu, 4), cpu_s=round(cpu, 4), wall_s=round(wall, 4),
+        workers_started=sum(by_loader.values()), workers_by_loader=by_loader)
+    print(f"job: batches={batches} samples={samples} epochs={a.epochs} cpu_s={cpu:.3f} wall_s={wall:.3f}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

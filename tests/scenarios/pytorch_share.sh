@@ -1,0 +1,313 @@
+#!/usr/bin/env bash
+# Real PyTorch jobs sharing one DataLoader pipeline (TSSHIM_MODE unset: auto).
+# Jobs that build the same loader (dataset, transforms, sampler kind, collate)
+# share it: one producer runs its DataLoader, the others start no worker and
+# cut the producer's stream at their own batch size, so every job sees the
+# producer's sample order whatever its seed, model or batch size. Each case
+# starts its jobs together (tests/py/share_job.py, recording every sample's
+# tensor hash) and checks the records with tests/py/share_verify.py, which
+# knows every image's hash and label from a plain, shim-free pass:
+#   a/b/c  three jobs, seeds 1/2/3, models a/b/c, batch sizes 64/64/64,
+#          64/32/96, 64/48/100: one stream, exactly one job started workers
+#   d      a late joiner: its first epoch is a suffix of the stream's epoch
+#   e      the producer SIGKILLed mid-epoch: a consumer takes over, the others'
+#          epochs stay complete permutations
+#   f      different transforms: no sharing (both start workers), plain checks
+#   g      --val: val loaders share among themselves, in ImageFolder order
+#   h      a DataLoader subclass, spawn + persistent workers and a plain job
+# plus the same jobs as (a) without the shim: per-job checks pass, and the
+# shared check fails (each job shuffles by its own seed); and first the
+# verifier's own self checks (tests/py/test_share_verify.py).
+set -u
+cd "$(dirname "$0")/../.."
+. tests/lib.sh
+PY=/usr/bin/python3
+"$PY" -c 'import torch, torchvision, PIL' 2>/dev/null || { echo "python3-torch/torchvision/pil not installed"; exit 77; }
+JOB="$PWD/tests/py/share_job.py"
+VERIFY="$PWD/tests/py/share_verify.py"
+MKDATA="$PWD/$BUILD/tsshim-mkdata"
+[ -x "$MKDATA" ] || { echo "needs $MKDATA"; exit 77; }
+
+"$MKDATA" --classes 4 --train 40 --val 4 --seed 7 "$T_TMP/data" >/dev/null 2>&1 || { echo "mkdata failed"; exit 1; }
+DATA="$T_TMP/data"
+NTRAIN=$(find "$DATA/train" -name '*.jpg' | wc -l)
+CACHE="$T_TMP/table.json"
+unset TSSHIM_MODE
+export TSSHIM_LOG=${TSSHIM_LOG:-info}
+
+# The verifier catches what it should (hand-made broken records).
+if BUILD=$BUILD timeout 120 "$PY" tests/py/test_share_verify.py >"$T_TMP/selftest" 2>&1; then
+	ok "share_verify self checks: $(grep -E '^Ran ' "$T_TMP/selftest")"
+else
+	not_ok "share_verify self checks"; tail -n 20 "$T_TMP/selftest" | sed 's/^/#   /'
+fi
+
+# The verifier's table (every image under both transforms), built once.
+timeout 120 "$PY" -c "import sys; sys.path.insert(0, '$PWD/tests/py'); import share_verify as v; \
+	t = v.build_table('$DATA', '$CACHE'); print(t.size('train'), t.size('val'))" >"$T_TMP/table.out" 2>&1
+check "verifier table: $NTRAIN train and 16 val images hashed without the shim" \
+	grep -qx "$NTRAIN 16" "$T_TMP/table.out"
+
+# job CASE I SHIM(1|0) ARGS...: start job I of CASE in the background, with
+# the shim (session per case) or without; record $T_TMP/CASE.I.jsonl.
+declare -A JPID
+job() {
+	local c=$1 i=$2 shim=$3; shift 3
+	local base="$T_TMP/$c.$i"
+	if [ "$shim" = 1 ]; then
+		LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name "$c")" \
+			timeout 120 "$PY" "$JOB" --root "$DATA" --record "$base.jsonl" "$@" >"$base.out" 2>"$base.err" &
+	else
+		env -u LD_PRELOAD -u TSSHIM_SESSION \
+			timeout 120 "$PY" "$JOB" --root "$DATA" --record "$base.jsonl" "$@" >"$base.out" 2>"$base.err" &
+	fi
+	JPID[$c.$i]=$!
+	T_PIDS+=($!)
+}
+
+# finished CASE N [KILLED]: wait for jobs 1..N of CASE; all must exit 0 but
+# KILLED (which must have died of SIGKILL).
+finished() {
+	local c=$1 n=$2 killed=${3:-} i rc bad=
+	for i in $(seq 1 "$n"); do
+		{ wait "${JPID[$c.$i]}"; } 2>/dev/null  # no "Killed" notice from bash
+		rc=$?
+		if [ "$i" = "$killed" ]; then
+			[ "$rc" = 137 ] || bad+=" job $i (killed) exit $rc"
+		elif [ "$rc" != 0 ]; then
+			bad+=" job $i exit $rc"
+		fi
+	done
+	if [ -z "$bad" ]; then
+		ok "($c) the $n jobs finished${killed:+ (job $killed SIGKILLed)}"
+	else
+		not_ok "($c) the $n jobs finished:$bad"
+		for i in $(seq 1 "$n"); do
+			{ echo "[$c.$i]"; tail -n 15 "$T_TMP/$c.$i.err"; } >>"$T_TMP/stderr"
+		done
+	fi
+}
+
+recs() { # CASE N: the record paths
+	local i
+	for i in $(seq 1 "$2"); do echo "$T_TMP/$1.$i.jsonl"; done
+}
+
+# verify CASE DESCRIPTION ARGS...: share_verify.py must pass.
+verify() {
+	local c=$1 d=$2; shift 2
+	if timeout 120 "$PY" "$VERIFY" --root "$DATA" --cache "$CACHE" "$@" >"$T_TMP/$c.verify" 2>&1; then
+		ok "($c) $d: $(tail -n 1 "$T_TMP/$c.verify")"
+	else
+		not_ok "($c) $d: $(tail -n 1 "$T_TMP/$c.verify")"
+		grep -v '^verify:' "$T_TMP/$c.verify" | head -n 12 | sed 's/^/#   /'
+	fi
+}
+
+total() { awk '{s += $1} END {print s + 0}'; }
+
+field() { # RECORD KEY: a number from the record's done line
+	grep -o "\"$2\":[0-9.]*" "$1" 2>/dev/null | tail -n 1 | cut -d: -f2
+}
+
+loader_workers() { # RECORD LOADER: workers that job started for that loader
+	grep -c " $2\$" "$1.workers" 2>/dev/null
+}
+
+# one_producer CASE N [LOADER]: exactly one of the N jobs started workers (for LOADER).
+one_producer() {
+	local c=$1 n=$2 l=${3:-train} i w list= count=0
+	for i in $(seq 1 "$n"); do
+		w=$(loader_workers "$T_TMP/$c.$i.jsonl" "$l")
+		list+=" ${w:-?}"
+		[ "${w:-0}" -gt 0 ] && count=$((count + 1))
+	done
+	check "($c) exactly one job started $l-loader workers, the consumers none (workers per job:$list)" [ "$count" = 1 ]
+}
+
+# some_consumer CASE N [LOADER]: at least one job never started workers for
+# LOADER (a producer that sits idle between epochs may hand over, so the role
+# can move at an epoch boundary; a job that only ever consumed starts none).
+some_consumer() {
+	local c=$1 n=$2 l=${3:-train} i w list= count=0
+	for i in $(seq 1 "$n"); do
+		w=$(loader_workers "$T_TMP/$c.$i.jsonl" "$l")
+		list+=" ${w:-?}"
+		[ "${w:-0}" = 0 ] && count=$((count + 1))
+	done
+	check "($c) a consumer never started $l-loader workers (workers per job:$list)" [ "$count" -ge 1 ]
+}
+
+all_started() { # CASE N: each of the N jobs started train-loader workers
+	local i w
+	for i in $(seq 1 "$2"); do
+		w=$(loader_workers "$T_TMP/$1.$i.jsonl" train)
+		[ "${w:-0}" -gt 0 ] || return 1
+	done
+}
+
+cpu_line() { # CASE N: data CPU of producer vs consumers (informational)
+	local c=$1 n=$2 i r line=
+	for i in $(seq 1 "$n"); do
+		r="$T_TMP/$c.$i.jsonl"
+		if [ "$(loader_workers "$r" train)" -gt 0 ] 2>/dev/null; then
+			line+=" job$i(producer)=$(field "$r" data_cpu_s)"
+		else
+			line+=" job$i(consumer)=$(field "$r" data_cpu_s)"
+		fi
+	done
+	echo "# ($c) data CPU seconds (main process in next() + its train workers):$line"
+}
+
+# --- plain baseline: the jobs of (a) without the shim ------------------------------
+job base 1 0 --seed 1 --model a --batch-size 64 --workers 2 --epochs 2
+job base 2 0 --seed 2 --model b --batch-size 64 --workers 2 --epochs 2
+job base 3 0 --seed 3 --model c --batch-size 64 --workers 2 --epochs 2
+finished base 3
+verify base "without the shim: every job saw complete epochs, labels paired" --mode plain $(recs base 3)
+check "(base) without the shim every job started its own workers" all_started base 3
+timeout 120 "$PY" "$VERIFY" --root "$DATA" --cache "$CACHE" $(recs base 3) >"$T_TMP/base.neg" 2>&1
+rc=$?
+check "(base) without the shim the shared check fails: each job shuffles by its own seed ($(tail -n 1 "$T_TMP/base.neg"))" \
+	[ "$rc" = 1 ]
+cpu_line base 3
+
+# --- a, b, c: three jobs, three models, three seeds, one stream -------------------
+for c in a b c; do
+	case $c in
+	a) bs=(64 64 64) ;;
+	b) bs=(64 32 96) ;;
+	c) bs=(64 48 100) ;;
+	esac
+	job "$c" 1 1 --seed 1 --model a --batch-size "${bs[0]}" --workers 2 --epochs 2
+	job "$c" 2 1 --seed 2 --model b --batch-size "${bs[1]}" --workers 2 --epochs 2
+	job "$c" 3 1 --seed 3 --model c --batch-size "${bs[2]}" --workers 2 --epochs 2
+	finished "$c" 3
+	verify "$c" "batch sizes ${bs[*]}: one stream, complete epochs, labels paired" $(recs "$c" 3)
+	one_producer "$c" 3
+	cpu_line "$c" 3
+done
+
+# --- d: a late joiner ------------------------------------------------------------
+# Slow jobs (0.1 s a batch, 10 batches an epoch, 4 epochs): the joiner, started
+# after 4 batches, needs seconds to import torch and must still find the others
+# running for an epoch or two after its first.
+job d 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 4 --sleep 0.1
+job d 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 4 --sleep 0.1
+if wait_for "$T_TMP/d.1.jsonl" '"loader":"train","epoch":0,"batch":3,' 60; then
+	job d 3 1 --seed 3 --model c --batch-size 24 --workers 2 --epochs 4 --sleep 0.1
+	# While they run, tsshim-inspect shows the loader's feed: key, producer, consumers, service.
+	feed_seen=
+	for _ in $(seq 1 100); do
+		"$INSPECT" --json >"$T_TMP/d.list" 2>/dev/null
+		name=$("$PY" -c 'import json,sys
+for s in json.load(open(sys.argv[1]))["sessions"]:
+    if s["name"].startswith(sys.argv[2] + ".") and (s.get("loader") or "").startswith("ImageFolder"):
+        print(s["name"])' "$T_TMP/d.list" "$(session_name d)" 2>/dev/null | head -n 1)
+		if [ -n "$name" ] && "$INSPECT" "$name" --json >"$T_TMP/d.feed" 2>/dev/null &&
+			"$PY" -c 'import json,sys
+s = json.load(open(sys.argv[1]))["session"]
+f = s["feed"]
+roles = sorted(m["role"] for m in s["members"] if m["state"] == "live")
+ok = s["producer"] is not None and roles.count("consumer") >= 2 and f["samples_served"] > 0 \
+    and f["cpu_ns_saved"] > 0 and s["counters"]["batches_shared"] > 0 and len(f["key"]) == 16
+print("feed %s: %s; producer pid %d, %d consumers, %d samples served, %.2f s CPU saved" % (
+    f["key"], f["label"], s["producer"]["pid"], roles.count("consumer"), f["samples_served"],
+    f["cpu_ns_saved"] / 1e9))
+sys.exit(0 if ok else 1)' "$T_TMP/d.feed" >"$T_TMP/d.feedline" 2>&1; then
+			feed_seen=1
+			break
+		fi
+		sleep 0.2
+	done
+	check "(d) tsshim-inspect shows the running feed: $(cat "$T_TMP/d.feedline" 2>/dev/null)" [ -n "$feed_seen" ]
+	finished d 3
+	first=$(grep '"loader":"train","epoch":0,"batch"' "$T_TMP/d.3.jsonl" | grep -o '"n":[0-9]*' | cut -d: -f2 | total)
+	echo "# (d) the late joiner's first epoch: $first of the $NTRAIN samples of an epoch"
+	verify d "late joiner: its first epoch a suffix of the stream's, then the same epochs" $(recs d 3)
+	grep '^note: stream' "$T_TMP/d.verify" | sed 's/^note: /# (d) /'
+else
+	not_ok "(d) the first job recorded no 4th training batch within 60 s"
+	finished d 2
+fi
+
+# --- e: the producer dies mid-epoch ----------------------------------------------
+job e 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 2 --sleep 0.05
+job e 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 2 --sleep 0.05
+job e 3 1 --seed 3 --model c --batch-size 32 --workers 2 --epochs 2 --sleep 0.05
+victim=
+if wait_for "$T_TMP/e.1.jsonl" '"loader":"train","epoch":0,"batch":3,' 60; then
+	for i in 1 2 3; do
+		if [ -s "$T_TMP/e.$i.jsonl.workers" ]; then victim=$i; break; fi
+	done
+fi
+if [ -n "$victim" ]; then
+	vpid=$(grep -o '"pid":[0-9]*' "$T_TMP/e.$victim.jsonl" | head -n 1 | cut -d: -f2)
+	kill -KILL "$vpid"
+	echo "# (e) SIGKILLed job $victim (pid $vpid), the one that started workers, after $(grep -c '"batch"' "$T_TMP/e.$victim.jsonl") batches"
+	finished e 3 "$victim"
+	verify e "producer killed: the others' epochs complete, one stream" $(recs e 3)
+	grep '^note: stream' "$T_TMP/e.verify" | sed 's/^note: /# (e) /'
+	for i in 1 2 3; do
+		[ "$i" = "$victim" ] && continue
+		echo "# (e) job $i: workers started $(field "$T_TMP/e.$i.jsonl" workers_started) (one survivor takes over)"
+	done
+else
+	not_ok "(e) no job started workers after 3 batches"
+	finished e 3
+fi
+
+# --- f: different transforms do not share ---------------------------------------
+job f 1 1 --seed 1 --model a --batch-size 64 --workers 2 --epochs 2 --transform std
+job f 2 1 --seed 2 --model b --batch-size 64 --workers 2 --epochs 2 --transform other
+finished f 2
+verify f "different transforms: per-job checks" --mode plain $(recs f 2)
+check "(f) different transforms: both jobs started their own workers ($(field "$T_TMP/f.1.jsonl" workers_started), $(field "$T_TMP/f.2.jsonl" workers_started))" \
+	all_started f 2
+
+# --- g: validation loaders share among themselves --------------------------------
+job g 1 1 --seed 1 --model a --batch-size 64 --val-batch-size 8 --workers 2 --epochs 2 --val
+job g 2 1 --seed 2 --model b --batch-size 32 --val-batch-size 16 --workers 2 --epochs 2 --val
+job g 3 1 --seed 3 --model c --batch-size 96 --val-batch-size 5 --workers 2 --epochs 2 --val
+finished g 3
+verify g "--val: one train stream, every val epoch the val split in order" $(recs g 3)
+some_consumer g 3 train
+some_consumer g 3 val
+cpu_line g 3
+
+# --- h: subclass, spawn + persistent workers, plain -----------------------------
+job h 1 1 --seed 1 --model a --batch-size 64 --workers 2 --epochs 2 --subclass
+job h 2 1 --seed 2 --model b --batch-size 32 --workers 2 --epochs 2 --start-method spawn --persistent
+job h 3 1 --seed 3 --model c --batch-size 48 --workers 2 --epochs 2
+finished h 3
+verify h "DataLoader subclass, spawn+persistent and plain jobs: one stream" $(recs h 3)
+one_producer h 3
+cpu_line h 3
+
+# --- i: Ctrl-C in a waiting consumer; --break-after in a consumer ---------------
+# Job 1 produces slowly; job 2 breaks out of every epoch after 2 batches; job 3
+# gets SIGINT while it waits for data: KeyboardInterrupt within a moment, and
+# the others go on.
+job i 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 2 --sleep 0.1
+job i 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 2 --sleep 0.1 --break-after 2
+job i 3 1 --seed 3 --model c --batch-size 16 --workers 2 --epochs 3 --sleep 0.1
+if wait_for "$T_TMP/i.3.jsonl" '"loader":"train","epoch":0,"batch":1,' 60; then
+	kill -INT "$(grep -o '"pid":[0-9]*' "$T_TMP/i.3.jsonl" | head -n 1 | cut -d: -f2)"
+	t0=$(date +%s%N)
+	{ wait "${JPID[i.3]}"; } 2>/dev/null
+	rc=$? t1=$(date +%s%N)
+	check "(i) SIGINT: the consumer stops with KeyboardInterrupt (exit $rc, $(((t1 - t0) / 1000000)) ms)" \
+		grep -q KeyboardInterrupt "$T_TMP/i.3.err"
+	unset 'JPID[i.3]'
+	finished i 2
+	verify i "--break-after 2: each of its epochs a window of the stream; the other jobs' epochs whole" $(recs i 3)
+else
+	not_ok "(i) job 3 recorded no batch within 60 s"
+	finished i 3
+fi
+
+# --- nothing left behind ----------------------------------------------------------
+left=$(ls /dev/shm 2>/dev/null | grep -E "^(tsshim\.|tsshim-feed\.)$(id -u)\.t-$$-" | head -n 5)
+check "every job gone: no session segment or feed file left in /dev/shm${left:+ (left: $left)}" [ -z "$left" ]
+
+finish pytorch_share
