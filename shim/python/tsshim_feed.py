@@ -212,12 +212,16 @@ class RecordingBatchSampler:
 # --- one epoch -------------------------------------------------------------------
 
 class SharedIter:
-    """What iter(loader) returns for a loader that shares."""
+    """What iter(loader) returns for a loader that shares.
+
+    The generator doing the work holds no reference to this object, so when
+    the program drops the iterator (a `break` out of the for loop) it is
+    closed at once and releases what it holds, as DataLoader's own iterator
+    shuts its workers down at once."""
 
     def __init__(self, loader, state, orig_iter):
-        self._loader, self._state, self._orig_iter = loader, state, orig_iter
         self._len = len(loader)
-        self._gen = self._run()
+        self._gen = _run(loader, state, orig_iter, self._len)
 
     def __iter__(self):
         return self
@@ -237,41 +241,39 @@ class SharedIter:
         except Exception:
             pass
 
-    def _run(self):
-        st, loader = self._state, self._loader
-        feed = st.feed
-        yielded = 0
-        if feed.busy:  # a second live iterator of the same loader: it runs on its own
-            yield from self._orig_iter(loader)
-            return
-        feed.busy = True
-        ep = _Epoch(self, st, feed)
+
+def _run(loader, st, orig_iter, length):
+    feed = st.feed
+    yielded = 0
+    if feed.busy:  # a second live iterator of the same loader: it runs on its own
+        yield from orig_iter(loader)
+        return
+    feed.busy = True
+    ep = _Epoch(loader, orig_iter, st, feed)
+    try:
         try:
-            try:
-                for batch in ep.batches():
-                    yielded += 1
-                    yield batch
-                return
-            except Fallback as e:
-                st.disable(str(e))
-            except NotCarried as e:
-                st.disable("batches cannot be shared: %s" % e)
-            # the rest of the epoch from the job's own loader
-            rest = self._len - yielded
-            if rest > 0:
-                it = self._orig_iter(loader)
-                yield from itertools.islice(it, rest)
-        finally:
-            ep.finish()
-            feed.busy = False
+            for batch in ep.batches():
+                yielded += 1
+                yield batch
+            return
+        except Fallback as e:
+            st.disable(str(e))
+        except NotCarried as e:
+            st.disable("batches cannot be shared: %s" % e)
+        # the rest of the epoch from the job's own loader
+        rest = length - yielded
+        if rest > 0:
+            yield from itertools.islice(orig_iter(loader), rest)
+    finally:
+        ep.finish()
+        feed.busy = False
 
 
 class _Epoch:
-    def __init__(self, it, st, feed):
-        self.it, self.st, self.feed = it, st, feed
+    def __init__(self, loader, orig_iter, st, feed):
+        self.loader, self.orig_iter, self.st, self.feed = loader, orig_iter, st, feed
         self.lib, self.h = feed.lib, feed.h
         self.torch = sys.modules["torch"]
-        self.loader = it._loader
         self.source = None        # (iterator of (batch, indices), stream epoch) while producing
         self.producing_real = False
         self.schema = None
@@ -373,7 +375,7 @@ class _Epoch:
     def produce_real(self):
         """This epoch runs on the job's own DataLoader; each batch is also published."""
         loader, torch = self.loader, self.torch
-        real, rec = self.st.real_iter(loader, self.it._orig_iter)
+        real, rec = self.st.real_iter(loader, self.orig_iter)
         nb = len(real) if hasattr(real, "__len__") else None
         workers = lambda: [w.pid for w in getattr(real, "_workers", []) if w.pid]  # noqa: E731
         k = 0
@@ -505,7 +507,7 @@ class _Epoch:
             self.source = "real"
             raise _SwitchToReal()
         self.stream_epoch = epoch
-        self.source = self.st.remainder(self.loader, self.it._orig_iter, rest, npub)
+        self.source = self.st.remainder(self.loader, self.orig_iter, rest, npub)
         hook.log("info", "feed %s: producing the rest of stream epoch %d (%d samples)"
                  % (self.feed.key, epoch, max(0, self.st.epoch_samples - npub)))
 

@@ -585,34 +585,35 @@ def check_shared(recs, table, rep):
 
 def check_breakers(breakers, jobs, rep):
     """A job that breaks out of its epochs re-attaches at the stream's head: each
-    of its epochs must be a contiguous window of a complete stream epoch that
-    another job saw, ending at that epoch's end when it is short."""
-    whole = [v for _, views in jobs for v in views if v.ep.end is not None and not getattr(v.ep, "short_first", False)
-             and v.start == 0]
+    of its epochs must be a contiguous run of another job's epoch (a late
+    joiner's too); when it ended early, the run ends where that job's complete
+    epoch ends. An epoch that no other job saw a part of is noted, not judged."""
+    views = [v for _, vs in jobs for v in vs]
     for rec in breakers:
         for ep in rec.epochs["train"]:
             seq = ep.seq()
             if not seq:
                 continue
-            found = covered = False
-            for w in whole:
+            short = getattr(ep, "short_break", False)
+            found = False
+            for w in views:
                 i = w.pos.get(seq[0])
-                if i is None:
+                if i is None or w.seq[i:i + len(seq)] != seq:
                     continue
-                covered = True
-                if w.seq[i:i + len(seq)] == seq and (not getattr(ep, "short_break", False) or
-                                                      i + len(seq) == len(w.seq)):
-                    found = True
-                    break
+                if short and w.ep.end is not None and w.start == 0 and i + len(seq) != len(w.seq):
+                    continue
+                found = True
+                break
             if found:
                 continue
-            if covered:
-                rep.fail(rec.name, "epoch after --break-after is not a window of the stream epoch that holds its "
-                         "first sample%s" % (" (a short one must end where the stream epoch ends)"
-                                             if getattr(ep, "short_break", False) else ""), "train", ep.epoch,
-                         kind="stream")
+            partial = [w for w in views if sum(1 for h in seq if h in w.pos) >= 2 and w.ep.end is not None
+                       and w.start == 0 and not getattr(w.ep, "short_first", False)]
+            if short and partial:
+                rep.fail(rec.name, "short epoch after --break-after does not end where the stream epoch ends",
+                         "train", ep.epoch, kind="stream")
             else:
-                rep.note("%s epoch %d: no other job's complete epoch holds it; not compared" % (rec.name, ep.epoch))
+                rep.note("%s epoch %d: not a contiguous run of another job's epoch; not compared"
+                         % (rec.name, ep.epoch))
 
 
 # --- main ------------------------------------------------------------------------

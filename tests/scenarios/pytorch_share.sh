@@ -232,11 +232,16 @@ else
 fi
 
 # --- e: the producer dies mid-epoch ----------------------------------------------
-job e 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 2 --sleep 0.05
-job e 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 2 --sleep 0.05
-job e 3 1 --seed 3 --model c --batch-size 32 --workers 2 --epochs 2 --sleep 0.05
+# Killed once every job reads the stream (a producer killed before the others
+# joined would just leave a dead session, which the next job replaces).
+job e 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 3 --sleep 0.1
+job e 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 3 --sleep 0.1
+job e 3 1 --seed 3 --model c --batch-size 32 --workers 2 --epochs 3 --sleep 0.1
 victim=
-if wait_for "$T_TMP/e.1.jsonl" '"loader":"train","epoch":0,"batch":3,' 60; then
+if wait_for "$T_TMP/e.1.jsonl" '"loader":"train","epoch":0,"batch":0,' 60 &&
+	wait_for "$T_TMP/e.2.jsonl" '"loader":"train","epoch":0,"batch":0,' 60 &&
+	wait_for "$T_TMP/e.3.jsonl" '"loader":"train","epoch":0,"batch":0,' 60; then
+	sleep 0.3
 	for i in 1 2 3; do
 		if [ -s "$T_TMP/e.$i.jsonl.workers" ]; then victim=$i; break; fi
 	done
@@ -253,7 +258,7 @@ if [ -n "$victim" ]; then
 		echo "# (e) job $i: workers started $(field "$T_TMP/e.$i.jsonl" workers_started) (one survivor takes over)"
 	done
 else
-	not_ok "(e) no job started workers after 3 batches"
+	not_ok "(e) no job recorded a batch within 60 s, or none started workers"
 	finished e 3
 fi
 
@@ -288,8 +293,9 @@ cpu_line h 3
 # Job 1 produces slowly; job 2 breaks out of every epoch after 2 batches; job 3
 # gets SIGINT while it waits for data: KeyboardInterrupt within a moment, and
 # the others go on.
-job i 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 2 --sleep 0.1
-job i 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 2 --sleep 0.1 --break-after 2
+job i 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 3 --sleep 0.1
+wait_for "$T_TMP/i.1.jsonl" '"loader":"train","epoch":0,"batch":0,' 60
+job i 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 3 --sleep 0.1 --break-after 2
 job i 3 1 --seed 3 --model c --batch-size 16 --workers 2 --epochs 3 --sleep 0.1
 if wait_for "$T_TMP/i.3.jsonl" '"loader":"train","epoch":0,"batch":1,' 60; then
 	kill -INT "$(grep -o '"pid":[0-9]*' "$T_TMP/i.3.jsonl" | head -n 1 | cut -d: -f2)"
