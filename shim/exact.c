@@ -23,6 +23,14 @@ void ts_exact_fork_unlock(void) { pthread_mutex_unlock(&open_lock); }
 
 int ts_exact_enabled(void)
 {
+	/*
+	 * auto: a process that shares a DataLoader (and the workers it forks)
+	 * already decodes each image once per epoch for the whole session;
+	 * caching its decodes would only cost copies. Exact mode is for the
+	 * jobs whose loaders cannot share.
+	 */
+	if (ts_cfg.mode == TS_MODE_AUTO && atomic_load_explicit(&ts_feed_active, memory_order_relaxed))
+		return 0;
 	return ts_shim_ready() && (ts_cfg.mode == TS_MODE_EXACT || ts_cfg.mode == TS_MODE_AUTO) &&
 	       ts_cfg.cache_mb > 0 && atomic_load_explicit(&cache_state, memory_order_acquire) != CACHE_FAILED;
 }

@@ -21,6 +21,7 @@
 #define TS_EXPORT __attribute__((visibility("default")))
 #define MAX_FEEDS 32
 
+_Atomic int ts_feed_active;
 static pthread_mutex_t feeds_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ts_feed *feeds[MAX_FEEDS];
 
@@ -74,6 +75,7 @@ TS_EXPORT int tsshim_feed_open(const char *key, const char *label, uint64_t nind
 		if (ret == 0) {
 			feeds[i] = f;
 			ret = i;
+			atomic_store(&ts_feed_active, 1);
 		}
 		break;
 	}

@@ -55,6 +55,8 @@ void ts_shim_dataset_work(void);
 void ts_shim_scope_known(void);
 /* In a Python process, put our sitecustomize first on PYTHONPATH (bootstrap.c). */
 void ts_bootstrap_python(void);
+/* Set once this process shares a DataLoader through a feed (inherited by forked workers). */
+extern _Atomic int ts_feed_active;
 /* Leave every data feed of this process (at exit). */
 void ts_feed_api_fini(void);
 
