@@ -85,6 +85,27 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/helpers/%.o $(CORE_LIB)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(LDFLAGS) $(LIBS_$*)
 
+# tsemu, the test device (tools/cudaemu/): a CPU emulation of the CUDA 13
+# runtime and driver subset tsshim uses, so the CUDA path is tested without
+# a GPU. Programs pick it up with LD_LIBRARY_PATH=$(BUILD)/emu. Compiled
+# against the CUDA headers; the runtime dlopen()s the driver.
+EMU_DIR  := $(BUILD)/emu
+EMU_LIBS := $(EMU_DIR)/libcudart.so.13 $(EMU_DIR)/libcuda.so.1
+all: $(EMU_LIBS)
+
+$(EMU_DIR)/libcuda.so.1: $(BUILD)/obj/tools/cudaemu/driver.o tools/cudaemu/libcuda.map
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $< $(LDFLAGS) -Wl,--version-script=tools/cudaemu/libcuda.map \
+	    -Wl,-soname,libcuda.so.1 -Wl,-z,defs -Wl,-z,now
+
+$(EMU_DIR)/libcudart.so.13: $(BUILD)/obj/tools/cudaemu/runtime.o tools/cudaemu/libcudart.map
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $< $(LDFLAGS) -Wl,--version-script=tools/cudaemu/libcudart.map \
+	    -Wl,-soname,libcudart.so.13 -Wl,-z,defs -Wl,-z,now -ldl
+
+# ts-cudaemu-check links nothing CUDA: it dlopen()s the emulated libraries.
+LIBS_ts-cudaemu-check := -ldl
+
 check-build: all $(UNITS) $(HELPERS)
 
 deps:

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# tsemu, the test device (build/emu/libcudart.so.13, libcuda.so.1): the CUDA
+# semantics the shim relies on, checked by tests/helpers/ts-cudaemu-check
+# across processes (IPC memory and events, stream ordering and asynchrony,
+# cuGetProcAddress, the runtime's route to the driver, pinned memory and
+# pointer attributes, fork, peers, the bandwidth model, counters), then the
+# reference trainer on the emulated GPU, and memcheck.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+. tests/lib.sh
+
+EMU=$PWD/$BUILD/emu
+CHK=$PWD/$BUILD/tests/ts-cudaemu-check
+TRAIN=$PWD/$BUILD/tsshim-train
+MKDATA=$PWD/$BUILD/tsshim-mkdata
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+for f in "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$CHK"; do
+	[ -e "$f" ] || { echo "not ok - $f not built"; exit 1; }
+done
+export LD_LIBRARY_PATH=$EMU
+unset TSEMU_DEVICES TSEMU_MEM_MB TSEMU_H2D_GBPS TSEMU_D2H_GBPS TSEMU_D2D_GBPS TSEMU_PEER_GBPS \
+	TSEMU_STREAM_DELAY_US TSEMU_STATS TSEMU_TRACE TSEMU_GETPROC_DENY
+
+# run NAME [ENV=VALUE...] -- ARGS...: the checker with that environment;
+# its output goes to $T_TMP/NAME.out, shown on failure.
+run() {
+	local name=$1; shift
+	local envs=()
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+	shift
+	env "${envs[@]}" timeout 60 "$CHK" "$@" >"$T_TMP/$name.out" 2>&1
+	local rc=$?
+	[ $rc = 0 ] || sed 's/^/#   /' "$T_TMP/$name.out" | head -20
+	return $rc
+}
+
+# --- the libraries themselves --------------------------------------------------------------
+exports() { nm -D --defined-only "$1" | awk '{print $3}' | sed 's/@.*//' | sort -u; }
+check "libcuda.so.1 exports only cu* and tsemu_stats" \
+	[ -z "$(exports "$EMU/libcuda.so.1" | grep -vE '^(cu[A-Z]|tsemu_stats$)')" ]
+check "libcudart.so.13 exports only cuda* and tsemu_stats, all at version libcudart.so.13" \
+	[ -z "$(nm -D --defined-only "$EMU/libcudart.so.13" | awk '$3 != "libcudart.so.13" {print $3}' |
+		grep -vE '^(cuda[A-Z][A-Za-z_]*|tsemu_stats)@@libcudart\.so\.13$')" ]
+if [ -e "$CUDA_HOME/lib64/stubs/libcuda.so" ]; then
+	extra=$(comm -23 <(exports "$EMU/libcuda.so.1" | grep -v tsemu_stats) <(exports "$CUDA_HOME/lib64/stubs/libcuda.so"))
+	check "every driver symbol exported is one NVIDIA's libcuda exports${extra:+ (not: $extra)}" [ -z "$extra" ]
+fi
+if [ -e "$CUDA_HOME/lib64/libcudart.so.13" ]; then
+	extra=$(comm -23 <(exports "$EMU/libcudart.so.13" | grep -v tsemu_stats) <(exports "$CUDA_HOME/lib64/libcudart.so.13"))
+	check "every runtime symbol exported is one NVIDIA's libcudart.so.13 exports${extra:+ (not: $extra)}" [ -z "$extra" ]
+fi
+check "libcudart.so.13 does not link the driver (no cu* reference, no libcuda in its needs)" \
+	[ -z "$(nm -D --undefined-only "$EMU/libcudart.so.13" | awk '{print $2}' | grep -E '^cu[A-Z]')" ] &&
+	! readelf -d "$EMU/libcudart.so.13" | grep -q 'libcuda\.so'
+check "the only versioned driver name in libcudart.so.13 is cuGetProcAddress_v2 (the rest by base name)" \
+	[ "$(strings "$EMU/libcudart.so.13" | grep -E '^cu[A-Z][A-Za-z]*_(v[0-9]|pt)' | sort -u)" = cuGetProcAddress_v2 ]
+
+# --- semantics ------------------------------------------------------------------------------
+check "basics: 3 devices (TSEMU_DEVICES=3), versions 13000, copies, 256-byte bases, cudaMalloc(0), memset, _ptds/_ptsz, device per thread" \
+	run basics TSEMU_DEVICES=3 -- basics
+check "a device pointer is not host memory: dereferencing it faults" run nohost -- no-host-access
+check "TSEMU_DEVICES=0: cudaErrorNoDevice" run nodevice TSEMU_DEVICES=0 -- nodevice
+run badenv TSEMU_DEVICES=abc -- errors
+check "an invalid TSEMU_ value: one line on stderr, default used" \
+	grep -q "TSEMU_DEVICES='abc' is invalid" "$T_TMP/badenv.out"
+check "errors: codes, sticky last error (get clears, peek keeps), bad pointers, handles and kinds, error strings" \
+	run errors -- errors
+check "cuGetProcAddress: versioned and per-thread variants by name and version, status, bad input; the pointers work; cudaGetDriverEntryPoint agrees" \
+	run getproc -- getproc
+run route TSEMU_TRACE=1 -- route
+check "the runtime takes its driver entry points from cuGetProcAddress (TSEMU_TRACE=1 lists them) and its calls reach the driver" \
+	grep -q 'cuGetProcAddress("cuMemAlloc", 13000, 0x1) -> cuMemAlloc_v2' "$T_TMP/route.out" &&
+	grep -q 'cuGetProcAddress("cuMemcpyHtoD", 13000, 0x2) -> cuMemcpyHtoD_v2_ptds' "$T_TMP/route.out" &&
+	! grep -q FAIL "$T_TMP/route.out"
+check "cuGetProcAddress withholding cuMemcpyHtoD (TSEMU_GETPROC_DENY): the runtime cannot start, though the symbol is exported" \
+	run deny TSEMU_GETPROC_DENY=cuMemcpyHtoD -- deny
+check "pinned memory: cudaHostAlloc/cudaMallocHost/cudaHostRegister are Host, cudaMalloc Device (with its device), others Unregistered without error" \
+	run pinned -- pinned
+check "fork after initialisation: every call in the child fails with cudaErrorInitializationError, the parent goes on" \
+	run fork -- fork
+check "fork before initialisation: the child may use CUDA" run forkclean -- fork-clean
+check "peers: cudaDeviceCanAccessPeer, enable twice, cudaMemcpyPeer(Async), unified copy across devices, counters" \
+	run peer -- peer
+check "IPC memory: handle only of a base, own handle refused (invalid device context), another process reads/writes, reopen/close refcount, mapping outlives the exporter's cudaFree, stale handle refused" \
+	run ipcmem -- ipc-mem
+check "IPC events: records in one process order streams in the other, both ways; cudaEventQuery not ready is not a last error; a dead recorder does not hang waiters" \
+	run ipcevent -- ipc-event
+check "asynchrony: pinned async copies run later on their stream, pageable ones are staged, D2D cudaMemcpy does not block, events, destroy with work pending" \
+	run async -- stream-async
+check "ordering: cudaStreamWaitEvent orders a copy after an earlier queued one (and without it streams overlap); legacy default stream vs blocking/non-blocking streams; per-thread streams" \
+	run order -- stream-order
+run bw1 TSEMU_H2D_GBPS=1 -- bandwidth h2d 60 5000
+rc=$?
+ms1=$(sed -n 's/^ms=//p' "$T_TMP/bw1.out")
+check "bandwidth: a 64 MiB H2D copy at TSEMU_H2D_GBPS=1 takes >= 60 ms (${ms1:-?} ms)" [ $rc = 0 ]
+run bw0 -- bandwidth h2d 0 5000
+ms0=$(sed -n 's/^ms=//p' "$T_TMP/bw0.out")
+check "bandwidth: without TSEMU_H2D_GBPS no modelled delay (${ms0:-?} ms, >= 40 ms less than at 1 GB/s)" \
+	awk -v a="${ms0:-1e9}" -v b="${ms1:-0}" 'BEGIN { exit !(a + 40 <= b) }'
+run bw2 TSEMU_D2D_GBPS=2 -- bandwidth d2d 30 5000
+rc=$?
+check "bandwidth: a 64 MiB D2D copy at TSEMU_D2D_GBPS=2 takes >= 30 ms ($(sed -n 's/^ms=//p' "$T_TMP/bw2.out") ms)" [ $rc = 0 ]
+
+STATS=$T_TMP/stats.jsonl
+run stats TSEMU_STATS="$STATS" -- stats
+sp=$(sed -n 's/^pid=//p' "$T_TMP/stats.out")
+check "tsemu_stats counts copies exactly; TSEMU_STATS appends one JSON line at exit" \
+	[ -n "$sp" ] && [ "$(wc -l <"$STATS")" = 1 ] &&
+	grep -q "^{\"pid\":$sp,\"devices\":2,\"h2d_bytes\":3000,\"d2h_bytes\":500,\"d2d_bytes\":700,.*\"h2d_calls\":3," "$STATS"
+if command -v python3 >/dev/null; then
+	check "the TSEMU_STATS line is valid JSON" python3 -c 'import json,sys; json.loads(open(sys.argv[1]).readline())' "$STATS"
+fi
+
+# --- the reference trainer on the emulated GPU ------------------------------------------------
+if [ -x "$TRAIN" ] && [ -x "$MKDATA" ]; then
+	D=$T_TMP/data
+	"$MKDATA" --classes 3 --train 8 --val 3 --seed 5 "$D" >"$T_TMP/mkdata.out" 2>&1 || cat "$T_TMP/mkdata.out"
+	COMMON=(--size 32 --batch 5 --epochs 2 --seed 3 --readback --val "$D/val" "$D/train")
+	train() { # NAME ARGS...
+		local name=$1; shift
+		"$TRAIN" --record "$T_TMP/$name.rec" "$@" >"$T_TMP/$name.out" 2>"$T_TMP/$name.err"
+		local rc=$?
+		[ $rc = 0 ] || sed 's/^/#   /' "$T_TMP/$name.err" | head -5
+		return $rc
+	}
+	sum() { sed -n 's/.*trained_checksum=\([0-9a-f]*\).*/\1/p' "$T_TMP/$1.out"; }
+	dsum() { sed -n 's/.*device_checksum=\([0-9a-f]*\).*/\1/p' "$T_TMP/$1.out"; }
+	train cpu --device cpu --workers 0 "${COMMON[@]}"
+	check "tsshim-train --device cpu (reference)" [ -n "$(sum cpu)" ]
+	TSEMU_STATS=$T_TMP/train.jsonl train gpu --device cuda --workers 2 "${COMMON[@]}"
+	check "tsshim-train --device cuda on the test device: same records and trained_checksum as --device cpu" \
+		[ -n "$(sum gpu)" ] && cmp -s "$T_TMP/cpu.rec" "$T_TMP/gpu.rec" && cmp -s "$T_TMP/cpu.out" "$T_TMP/gpu.out"
+	check "... and what it read back from the device is what it uploaded (device_checksum)" \
+		[ "$(dsum gpu)" = "$(sum gpu)" ]
+	# 2 epochs x 24 samples + 2 validation passes x 9 samples, each 3x32x32 float32 + int64 label
+	want=$(((2 * 24 + 2 * 9) * (3 * 32 * 32 * 4 + 8)))
+	check "... it used the emulated GPU: TSEMU_STATS counts $want bytes host to device and back" \
+		grep -q "\"h2d_bytes\":$want,\"d2h_bytes\":$want," "$T_TMP/train.jsonl"
+	train gpupin --device cuda --workers 2 --pin "${COMMON[@]}"
+	check "tsshim-train --device cuda --pin (cudaHostAlloc + cudaMemcpyAsync): same trained_checksum" \
+		[ -n "$(sum gpupin)" ] && [ "$(sum gpupin)" = "$(sum cpu)" ] && [ "$(dsum gpupin)" = "$(sum cpu)" ]
+	TSEMU_STREAM_DELAY_US=2000 TSEMU_H2D_GBPS=0.5 train gpuslow --device cuda --workers 2 --pin "${COMMON[@]}"
+	check "... also with slow streams (TSEMU_STREAM_DELAY_US=2000, TSEMU_H2D_GBPS=0.5)" \
+		[ -n "$(sum gpuslow)" ] && [ "$(sum gpuslow)" = "$(sum cpu)" ] && [ "$(dsum gpuslow)" = "$(sum cpu)" ]
+else
+	echo "# skipped: the reference trainer (tsshim-train, tsshim-mkdata not built)"
+fi
+
+# --- memcheck -------------------------------------------------------------------------------
+if command -v valgrind >/dev/null && ! ldd "$CHK" | grep -q libasan; then
+	valgrind -q --error-exitcode=9 --leak-check=full --show-leak-kinds=definite,indirect,possible \
+		--errors-for-leak-kinds=definite,indirect,possible "$CHK" quick >"$T_TMP/vg.out" 2>&1
+	rc=$?
+	check "ts-cudaemu-check quick (basics errors pinned peer ipc-mem) under valgrind: no error, no leak" [ $rc = 0 ] ||
+		sed 's/^/#   /' "$T_TMP/vg.out" | head -30
+fi
+
+finish cudaemu

@@ -1,0 +1,2769 @@
+/* tsemu: the tsshim test device, driver half (build/emu/libcuda.so.1).
+ *
+ * A CPU emulation of the CUDA 13 driver API subset tsshim uses, so the shim's
+ * CUDA path can be tested on machines without a GPU. It is not a GPU: there
+ * are no kernels. What it keeps from real CUDA is what an interposer can get
+ * wrong: entry points and their versioned names (cuGetProcAddress), stream
+ * ordering and asynchrony, events, IPC across processes, pinned memory,
+ * pointer attributes, fork behaviour and error codes.
+ *
+ * Model
+ *  - Devices: TSEMU_DEVICES (0..16, default 2), each with a primary context
+ *    and TSEMU_MEM_MB of memory (default 16384). Peer access between any two.
+ *  - Device memory: one memfd per allocation. The device pointer is the
+ *    address of a PROT_NONE reservation (so the host cannot dereference it,
+ *    as on a real GPU); the bytes live in a second, shared mapping of the
+ *    memfd. Bases are page aligned (>= 256 bytes, as CUDA promises).
+ *  - IPC: a memory handle names the exporter's pid, the memfd's descriptor
+ *    number and inode; the importer opens /proc/PID/fd/N (same user only)
+ *    and maps it. Its mapping outlives the exporter's cuMemFree.
+ *  - Streams: one worker thread per stream executes its queue in order.
+ *    Copies run there, so a pinned source changed after an async copy and
+ *    before synchronisation shows. The legacy default stream synchronises
+ *    with every blocking stream of its context; the per-thread default
+ *    stream is a blocking stream of each thread.
+ *  - Events: a record counter and a completion counter (plus a futex word);
+ *    for CU_EVENT_INTERPROCESS events they live in a shared memfd page, so
+ *    an importer's cuStreamWaitEvent waits for the exporter's work.
+ *  - Host/device synchronisation of copies follows the CUDA documentation
+ *    ("API synchronization behavior"): see copy_blocks().
+ *
+ * Environment: TSEMU_DEVICES, TSEMU_MEM_MB, TSEMU_H2D_GBPS, TSEMU_D2H_GBPS
+ * (default: the H2D rate), TSEMU_D2D_GBPS, TSEMU_PEER_GBPS (default: the D2D
+ * rate), TSEMU_STREAM_DELAY_US (every stream operation waits this long before
+ * it runs), TSEMU_STATS=FILE, TSEMU_TRACE=1 (cuGetProcAddress lookups) or 2
+ * (every call), TSEMU_GETPROC_DENY=name,name (cuGetProcAddress reports these
+ * base names as not found: a test knob).
+ *
+ * Built with __CUDA_API_VERSION_INTERNAL so that cuda.h declares every name
+ * this library defines, versioned (_v2), legacy (v1) and per-thread
+ * (_ptds/_ptsz) alike, with the exact prototypes of the CUDA headers. */
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "errors.h"
+#include "tsemu.h"
+
+#define API __attribute__((visibility("default")))
+#define TLS __thread __attribute__((tls_model("global-dynamic")))
+
+#define DRIVER_VERSION 13000
+#define MAXDEV 16
+#define CTX_MAGIC 0x54435458u /* "TCTX" */
+#define STREAM_MAGIC 0x5453544du
+#define EVENT_MAGIC 0x5445564eu
+#define EVSH_MAGIC 0x54455653u
+#define IPC_MAGIC "TSEM"
+#define IPC_VERSION 1
+
+/* ---- state ------------------------------------------------------------------------ */
+
+enum { M_DEV = 1, M_IPC, M_HOSTALLOC, M_HOSTREG };
+
+struct ctx {
+	uint32_t magic;
+	int dev;
+	int refs;   /* primary context retains */
+	int active; /* retained at least once */
+	uint32_t peers; /* devices this context has enabled peer access to */
+	struct stream *legacy;
+};
+
+struct mem {
+	int kind, dev;
+	struct ctx *ctx;
+	uintptr_t base; /* user-visible address */
+	size_t size;
+	char *data;     /* where the bytes are (== base for host memory) */
+	size_t maplen;  /* device kinds: reservation and data mapping length */
+	int fd;         /* M_DEV: the memfd (kept for IPC export) */
+	uint64_t ino, id;
+	unsigned flags;
+	int refs;       /* the table's + in-flight operations' */
+	int opens;      /* M_IPC: cuIpcOpenMemHandle count */
+	pid_t peer_pid; /* M_IPC: exporter */
+	uint64_t peer_id;
+};
+
+enum { OP_COPY = 1, OP_MEMSET, OP_RECORD, OP_WAITEV, OP_MARK };
+enum { D_H2D, D_D2H, D_D2D, D_PEER, D_H2H };
+
+struct dep {
+	struct stream *s;
+	uint64_t seq;
+};
+
+struct op {
+	struct op *next;
+	int kind;
+	uint64_t seq;
+	struct dep *deps;
+	int ndeps, capdeps;
+	/* copy / memset */
+	char *dst;
+	const char *src;
+	size_t n;
+	int dir;
+	unsigned char value;
+	char *staging; /* owned copy of a pageable source */
+	struct mem *m[2];
+	/* record / wait */
+	struct event *ev;
+	uint64_t gen;
+};
+
+enum { S_USER = 1, S_LEGACY, S_PTDS };
+
+struct stream {
+	uint32_t magic;
+	int kind;
+	unsigned flags;
+	struct ctx *ctx;
+	struct op *head, *tail;
+	uint64_t submitted, completed;
+	int refs;      /* handle (or owner) + dependencies naming it */
+	int destroyed; /* no more work accepted; worker drains then ends */
+	int started, finished, joined;
+	pthread_t th;
+	pthread_cond_t cv;
+	struct stream *next_all;
+};
+
+/* An event's state: private memory, or a shared memfd page (interprocess). */
+struct evsh {
+	uint32_t magic, version;
+	uint64_t recorded; /* generation of the latest record (API call) */
+	uint64_t done;     /* highest generation completed */
+	uint64_t done_ns;  /* CLOCK_MONOTONIC of the latest completion */
+	uint32_t futex;    /* bumped at every completion */
+	int32_t recorder;  /* pid of the latest recorder */
+};
+
+struct event {
+	uint32_t magic;
+	unsigned flags;
+	struct ctx *ctx;
+	struct evsh *sh;
+	int fd; /* exporter: memfd of the shared page; -1 otherwise */
+	uint64_t ino, id;
+	int imported;
+	pid_t peer_pid;
+	int refs, destroyed;
+	struct event *next_all;
+};
+
+struct ipc_handle { /* fits CU_IPC_HANDLE_SIZE (64) bytes */
+	char magic[4];
+	uint8_t kind; /* 'M' memory, 'E' event */
+	uint8_t dev;
+	uint16_t version;
+	int32_t pid;
+	int32_t fd;
+	uint32_t uid;
+	uint32_t pad;
+	uint64_t ino;
+	uint64_t size;
+	uint64_t id;
+};
+_Static_assert(sizeof(struct ipc_handle) <= CU_IPC_HANDLE_SIZE, "IPC handle too large");
+
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t done; /* broadcast when an operation completes or a worker ends */
+	pthread_once_t once;
+	int inited, forked, stopping;
+	CUresult init_rc;
+	pid_t pid;
+	int ndev;
+	size_t mem_total;
+	double rate[5]; /* bytes/s per direction; 0: no delay */
+	long delay_us;
+	int trace;
+	char *deny;
+	struct ctx ctx[MAXDEV];
+	size_t used[MAXDEV];
+	struct mem **mems; /* sorted by base, non-overlapping spans */
+	size_t nmem, capmem;
+	struct stream *streams;
+	struct event *events;
+	uint64_t next_id;
+	pthread_key_t ptds_key;
+	struct tsemu_stats st;
+} G = {
+	.mu = PTHREAD_MUTEX_INITIALIZER,
+	.done = PTHREAD_COND_INITIALIZER,
+	.once = PTHREAD_ONCE_INIT,
+};
+
+static TLS struct ctx *tls_ctx;
+static TLS struct stream **tls_ptds; /* [MAXDEV], malloc'd on first use */
+
+#define ST_ADD(field, v) __atomic_fetch_add(&G.st.field, (uint64_t)(v), __ATOMIC_RELAXED)
+
+/* ---- small helpers --------------------------------------------------------------- */
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+	char buf[512];
+	int n = snprintf(buf, sizeof buf, "tsemu[%d]: ", (int)getpid());
+	va_list ap;
+	va_start(ap, fmt);
+	if (n >= 0 && (size_t)n < sizeof buf)
+		n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if ((size_t)n >= sizeof buf - 1)
+		n = (int)sizeof buf - 2;
+	buf[n++] = '\n';
+	ssize_t w = write(2, buf, (size_t)n);
+	(void)w;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Sleep until CLOCK_MONOTONIC reaches `until` ns, in slices, giving up when
+ * the library is being torn down. */
+static void sleep_until(uint64_t until)
+{
+	for (;;) {
+		uint64_t t = now_ns();
+		if (t >= until || __atomic_load_n(&G.stopping, __ATOMIC_ACQUIRE))
+			return;
+		uint64_t d = until - t;
+		if (d > 50000000u)
+			d = 50000000u;
+		struct timespec ts = {(time_t)(d / 1000000000u), (long)(d % 1000000000u)};
+		nanosleep(&ts, NULL);
+	}
+}
+
+static int futex_wait(uint32_t *addr, uint32_t val, long ns)
+{
+	struct timespec ts = {ns / 1000000000L, ns % 1000000000L};
+	return (int)syscall(SYS_futex, addr, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake_all(uint32_t *addr)
+{
+	syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static size_t page_round(size_t n)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	return (n + pg - 1) / pg * pg;
+}
+
+/* ---- configuration, initialisation, fork, exit ------------------------------------ */
+
+static int env_long(const char *name, long lo, long hi, long *out)
+{
+	const char *v = getenv(name);
+	if (!v || !*v)
+		return 0;
+	char *end;
+	errno = 0;
+	long x = strtol(v, &end, 10);
+	if (errno || *end || end == v || x < lo || x > hi || *v == '+' || *v == '-' || *v == ' ') {
+		say("%s='%s' is invalid: expected an integer from %ld to %ld; ignored", name, v, lo, hi);
+		return 0;
+	}
+	*out = x;
+	return 1;
+}
+
+static int env_rate(const char *name, double *out)
+{
+	const char *v = getenv(name);
+	if (!v || !*v)
+		return 0;
+	char *end;
+	errno = 0;
+	double x = strtod(v, &end);
+	if (errno || *end || end == v || !isfinite(x) || x <= 0 || x > 1e6) {
+		say("%s='%s' is invalid: expected a positive number of GB/s (1e9 bytes/s); ignored", name, v);
+		return 0;
+	}
+	*out = x * 1e9;
+	return 1;
+}
+
+static void atfork_child(void)
+{
+	/* CUDA is unusable in a child forked after cuInit, as with a real
+	 * driver. The child has none of the parent's threads: it must not
+	 * touch the parent's queues or locks, so it only remembers this. */
+	if (__atomic_load_n(&G.inited, __ATOMIC_ACQUIRE))
+		G.forked = 1;
+}
+
+static void ptds_release(void *arg);
+
+/* Configuration, once per process: by cuInit, or by cuGetProcAddress
+ * (which works before cuInit). */
+static void do_config(void)
+{
+	long v = 2;
+	env_long("TSEMU_DEVICES", 0, MAXDEV, &v);
+	G.ndev = (int)v;
+	v = 16384;
+	env_long("TSEMU_MEM_MB", 1, 1L << 24, &v);
+	G.mem_total = (size_t)v << 20;
+	env_rate("TSEMU_H2D_GBPS", &G.rate[D_H2D]);
+	if (!env_rate("TSEMU_D2H_GBPS", &G.rate[D_D2H]))
+		G.rate[D_D2H] = G.rate[D_H2D];
+	env_rate("TSEMU_D2D_GBPS", &G.rate[D_D2D]);
+	if (!env_rate("TSEMU_PEER_GBPS", &G.rate[D_PEER]))
+		G.rate[D_PEER] = G.rate[D_D2D];
+	v = 0;
+	env_long("TSEMU_STREAM_DELAY_US", 0, 60000000L, &v);
+	G.delay_us = v;
+	v = 0;
+	env_long("TSEMU_TRACE", 0, 2, &v);
+	G.trace = (int)v;
+	const char *deny = getenv("TSEMU_GETPROC_DENY");
+	if (deny && *deny) {
+		size_t n = strlen(deny);
+		G.deny = malloc(n + 3);
+		if (G.deny)
+			snprintf(G.deny, n + 3, ",%s,", deny);
+	}
+	G.pid = getpid();
+	for (int i = 0; i < MAXDEV; i++) {
+		G.ctx[i].magic = CTX_MAGIC;
+		G.ctx[i].dev = i;
+	}
+	G.st.version = TSEMU_STATS_VERSION;
+	G.st.devices = (uint32_t)G.ndev;
+	G.next_id = 1;
+	pthread_key_create(&G.ptds_key, ptds_release);
+	pthread_atfork(NULL, NULL, atfork_child);
+	G.init_rc = G.ndev == 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
+}
+
+/* Every entry point but the few that work without cuInit starts here. */
+static CUresult api_enter(const char *name)
+{
+	if (G.forked)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	ST_ADD(api_calls, 1);
+	if (G.trace >= 2)
+		say("%s", name);
+	if (!__atomic_load_n(&G.inited, __ATOMIC_ACQUIRE))
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (__atomic_load_n(&G.stopping, __ATOMIC_ACQUIRE))
+		return CUDA_ERROR_DEINITIALIZED;
+	return CUDA_SUCCESS;
+}
+
+#define ENTER(name)                                    \
+	do {                                           \
+		CUresult e_ = api_enter(name);         \
+		if (e_ != CUDA_SUCCESS)                \
+			return e_;                     \
+	} while (0)
+
+static void write_stats(void)
+{
+	const char *path = getenv("TSEMU_STATS");
+	if (!path || !*path)
+		return;
+	struct tsemu_stats s = G.st;
+	char buf[2048];
+	int n = snprintf(buf, sizeof buf,
+		"{\"pid\":%d,\"devices\":%u,"
+		"\"h2d_bytes\":%llu,\"d2h_bytes\":%llu,\"d2d_bytes\":%llu,\"peer_bytes\":%llu,\"h2h_bytes\":%llu,"
+		"\"h2d_calls\":%llu,\"d2h_calls\":%llu,\"d2d_calls\":%llu,\"peer_calls\":%llu,\"h2h_calls\":%llu,"
+		"\"memset_bytes\":%llu,\"memset_calls\":%llu,\"allocs\":%llu,\"frees\":%llu,"
+		"\"alloc_bytes\":%llu,\"peak_alloc_bytes\":%llu,"
+		"\"ipc_mem_exports\":%llu,\"ipc_mem_opens\":%llu,\"ipc_mem_closes\":%llu,"
+		"\"ipc_event_exports\":%llu,\"ipc_event_opens\":%llu,"
+		"\"event_records\":%llu,\"stream_waits\":%llu,\"getproc_lookups\":%llu,\"api_calls\":%llu}\n",
+		(int)getpid(), s.devices,
+		(unsigned long long)s.h2d_bytes, (unsigned long long)s.d2h_bytes, (unsigned long long)s.d2d_bytes,
+		(unsigned long long)s.peer_bytes, (unsigned long long)s.h2h_bytes,
+		(unsigned long long)s.h2d_calls, (unsigned long long)s.d2h_calls, (unsigned long long)s.d2d_calls,
+		(unsigned long long)s.peer_calls, (unsigned long long)s.h2h_calls,
+		(unsigned long long)s.memset_bytes, (unsigned long long)s.memset_calls,
+		(unsigned long long)s.allocs, (unsigned long long)s.frees,
+		(unsigned long long)s.alloc_bytes, (unsigned long long)s.peak_alloc_bytes,
+		(unsigned long long)s.ipc_mem_exports, (unsigned long long)s.ipc_mem_opens,
+		(unsigned long long)s.ipc_mem_closes, (unsigned long long)s.ipc_event_exports,
+		(unsigned long long)s.ipc_event_opens, (unsigned long long)s.event_records,
+		(unsigned long long)s.stream_waits, (unsigned long long)s.getproc_lookups,
+		(unsigned long long)s.api_calls);
+	if (n <= 0 || (size_t)n >= sizeof buf)
+		return;
+	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		say("TSEMU_STATS=%s: %s", path, strerror(errno));
+		return;
+	}
+	if (write(fd, buf, (size_t)n) != n)
+		say("TSEMU_STATS=%s: short write", path);
+	close(fd);
+}
+
+API int tsemu_stats(struct tsemu_stats *out)
+{
+	if (!out)
+		return -1;
+	*out = G.st;
+	out->version = TSEMU_STATS_VERSION;
+	return 0;
+}
+
+/* ---- memory table ------------------------------------------------------------------- */
+
+static int is_dev(const struct mem *m)
+{
+	return m && (m->kind == M_DEV || m->kind == M_IPC);
+}
+
+static size_t mem_span(const struct mem *m)
+{
+	return is_dev(m) ? m->maplen : m->size;
+}
+
+/* Index of the first record whose base is > p. */
+static size_t mem_upper(uintptr_t p)
+{
+	size_t lo = 0, hi = G.nmem;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (G.mems[mid]->base <= p)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* The record whose span holds p (device records span their whole
+ * reservation, so a pointer past the end of an allocation is still known to
+ * be a device pointer). Under G.mu. */
+static struct mem *mem_find(uintptr_t p)
+{
+	size_t i = mem_upper(p);
+	if (i == 0)
+		return NULL;
+	struct mem *m = G.mems[i - 1];
+	return p - m->base < mem_span(m) ? m : NULL;
+}
+
+/* Does [p, p+n) intersect any record? */
+static int mem_overlaps(uintptr_t p, size_t n)
+{
+	size_t i = mem_upper(p);
+	if (i > 0 && p - G.mems[i - 1]->base < mem_span(G.mems[i - 1]))
+		return 1;
+	return i < G.nmem && G.mems[i]->base - p < n;
+}
+
+static int mem_insert(struct mem *m)
+{
+	if (G.nmem == G.capmem) {
+		size_t cap = G.capmem ? G.capmem * 2 : 64;
+		struct mem **a = realloc(G.mems, cap * sizeof *a);
+		if (!a)
+			return -1;
+		G.mems = a;
+		G.capmem = cap;
+	}
+	size_t i = mem_upper(m->base);
+	memmove(G.mems + i + 1, G.mems + i, (G.nmem - i) * sizeof *G.mems);
+	G.mems[i] = m;
+	G.nmem++;
+	return 0;
+}
+
+static void mem_remove(struct mem *m)
+{
+	for (size_t i = 0; i < G.nmem; i++)
+		if (G.mems[i] == m) {
+			memmove(G.mems + i, G.mems + i + 1, (G.nmem - i - 1) * sizeof *G.mems);
+			G.nmem--;
+			return;
+		}
+}
+
+static void mem_unref(struct mem *m)
+{
+	if (!m || --m->refs > 0)
+		return;
+	if (is_dev(m)) {
+		munmap((void *)m->base, m->maplen);
+		munmap(m->data, m->maplen);
+	} else if (m->kind == M_HOSTALLOC) {
+		munmap(m->data, page_round(m->size));
+	}
+	if (m->fd >= 0)
+		close(m->fd);
+	free(m);
+}
+
+/* A reservation the host cannot touch, and the bytes behind it. */
+static CUresult map_device(int fd, size_t maplen, uintptr_t *base, char **data)
+{
+	void *r = mmap(NULL, maplen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (r == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	void *d = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (d == MAP_FAILED) {
+		munmap(r, maplen);
+		return CUDA_ERROR_MAP_FAILED;
+	}
+	*base = (uintptr_t)r;
+	*data = d;
+	return CUDA_SUCCESS;
+}
+
+/* ---- streams and their workers ------------------------------------------------------ */
+
+static void event_unref(struct event *e);
+
+static void stream_unref(struct stream *s)
+{
+	if (s)
+		s->refs--;
+}
+
+static void op_free(struct op *o)
+{
+	for (int i = 0; i < o->ndeps; i++)
+		stream_unref(o->deps[i].s);
+	free(o->deps);
+	free(o->staging);
+	mem_unref(o->m[0]);
+	mem_unref(o->m[1]);
+	if (o->ev)
+		event_unref(o->ev);
+	free(o);
+}
+
+static int deps_done(const struct op *o)
+{
+	for (int i = 0; i < o->ndeps; i++)
+		if (o->deps[i].s->completed < o->deps[i].seq)
+			return 0;
+	return 1;
+}
+
+static int add_dep(struct op *o, struct stream *s, uint64_t seq)
+{
+	if (s->completed >= seq)
+		return 0;
+	for (int i = 0; i < o->ndeps; i++)
+		if (o->deps[i].s == s) {
+			if (o->deps[i].seq < seq)
+				o->deps[i].seq = seq;
+			return 0;
+		}
+	if (o->ndeps == o->capdeps) {
+		int cap = o->capdeps ? o->capdeps * 2 : 4;
+		struct dep *d = realloc(o->deps, (size_t)cap * sizeof *d);
+		if (!d)
+			return -1;
+		o->deps = d;
+		o->capdeps = cap;
+	}
+	o->deps[o->ndeps].s = s;
+	o->deps[o->ndeps].seq = seq;
+	o->ndeps++;
+	s->refs++;
+	return 0;
+}
+
+static int ev_wait(struct evsh *sh, uint64_t gen);
+
+static void op_exec(struct op *o)
+{
+	switch (o->kind) {
+	case OP_COPY: {
+		/* With a bandwidth set, the bytes land at the end of the modelled
+		 * transfer time: a reader that does not wait sees old data. */
+		double rate = o->dir == D_H2H ? 0 : G.rate[o->dir];
+		if (rate > 0)
+			sleep_until(now_ns() + (uint64_t)((double)o->n / rate * 1e9));
+		memmove(o->dst, o->src, o->n);
+		switch (o->dir) {
+		case D_H2D: ST_ADD(h2d_bytes, o->n); ST_ADD(h2d_calls, 1); break;
+		case D_D2H: ST_ADD(d2h_bytes, o->n); ST_ADD(d2h_calls, 1); break;
+		case D_D2D: ST_ADD(d2d_bytes, o->n); ST_ADD(d2d_calls, 1); break;
+		case D_PEER: ST_ADD(peer_bytes, o->n); ST_ADD(peer_calls, 1); break;
+		default: ST_ADD(h2h_bytes, o->n); ST_ADD(h2h_calls, 1); break;
+		}
+		break;
+	}
+	case OP_MEMSET:
+		memset(o->dst, o->value, o->n);
+		ST_ADD(memset_bytes, o->n);
+		ST_ADD(memset_calls, 1);
+		break;
+	case OP_RECORD: {
+		struct evsh *sh = o->ev->sh;
+		__atomic_store_n(&sh->done_ns, now_ns(), __ATOMIC_RELAXED);
+		uint64_t cur = __atomic_load_n(&sh->done, __ATOMIC_ACQUIRE);
+		while (cur < o->gen &&
+		       !__atomic_compare_exchange_n(&sh->done, &cur, o->gen, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			;
+		__atomic_fetch_add(&sh->futex, 1, __ATOMIC_RELEASE);
+		futex_wake_all(&sh->futex);
+		break;
+	}
+	case OP_WAITEV:
+		ev_wait(o->ev->sh, o->gen);
+		break;
+	default:
+		break;
+	}
+}
+
+static void *worker(void *arg)
+{
+	struct stream *s = arg;
+	pthread_mutex_lock(&G.mu);
+	for (;;) {
+		while (!s->head && !s->destroyed && !G.stopping)
+			pthread_cond_wait(&s->cv, &G.mu);
+		if (G.stopping || !s->head)
+			break;
+		struct op *o = s->head;
+		while (!deps_done(o) && !G.stopping)
+			pthread_cond_wait(&G.done, &G.mu);
+		if (G.stopping)
+			break;
+		pthread_mutex_unlock(&G.mu);
+		if (G.delay_us && (o->kind == OP_COPY || o->kind == OP_MEMSET || o->kind == OP_RECORD))
+			sleep_until(now_ns() + (uint64_t)G.delay_us * 1000u);
+		op_exec(o);
+		pthread_mutex_lock(&G.mu);
+		s->head = o->next;
+		if (!s->head)
+			s->tail = NULL;
+		s->completed = o->seq;
+		op_free(o);
+		pthread_cond_broadcast(&G.done);
+	}
+	/* Torn down (or destroyed and drained): what is left is abandoned. */
+	while (s->head) {
+		struct op *o = s->head;
+		s->head = o->next;
+		op_free(o);
+	}
+	s->tail = NULL;
+	s->completed = s->submitted;
+	s->finished = 1;
+	pthread_cond_broadcast(&G.done);
+	pthread_mutex_unlock(&G.mu);
+	return NULL;
+}
+
+/* Join and free destroyed streams nobody refers to any more. Under G.mu. */
+static void streams_reap(void)
+{
+	struct stream **pp = &G.streams;
+	while (*pp) {
+		struct stream *s = *pp;
+		if (s->destroyed && s->refs <= 0 && (s->finished || !s->started)) {
+			*pp = s->next_all;
+			if (s->started)
+				pthread_join(s->th, NULL);
+			pthread_cond_destroy(&s->cv);
+			free(s);
+			continue;
+		}
+		pp = &s->next_all;
+	}
+}
+
+static struct stream *stream_new(struct ctx *c, int kind, unsigned flags)
+{
+	struct stream *s = calloc(1, sizeof *s);
+	if (!s)
+		return NULL;
+	s->magic = STREAM_MAGIC;
+	s->kind = kind;
+	s->flags = flags;
+	s->ctx = c;
+	s->refs = 1;
+	pthread_cond_init(&s->cv, NULL);
+	s->next_all = G.streams;
+	G.streams = s;
+	return s;
+}
+
+/* Mark a stream for destruction: its worker finishes the queue, then ends. */
+static void stream_retire(struct stream *s)
+{
+	s->destroyed = 1;
+	s->magic = 0;
+	s->refs--;
+	if (!s->started)
+		s->finished = 1;
+	pthread_cond_signal(&s->cv);
+}
+
+static int blocking(const struct stream *s)
+{
+	return s->kind != S_USER || !(s->flags & CU_STREAM_NON_BLOCKING);
+}
+
+/* Append o to s, with the legacy default stream's implicit ordering:
+ * work on the legacy stream waits for all earlier work of the context's
+ * blocking streams, and work on a blocking stream waits for earlier legacy
+ * work. Under G.mu; on failure o is not consumed. */
+static CUresult enqueue(struct stream *s, struct op *o)
+{
+	if (!s->started) {
+		/* Workers block signals, so that the program's handlers run on
+		 * its own threads. */
+		pthread_attr_t a;
+		sigset_t all, old;
+		sigfillset(&all);
+		pthread_attr_init(&a);
+		pthread_attr_setstacksize(&a, 256 * 1024);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		int rc = pthread_create(&s->th, &a, worker, s);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		pthread_attr_destroy(&a);
+		if (rc)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		s->started = 1;
+	}
+	if (s->kind == S_LEGACY) {
+		for (struct stream *t = G.streams; t; t = t->next_all)
+			if (t != s && t->ctx == s->ctx && blocking(t) && !t->finished &&
+			    add_dep(o, t, t->submitted) < 0)
+				return CUDA_ERROR_OUT_OF_MEMORY;
+	} else if (blocking(s) && s->ctx->legacy) {
+		if (add_dep(o, s->ctx->legacy, s->ctx->legacy->submitted) < 0)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	o->seq = ++s->submitted;
+	if (s->tail)
+		s->tail->next = o;
+	else
+		s->head = o;
+	s->tail = o;
+	pthread_cond_signal(&s->cv);
+	return CUDA_SUCCESS;
+}
+
+/* Wait until s has completed seq. Under G.mu; keeps s alive meanwhile. */
+static CUresult stream_wait_seq(struct stream *s, uint64_t seq)
+{
+	s->refs++;
+	for (;;) {
+		if (G.stopping)
+			return CUDA_ERROR_DEINITIALIZED; /* s may be gone: leave it alone */
+		if (s->completed >= seq)
+			break;
+		pthread_cond_wait(&G.done, &G.mu);
+	}
+	s->refs--;
+	return CUDA_SUCCESS;
+}
+
+static struct op *op_new(int kind)
+{
+	struct op *o = calloc(1, sizeof *o);
+	if (o)
+		o->kind = kind;
+	return o;
+}
+
+/* Enqueue an empty operation and return its sequence number (0 on failure). */
+static uint64_t enqueue_mark(struct stream *s)
+{
+	struct op *o = op_new(OP_MARK);
+	if (!o)
+		return 0;
+	if (enqueue(s, o) != CUDA_SUCCESS) {
+		op_free(o);
+		return 0;
+	}
+	return o->seq;
+}
+
+static struct ctx *ctx_check(CUcontext c)
+{
+	struct ctx *x = (struct ctx *)c;
+	for (int i = 0; i < G.ndev; i++)
+		if (x == &G.ctx[i])
+			return x;
+	return NULL;
+}
+
+static struct stream *legacy_of(struct ctx *c)
+{
+	if (!c->legacy)
+		c->legacy = stream_new(c, S_LEGACY, 0);
+	return c->legacy;
+}
+
+static void ptds_release(void *arg)
+{
+	struct stream **a = arg;
+	pthread_mutex_lock(&G.mu);
+	for (int i = 0; i < MAXDEV; i++)
+		if (a[i])
+			stream_retire(a[i]);
+	streams_reap();
+	pthread_mutex_unlock(&G.mu);
+	free(a);
+}
+
+static struct stream *ptds_of(struct ctx *c)
+{
+	if (!tls_ptds) {
+		tls_ptds = calloc(MAXDEV, sizeof *tls_ptds);
+		if (!tls_ptds)
+			return NULL;
+		pthread_setspecific(G.ptds_key, tls_ptds);
+	}
+	if (!tls_ptds[c->dev])
+		tls_ptds[c->dev] = stream_new(c, S_PTDS, 0);
+	return tls_ptds[c->dev];
+}
+
+/* The stream a handle names. NULL means the legacy stream, or the calling
+ * thread's per-thread stream for the _ptds/_ptsz entry points. Under G.mu. */
+static CUresult stream_get(CUstream h, int ptds, struct stream **out)
+{
+	if (!h)
+		h = ptds ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+	if (h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+		if (!tls_ctx)
+			return CUDA_ERROR_INVALID_CONTEXT;
+		*out = h == CU_STREAM_LEGACY ? legacy_of(tls_ctx) : ptds_of(tls_ctx);
+		return *out ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	for (struct stream *s = G.streams; s; s = s->next_all)
+		if (s == (struct stream *)h && s->kind == S_USER && !s->destroyed && s->magic == STREAM_MAGIC) {
+			*out = s;
+			return CUDA_SUCCESS;
+		}
+	return CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* Wait for all work submitted so far to every stream of c. Under G.mu. */
+static CUresult ctx_sync(struct ctx *c)
+{
+	for (;;) {
+		struct stream *busy = NULL;
+		for (struct stream *s = G.streams; s && !busy; s = s->next_all)
+			if (s->ctx == c && s->completed < s->submitted && !s->finished)
+				busy = s;
+		if (!busy)
+			return CUDA_SUCCESS;
+		if (stream_wait_seq(busy, busy->submitted) != CUDA_SUCCESS)
+			return CUDA_ERROR_DEINITIALIZED;
+	}
+}
+
+/* ---- events ---------------------------------------------------------------------------- */
+
+/* Wait until the event's completed generation reaches gen. An interprocess
+ * event whose latest recorder died is treated as complete (its context and
+ * the work in it are gone). Returns -1 when the library is torn down. */
+static int ev_wait(struct evsh *sh, uint64_t gen)
+{
+	for (;;) {
+		uint32_t f = __atomic_load_n(&sh->futex, __ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&sh->done, __ATOMIC_ACQUIRE) >= gen)
+			return 0;
+		if (__atomic_load_n(&G.stopping, __ATOMIC_ACQUIRE))
+			return -1;
+		futex_wait(&sh->futex, f, 20000000L);
+		pid_t r = __atomic_load_n(&sh->recorder, __ATOMIC_ACQUIRE);
+		if (r > 0 && r != G.pid && __atomic_load_n(&sh->done, __ATOMIC_ACQUIRE) < gen &&
+		    kill(r, 0) < 0 && errno == ESRCH)
+			return 0;
+	}
+}
+
+static struct event *event_get(CUevent h)
+{
+	for (struct event *e = G.events; e; e = e->next_all)
+		if (e == (struct event *)h && !e->destroyed && e->magic == EVENT_MAGIC)
+			return e;
+	return NULL;
+}
+
+static void event_unref(struct event *e)
+{
+	if (--e->refs > 0)
+		return;
+	if (e->fd >= 0)
+		close(e->fd);
+	if (e->sh) {
+		if (e->flags & CU_EVENT_INTERPROCESS)
+			munmap(e->sh, page_round(sizeof *e->sh));
+		else
+			free(e->sh);
+	}
+	free(e);
+}
+
+/* ---- the driver API: initialisation, devices, contexts ------------------------------ */
+
+API CUresult cuInit(unsigned int Flags)
+{
+	if (G.forked)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	ST_ADD(api_calls, 1);
+	if (Flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_once(&G.once, do_config);
+	if (G.trace >= 2)
+		say("cuInit");
+	if (G.init_rc == CUDA_SUCCESS)
+		__atomic_store_n(&G.inited, 1, __ATOMIC_RELEASE);
+	return G.init_rc;
+}
+
+API CUresult cuDriverGetVersion(int *driverVersion)
+{
+	if (!driverVersion)
+		return CUDA_ERROR_INVALID_VALUE;
+	*driverVersion = DRIVER_VERSION;
+	return CUDA_SUCCESS;
+}
+
+static CUresult dev_check(CUdevice d)
+{
+	return d >= 0 && d < G.ndev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+API CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+	ENTER("cuDeviceGet");
+	if (!device)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev_check(ordinal))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*device = ordinal;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetCount(int *count)
+{
+	ENTER("cuDeviceGetCount");
+	if (!count)
+		return CUDA_ERROR_INVALID_VALUE;
+	*count = G.ndev;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+	ENTER("cuDeviceGetName");
+	if (!name || len <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev_check(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	snprintf(name, (size_t)len, "tsemu test device %d (CPU emulation)", dev);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+	ENTER("cuDeviceTotalMem_v2");
+	if (!bytes)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev_check(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*bytes = G.mem_total;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+	size_t b;
+	CUresult r = cuDeviceTotalMem_v2(bytes ? &b : NULL, dev);
+	if (r == CUDA_SUCCESS)
+		*bytes = b > UINT_MAX ? UINT_MAX : (unsigned int)b;
+	return r;
+}
+
+API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+	ENTER("cuDeviceGetAttribute");
+	if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev_check(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	int v = 0;
+	switch (attrib) {
+	case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: v = 1024; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: v = 1024; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: v = 64; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: v = INT_MAX; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: v = 65535; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: v = 65535; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: v = 49152; break;
+	case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: v = 65536; break;
+	case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
+	case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 8; break;
+	case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1000000; break;
+	case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: v = 1000000; break;
+	case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 256; break;
+	case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = 4 << 20; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = 2048; break;
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
+	case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; break;
+	case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = 2; break;
+	case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
+	case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; break;
+	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = dev + 1; break;
+	case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: v = 1; break;
+	case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: v = 1; break;
+	case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: v = 1; break;
+	case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: v = 0; break;
+	default: v = 0; break; /* valid, not modelled: 0 (unsupported) */
+	}
+	*pi = v;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
+{
+	ENTER("cuDeviceGetPCIBusId");
+	if (!pciBusId || len <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev_check(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", dev + 1);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+	ENTER("cuDeviceCanAccessPeer");
+	if (!canAccessPeer)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev_check(dev) || dev_check(peerDev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*canAccessPeer = dev != peerDev;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	ENTER("cuDevicePrimaryCtxRetain");
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev_check(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&G.mu);
+	G.ctx[dev].refs++;
+	G.ctx[dev].active = 1;
+	pthread_mutex_unlock(&G.mu);
+	*pctx = (CUcontext)&G.ctx[dev];
+	return CUDA_SUCCESS;
+}
+
+/* The primary context is kept when its last retain is released (its
+ * streams and memory stay valid); real CUDA would destroy it. */
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+	ENTER("cuDevicePrimaryCtxRelease_v2");
+	if (dev_check(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&G.mu);
+	CUresult r = CUDA_SUCCESS;
+	if (G.ctx[dev].refs > 0)
+		G.ctx[dev].refs--;
+	else
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+	return cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+	ENTER("cuDevicePrimaryCtxGetState");
+	if (!flags || !active)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev_check(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*flags = 0;
+	*active = G.ctx[dev].refs > 0;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+	ENTER("cuCtxGetCurrent");
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pctx = (CUcontext)tls_ctx;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+	ENTER("cuCtxSetCurrent");
+	if (!ctx) {
+		tls_ctx = NULL;
+		return CUDA_SUCCESS;
+	}
+	struct ctx *c = ctx_check(ctx);
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	tls_ctx = c;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxGetDevice(CUdevice *device)
+{
+	ENTER("cuCtxGetDevice");
+	if (!device)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!tls_ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*device = tls_ctx->dev;
+	return CUDA_SUCCESS;
+}
+
+/* CUDA 13: cuGetProcAddress("cuCtxGetDevice", 13000) hands out this one. */
+API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+	ENTER("cuCtxGetDevice_v2");
+	if (!device)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct ctx *c = ctx ? ctx_check(ctx) : tls_ctx;
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*device = c->dev;
+	return CUDA_SUCCESS;
+}
+
+static CUresult ctx_sync_api(struct ctx *c)
+{
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&G.mu);
+	CUresult r = ctx_sync(c);
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+/* CUDA 13: cuGetProcAddress("cuCtxSynchronize", 13000) hands out this one. */
+API CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+	ENTER("cuCtxSynchronize_v2");
+	return ctx_sync_api(ctx ? ctx_check(ctx) : tls_ctx);
+}
+
+API CUresult cuCtxSynchronize(void)
+{
+	ENTER("cuCtxSynchronize");
+	return ctx_sync_api(tls_ctx);
+}
+
+API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
+{
+	ENTER("cuCtxEnablePeerAccess");
+	if (Flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!tls_ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	struct ctx *p = ctx_check(peerContext);
+	if (!p)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (p == tls_ctx)
+		return CUDA_ERROR_INVALID_DEVICE; /* a device is not its own peer */
+	pthread_mutex_lock(&G.mu);
+	CUresult r = CUDA_SUCCESS;
+	if (tls_ctx->peers & (1u << p->dev))
+		r = CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+	else
+		tls_ctx->peers |= 1u << p->dev;
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuCtxDisablePeerAccess(CUcontext peerContext)
+{
+	ENTER("cuCtxDisablePeerAccess");
+	if (!tls_ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	struct ctx *p = ctx_check(peerContext);
+	if (!p)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&G.mu);
+	CUresult r = CUDA_SUCCESS;
+	if (!(tls_ctx->peers & (1u << p->dev)))
+		r = CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+	else
+		tls_ctx->peers &= ~(1u << p->dev);
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+/* ---- device memory -------------------------------------------------------------------- */
+
+API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+	ENTER("cuMemAlloc_v2");
+	if (!dptr || bytesize == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct ctx *c = tls_ctx;
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	size_t maplen = page_round(bytesize);
+	if (maplen < bytesize)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&G.mu);
+	if (G.used[c->dev] + bytesize > G.mem_total || G.used[c->dev] + bytesize < bytesize) {
+		pthread_mutex_unlock(&G.mu);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	G.used[c->dev] += bytesize;
+	uint64_t id = G.next_id++;
+	pthread_mutex_unlock(&G.mu);
+
+	CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+	char name[64];
+	snprintf(name, sizeof name, "tsemu-dev%d-%llu", c->dev, (unsigned long long)id);
+	struct mem *m = calloc(1, sizeof *m);
+	int fd = memfd_create(name, MFD_CLOEXEC);
+	struct stat st;
+	if (!m || fd < 0 || ftruncate(fd, (off_t)maplen) < 0 || fstat(fd, &st) < 0)
+		goto fail;
+	m->kind = M_DEV;
+	m->dev = c->dev;
+	m->ctx = c;
+	m->size = bytesize;
+	m->maplen = maplen;
+	m->fd = fd;
+	m->ino = (uint64_t)st.st_ino;
+	m->id = id;
+	m->refs = 1;
+	if ((r = map_device(fd, maplen, &m->base, &m->data)) != CUDA_SUCCESS)
+		goto fail;
+	pthread_mutex_lock(&G.mu);
+	if (mem_insert(m) < 0) {
+		pthread_mutex_unlock(&G.mu);
+		munmap((void *)m->base, maplen);
+		munmap(m->data, maplen);
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto fail;
+	}
+	ST_ADD(allocs, 1);
+	uint64_t now = __atomic_add_fetch(&G.st.alloc_bytes, bytesize, __ATOMIC_RELAXED);
+	if (now > G.st.peak_alloc_bytes)
+		G.st.peak_alloc_bytes = now;
+	pthread_mutex_unlock(&G.mu);
+	*dptr = (CUdeviceptr)m->base;
+	return CUDA_SUCCESS;
+fail:
+	if (fd >= 0)
+		close(fd);
+	free(m);
+	pthread_mutex_lock(&G.mu);
+	G.used[c->dev] -= bytesize;
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+/* Like cudaFree, this waits for the device's work before it frees. */
+API CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+	ENTER("cuMemFree_v2");
+	pthread_mutex_lock(&G.mu);
+	struct mem *m = mem_find((uintptr_t)dptr);
+	if (!m || m->kind != M_DEV || m->base != (uintptr_t)dptr) {
+		pthread_mutex_unlock(&G.mu);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	m->refs++;
+	CUresult r = ctx_sync(m->ctx);
+	if (r == CUDA_SUCCESS && mem_find((uintptr_t)dptr) != m)
+		r = CUDA_ERROR_INVALID_VALUE; /* freed by another thread meanwhile */
+	if (r == CUDA_SUCCESS) {
+		mem_remove(m);
+		G.used[m->dev] -= m->size;
+		__atomic_fetch_sub(&G.st.alloc_bytes, m->size, __ATOMIC_RELAXED);
+		ST_ADD(frees, 1);
+		m->refs--; /* the table's */
+	}
+	mem_unref(m);
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
+{
+	ENTER("cuMemGetInfo_v2");
+	if (!free_ || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!tls_ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&G.mu);
+	*total = G.mem_total;
+	*free_ = G.mem_total - G.used[tls_ctx->dev];
+	pthread_mutex_unlock(&G.mu);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemGetInfo(unsigned int *free_, unsigned int *total)
+{
+	size_t f, t;
+	CUresult r = cuMemGetInfo_v2(free_ ? &f : NULL, total ? &t : NULL);
+	if (r == CUDA_SUCCESS) {
+		*free_ = f > UINT_MAX ? UINT_MAX : (unsigned int)f;
+		*total = t > UINT_MAX ? UINT_MAX : (unsigned int)t;
+	}
+	return r;
+}
+
+API CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+	ENTER("cuMemGetAddressRange_v2");
+	pthread_mutex_lock(&G.mu);
+	struct mem *m = mem_find((uintptr_t)dptr);
+	CUresult r = CUDA_ERROR_NOT_FOUND;
+	if (is_dev(m) && (uintptr_t)dptr - m->base < m->size) {
+		if (pbase)
+			*pbase = (CUdeviceptr)m->base;
+		if (psize)
+			*psize = m->size;
+		r = CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+/* The v1 (CUDA 2.x, 32-bit device pointer) entry points: an emulated device
+ * pointer never fits 32 bits, so they are exported but not supported. */
+API CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+	(void)dptr, (void)bytesize;
+	return G.forked ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMemFree(CUdeviceptr_v1 dptr)
+{
+	(void)dptr;
+	return G.forked ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize, CUdeviceptr_v1 dptr)
+{
+	(void)pbase, (void)psize, (void)dptr;
+	return G.forked ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount)
+{
+	(void)dstDevice, (void)srcHost, (void)ByteCount;
+	return G.forked ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount)
+{
+	(void)dstHost, (void)srcDevice, (void)ByteCount;
+	return G.forked ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount)
+{
+	(void)dstDevice, (void)srcDevice, (void)ByteCount;
+	return G.forked ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount,
+			       CUstream hStream)
+{
+	(void)dstDevice, (void)srcHost, (void)ByteCount, (void)hStream;
+	return G.forked ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount, CUstream hStream)
+{
+	(void)dstHost, (void)srcDevice, (void)ByteCount, (void)hStream;
+	return G.forked ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount,
+			       CUstream hStream)
+{
+	(void)dstDevice, (void)srcDevice, (void)ByteCount, (void)hStream;
+	return G.forked ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N)
+{
+	(void)dstDevice, (void)uc, (void)N;
+	return G.forked ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* ---- copies ----------------------------------------------------------------------------- */
+
+struct side {
+	char *addr;
+	struct mem *m; /* device record, or pinned host record; NULL: pageable */
+	int dev;       /* device ordinal, -1 for host memory */
+	int pinned;
+};
+
+static CUresult side_dev(uintptr_t p, size_t n, struct side *s)
+{
+	struct mem *m = mem_find(p);
+	if (!is_dev(m) || n > m->size || p - m->base > m->size - n)
+		return CUDA_ERROR_INVALID_VALUE;
+	s->addr = m->data + (p - m->base);
+	s->m = m;
+	s->dev = m->dev;
+	s->pinned = 0;
+	return CUDA_SUCCESS;
+}
+
+static CUresult side_host(uintptr_t p, size_t n, struct side *s)
+{
+	if (!p || p + n < p)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct mem *m = mem_find(p);
+	if (is_dev(m))
+		return CUDA_ERROR_INVALID_VALUE; /* a device pointer where host memory is expected */
+	s->addr = (char *)p;
+	s->dev = -1;
+	s->pinned = m && n <= m->size && p - m->base <= m->size - n;
+	s->m = s->pinned ? m : NULL;
+	return CUDA_SUCCESS;
+}
+
+static CUresult side_any(uintptr_t p, size_t n, struct side *s)
+{
+	return is_dev(mem_find(p)) ? side_dev(p, n, s) : side_host(p, n, s);
+}
+
+/* Does the calling thread wait for the copy? CUDA's "API synchronization
+ * behavior" (cuda_runtime_api.h): synchronous calls from pinned memory to
+ * the device, and from the device to any host memory, return once the copy
+ * is done; device to device does not wait; host to host is always fully
+ * synchronous. Async calls with pinned memory, and device to device, only
+ * enqueue; device to pageable memory completes before return. Pageable to
+ * device (either form) is staged: see STAGE_MAX. */
+static int copy_blocks(int dir, int async, const struct side *dst, const struct side *src)
+{
+	switch (dir) {
+	case D_H2D: return !async || !src->pinned;
+	case D_D2H: return !async || !dst->pinned;
+	case D_H2H: return 1;
+	default: return 0;
+	}
+}
+
+/* Pageable memory to the device: "a stream sync is performed before the
+ * copy is initiated. The function will return once the pageable buffer has
+ * been copied to the staging memory for DMA transfer to device memory, but
+ * the DMA to final destination may not have completed." Up to STAGE_MAX
+ * bytes (one staging buffer) the source is copied aside and the call
+ * returns with the device write still queued; a larger copy goes through
+ * the staging buffers piece by piece, so the call returns about when the
+ * data is there: modelled as waiting for the copy. */
+#define STAGE_MAX ((size_t)1 << 20)
+
+/* Enqueue a copy of n bytes between two resolved sides on a stream (stream
+ * handle h, or the default stream); wait for it where CUDA would. */
+static CUresult copy_common(struct side *dst, struct side *src, size_t n, CUstream h, int ptds, int async)
+{
+	int dir;
+	if (dst->dev >= 0 && src->dev >= 0)
+		dir = dst->dev == src->dev ? D_D2D : D_PEER;
+	else if (dst->dev >= 0)
+		dir = D_H2D;
+	else if (src->dev >= 0)
+		dir = D_D2H;
+	else
+		dir = D_H2H;
+	struct stream *s;
+	CUresult r = stream_get(h, ptds, &s);
+	if (r != CUDA_SUCCESS)
+		return r;
+	struct op *o = op_new(OP_COPY);
+	if (!o)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	o->dst = dst->addr;
+	o->src = src->addr;
+	o->n = n;
+	o->dir = dir;
+	if ((o->m[0] = dst->m))
+		dst->m->refs++;
+	if ((o->m[1] = src->m))
+		src->m->refs++;
+	int blocks = copy_blocks(dir, async, dst, src);
+	if (dir == D_H2D && !src->pinned) {
+		/* stream sync first (o holds its memory meanwhile) */
+		uint64_t seq = s->kind == S_LEGACY ? enqueue_mark(s) : s->submitted;
+		r = s->kind == S_LEGACY && !seq ? CUDA_ERROR_OUT_OF_MEMORY : stream_wait_seq(s, seq);
+		if (r == CUDA_SUCCESS && s->destroyed)
+			r = CUDA_ERROR_INVALID_HANDLE; /* destroyed by another thread meanwhile */
+		if (r != CUDA_SUCCESS) {
+			if (r != CUDA_ERROR_DEINITIALIZED)
+				op_free(o);
+			return r;
+		}
+		blocks = 1;
+		if (n <= STAGE_MAX && (o->staging = malloc(n))) {
+			memcpy(o->staging, src->addr, n);
+			o->src = o->staging;
+			blocks = 0;
+		}
+	}
+	if ((r = enqueue(s, o)) != CUDA_SUCCESS) {
+		op_free(o);
+		return r;
+	}
+	if (blocks)
+		r = stream_wait_seq(s, o->seq);
+	return r;
+}
+
+enum { K_DEV = 1, K_HOST, K_ANY };
+
+static CUresult copy_api(int dk, uintptr_t dst, int sk, uintptr_t src, size_t n, CUstream h, int ptds, int async)
+{
+	pthread_mutex_lock(&G.mu);
+	struct side d, s;
+	CUresult r;
+	if (n == 0) { /* nothing to copy; the stream must still be valid */
+		struct stream *st;
+		r = stream_get(h, ptds, &st);
+		pthread_mutex_unlock(&G.mu);
+		return r;
+	}
+	r = dk == K_DEV ? side_dev(dst, n, &d) : dk == K_HOST ? side_host(dst, n, &d) : side_any(dst, n, &d);
+	if (r == CUDA_SUCCESS)
+		r = sk == K_DEV ? side_dev(src, n, &s) : sk == K_HOST ? side_host(src, n, &s) : side_any(src, n, &s);
+	if (r == CUDA_SUCCESS)
+		r = copy_common(&d, &s, n, h, ptds, async);
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+#define U(p) ((uintptr_t)(p))
+
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+	ENTER("cuMemcpyHtoD_v2");
+	return copy_api(K_DEV, U(dstDevice), K_HOST, U(srcHost), ByteCount, NULL, 0, 0);
+}
+API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+	ENTER("cuMemcpyHtoD_v2_ptds");
+	return copy_api(K_DEV, U(dstDevice), K_HOST, U(srcHost), ByteCount, NULL, 1, 0);
+}
+API CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	ENTER("cuMemcpyDtoH_v2");
+	return copy_api(K_HOST, U(dstHost), K_DEV, U(srcDevice), ByteCount, NULL, 0, 0);
+}
+API CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	ENTER("cuMemcpyDtoH_v2_ptds");
+	return copy_api(K_HOST, U(dstHost), K_DEV, U(srcDevice), ByteCount, NULL, 1, 0);
+}
+API CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	ENTER("cuMemcpyDtoD_v2");
+	return copy_api(K_DEV, U(dstDevice), K_DEV, U(srcDevice), ByteCount, NULL, 0, 0);
+}
+API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	ENTER("cuMemcpyDtoD_v2_ptds");
+	return copy_api(K_DEV, U(dstDevice), K_DEV, U(srcDevice), ByteCount, NULL, 1, 0);
+}
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
+{
+	ENTER("cuMemcpyHtoDAsync_v2");
+	return copy_api(K_DEV, U(dstDevice), K_HOST, U(srcHost), ByteCount, hStream, 0, 1);
+}
+API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+				       CUstream hStream)
+{
+	ENTER("cuMemcpyHtoDAsync_v2_ptsz");
+	return copy_api(K_DEV, U(dstDevice), K_HOST, U(srcHost), ByteCount, hStream, 1, 1);
+}
+API CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+	ENTER("cuMemcpyDtoHAsync_v2");
+	return copy_api(K_HOST, U(dstHost), K_DEV, U(srcDevice), ByteCount, hStream, 0, 1);
+}
+API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+	ENTER("cuMemcpyDtoHAsync_v2_ptsz");
+	return copy_api(K_HOST, U(dstHost), K_DEV, U(srcDevice), ByteCount, hStream, 1, 1);
+}
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+	ENTER("cuMemcpyDtoDAsync_v2");
+	return copy_api(K_DEV, U(dstDevice), K_DEV, U(srcDevice), ByteCount, hStream, 0, 1);
+}
+API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+				       CUstream hStream)
+{
+	ENTER("cuMemcpyDtoDAsync_v2_ptsz");
+	return copy_api(K_DEV, U(dstDevice), K_DEV, U(srcDevice), ByteCount, hStream, 1, 1);
+}
+API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+	ENTER("cuMemcpy");
+	return copy_api(K_ANY, U(dst), K_ANY, U(src), ByteCount, NULL, 0, 0);
+}
+API CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+	ENTER("cuMemcpy_ptds");
+	return copy_api(K_ANY, U(dst), K_ANY, U(src), ByteCount, NULL, 1, 0);
+}
+API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
+{
+	ENTER("cuMemcpyAsync");
+	return copy_api(K_ANY, U(dst), K_ANY, U(src), ByteCount, hStream, 0, 1);
+}
+API CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
+{
+	ENTER("cuMemcpyAsync_ptsz");
+	return copy_api(K_ANY, U(dst), K_ANY, U(src), ByteCount, hStream, 1, 1);
+}
+
+/* cuMemcpyPeer: asynchronous to the host, but serialised with all pending
+ * and future work of the legacy streams of the current, source and
+ * destination contexts. The copy runs on the destination's legacy stream
+ * after the others' earlier work; the others get a marker that waits for
+ * it. cuMemcpyPeerAsync just enqueues on its stream. */
+static CUresult peer_api(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream h,
+			 int ptds, int async)
+{
+	struct ctx *dc = ctx_check(dctx), *sc = ctx_check(sctx);
+	if (!dc || !sc)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&G.mu);
+	struct side d, s;
+	CUresult r = CUDA_SUCCESS;
+	if (n && (r = side_dev(U(dst), n, &d)) == CUDA_SUCCESS)
+		r = side_dev(U(src), n, &s);
+	if (r != CUDA_SUCCESS || async || n == 0) {
+		if (r == CUDA_SUCCESS && n)
+			r = copy_common(&d, &s, n, h, ptds, 1);
+		else if (r == CUDA_SUCCESS) {
+			struct stream *st;
+			r = stream_get(h, ptds, &st);
+		}
+		pthread_mutex_unlock(&G.mu);
+		return r;
+	}
+	struct stream *ls[3] = {legacy_of(dc), legacy_of(sc), tls_ctx ? legacy_of(tls_ctx) : NULL};
+	struct op *o = op_new(OP_COPY);
+	if (!ls[0] || !ls[1] || !o) {
+		free(o);
+		pthread_mutex_unlock(&G.mu);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	o->dst = d.addr;
+	o->src = s.addr;
+	o->n = n;
+	o->dir = d.dev == s.dev ? D_D2D : D_PEER;
+	o->m[0] = d.m, d.m->refs++;
+	o->m[1] = s.m, s.m->refs++;
+	for (int i = 1; i < 3; i++)
+		if (ls[i] && ls[i] != ls[0] && add_dep(o, ls[i], ls[i]->submitted) < 0)
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+	if (r == CUDA_SUCCESS)
+		r = enqueue(ls[0], o);
+	if (r != CUDA_SUCCESS) {
+		op_free(o);
+		pthread_mutex_unlock(&G.mu);
+		return r;
+	}
+	for (int i = 1; i < 3; i++) {
+		if (!ls[i] || ls[i] == ls[0] || (i == 2 && ls[2] == ls[1]))
+			continue;
+		struct op *mk = op_new(OP_MARK);
+		if (!mk || add_dep(mk, ls[0], o->seq) < 0 || enqueue(ls[i], mk) != CUDA_SUCCESS) {
+			if (mk)
+				op_free(mk);
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+		}
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext,
+			  size_t ByteCount)
+{
+	ENTER("cuMemcpyPeer");
+	return peer_api(dstDevice, dstContext, srcDevice, srcContext, ByteCount, NULL, 0, 0);
+}
+API CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+			       CUcontext srcContext, size_t ByteCount)
+{
+	ENTER("cuMemcpyPeer_ptds");
+	return peer_api(dstDevice, dstContext, srcDevice, srcContext, ByteCount, NULL, 1, 0);
+}
+API CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+			       CUcontext srcContext, size_t ByteCount, CUstream hStream)
+{
+	ENTER("cuMemcpyPeerAsync");
+	return peer_api(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream, 0, 1);
+}
+API CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+				    CUcontext srcContext, size_t ByteCount, CUstream hStream)
+{
+	ENTER("cuMemcpyPeerAsync_ptsz");
+	return peer_api(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream, 1, 1);
+}
+
+/* Device memory set: asynchronous to the host (device memory only). */
+static CUresult memset_api(CUdeviceptr dst, unsigned char v, size_t n, CUstream h, int ptds)
+{
+	pthread_mutex_lock(&G.mu);
+	struct side d;
+	struct stream *s;
+	CUresult r = stream_get(h, ptds, &s);
+	if (r == CUDA_SUCCESS && n)
+		r = side_dev(U(dst), n, &d);
+	if (r == CUDA_SUCCESS && n) {
+		struct op *o = op_new(OP_MEMSET);
+		if (!o) {
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+		} else {
+			o->dst = d.addr;
+			o->n = n;
+			o->value = v;
+			o->m[0] = d.m, d.m->refs++;
+			if ((r = enqueue(s, o)) != CUDA_SUCCESS)
+				op_free(o);
+		}
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+	ENTER("cuMemsetD8_v2");
+	return memset_api(dstDevice, uc, N, NULL, 0);
+}
+API CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+	ENTER("cuMemsetD8_v2_ptds");
+	return memset_api(dstDevice, uc, N, NULL, 1);
+}
+API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+{
+	ENTER("cuMemsetD8Async");
+	return memset_api(dstDevice, uc, N, hStream, 0);
+}
+API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+{
+	ENTER("cuMemsetD8Async_ptsz");
+	return memset_api(dstDevice, uc, N, hStream, 1);
+}
+
+/* ---- pinned host memory ----------------------------------------------------------------- */
+
+static CUresult host_add(int kind, void *p, size_t n, unsigned flags)
+{
+	struct mem *m = calloc(1, sizeof *m);
+	if (!m)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	m->kind = kind;
+	m->dev = tls_ctx->dev;
+	m->ctx = tls_ctx;
+	m->base = U(p);
+	m->data = p;
+	m->size = n;
+	m->fd = -1;
+	m->flags = flags;
+	m->refs = 1;
+	m->id = G.next_id++;
+	if (mem_insert(m) < 0) {
+		free(m);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+	ENTER("cuMemHostAlloc");
+	if (!pp || bytesize == 0 ||
+	    (Flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!tls_ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	size_t len = page_round(bytesize);
+	if (len < bytesize)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&G.mu);
+	CUresult r = host_add(M_HOSTALLOC, p, bytesize, Flags);
+	pthread_mutex_unlock(&G.mu);
+	if (r != CUDA_SUCCESS) {
+		munmap(p, len);
+		return r;
+	}
+	*pp = p;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+	return cuMemHostAlloc(pp, bytesize, 0);
+}
+
+API CUresult cuMemAllocHost(void **pp, unsigned int bytesize)
+{
+	return cuMemHostAlloc(pp, bytesize, 0);
+}
+
+/* Like cudaFreeHost, waits for the context's work first. */
+API CUresult cuMemFreeHost(void *p)
+{
+	ENTER("cuMemFreeHost");
+	pthread_mutex_lock(&G.mu);
+	struct mem *m = mem_find(U(p));
+	CUresult r = CUDA_ERROR_INVALID_VALUE;
+	if (p && m && m->kind == M_HOSTALLOC && m->base == U(p)) {
+		m->refs++;
+		r = ctx_sync(m->ctx);
+		if (r == CUDA_SUCCESS && mem_find(U(p)) == m) {
+			mem_remove(m);
+			m->refs--;
+		}
+		mem_unref(m);
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
+{
+	ENTER("cuMemHostRegister_v2");
+	if (!p || bytesize == 0 || U(p) + bytesize < U(p) ||
+	    (Flags & ~(unsigned)(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY |
+				 CU_MEMHOSTREGISTER_READ_ONLY)))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!tls_ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&G.mu);
+	CUresult r;
+	struct mem *m = mem_find(U(p));
+	if (is_dev(m))
+		r = CUDA_ERROR_INVALID_VALUE;
+	else if (mem_overlaps(U(p), bytesize))
+		r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+	else
+		r = host_add(M_HOSTREG, p, bytesize, Flags);
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)
+{
+	return cuMemHostRegister_v2(p, bytesize, Flags);
+}
+
+API CUresult cuMemHostUnregister(void *p)
+{
+	ENTER("cuMemHostUnregister");
+	if (!p)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&G.mu);
+	struct mem *m = mem_find(U(p));
+	CUresult r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+	if (m && m->kind == M_HOSTREG && m->base == U(p)) {
+		m->refs++;
+		r = ctx_sync(m->ctx);
+		if (r == CUDA_SUCCESS && mem_find(U(p)) == m) {
+			mem_remove(m);
+			m->refs--;
+		}
+		mem_unref(m);
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+	ENTER("cuPointerGetAttribute");
+	if (!data)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&G.mu);
+	struct mem *m = mem_find(U(ptr));
+	if (!m || U(ptr) - m->base >= m->size) {
+		pthread_mutex_unlock(&G.mu);
+		return CUDA_ERROR_INVALID_VALUE; /* not allocated, mapped or registered by CUDA */
+	}
+	int dev = is_dev(m);
+	CUresult r = CUDA_SUCCESS;
+	switch (attribute) {
+	case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = (CUcontext)m->ctx; break;
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+		*(unsigned int *)data = dev ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+		break;
+	case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = ptr; break;
+	case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+		if (dev)
+			r = CUDA_ERROR_INVALID_VALUE;
+		else
+			*(void **)data = (void *)U(ptr);
+		break;
+	case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *(int *)data = 0; break;
+	case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = m->id; break;
+	case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = 0; break;
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = m->dev; break;
+	case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data = m->kind == M_DEV; break;
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = (CUdeviceptr)m->base; break;
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = m->size; break;
+	case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = 1; break;
+	default: r = CUDA_ERROR_INVALID_VALUE; break;
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+/* ---- streams ------------------------------------------------------------------------------ */
+
+API CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+	ENTER("cuStreamCreate");
+	if (!phStream || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!tls_ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&G.mu);
+	streams_reap();
+	struct stream *s = stream_new(tls_ctx, S_USER, Flags);
+	pthread_mutex_unlock(&G.mu);
+	if (!s)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*phStream = (CUstream)s;
+	return CUDA_SUCCESS;
+}
+
+/* Returns at once; the stream's remaining work still runs. */
+API CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+	ENTER("cuStreamDestroy_v2");
+	if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD)
+		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&G.mu);
+	struct stream *s;
+	CUresult r = stream_get(hStream, 0, &s);
+	if (r == CUDA_SUCCESS) {
+		stream_retire(s);
+		streams_reap();
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuStreamDestroy(CUstream hStream)
+{
+	return cuStreamDestroy_v2(hStream);
+}
+
+static CUresult sync_api(CUstream h, int ptds)
+{
+	pthread_mutex_lock(&G.mu);
+	struct stream *s;
+	CUresult r = stream_get(h, ptds, &s);
+	if (r == CUDA_SUCCESS) {
+		/* On the legacy stream, synchronising means waiting for an
+		 * empty operation (it carries the implicit dependencies). */
+		uint64_t seq = s->kind == S_LEGACY ? enqueue_mark(s) : s->submitted;
+		if (s->kind == S_LEGACY && !seq)
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+		else
+			r = stream_wait_seq(s, seq);
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuStreamSynchronize(CUstream hStream)
+{
+	ENTER("cuStreamSynchronize");
+	return sync_api(hStream, 0);
+}
+API CUresult cuStreamSynchronize_ptsz(CUstream hStream)
+{
+	ENTER("cuStreamSynchronize_ptsz");
+	return sync_api(hStream, 1);
+}
+
+static CUresult query_api(CUstream h, int ptds)
+{
+	pthread_mutex_lock(&G.mu);
+	struct stream *s;
+	CUresult r = stream_get(h, ptds, &s);
+	if (r == CUDA_SUCCESS && s->completed < s->submitted)
+		r = CUDA_ERROR_NOT_READY;
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuStreamQuery(CUstream hStream)
+{
+	ENTER("cuStreamQuery");
+	return query_api(hStream, 0);
+}
+API CUresult cuStreamQuery_ptsz(CUstream hStream)
+{
+	ENTER("cuStreamQuery_ptsz");
+	return query_api(hStream, 1);
+}
+
+/* Later work on the stream waits for the event's latest record (as of
+ * this call) to complete, in this process or, for an imported
+ * interprocess event, in the exporter. */
+static CUresult wait_api(CUstream h, CUevent ev, unsigned flags, int ptds)
+{
+	if (flags & ~1u) /* CU_EVENT_WAIT_DEFAULT, CU_EVENT_WAIT_EXTERNAL */
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&G.mu);
+	struct stream *s;
+	struct event *e = event_get(ev);
+	CUresult r = e ? stream_get(h, ptds, &s) : CUDA_ERROR_INVALID_HANDLE;
+	if (r == CUDA_SUCCESS) {
+		ST_ADD(stream_waits, 1);
+		uint64_t gen = __atomic_load_n(&e->sh->recorded, __ATOMIC_ACQUIRE);
+		if (gen > __atomic_load_n(&e->sh->done, __ATOMIC_ACQUIRE)) {
+			struct op *o = op_new(OP_WAITEV);
+			if (!o) {
+				r = CUDA_ERROR_OUT_OF_MEMORY;
+			} else {
+				o->ev = e, e->refs++;
+				o->gen = gen;
+				if ((r = enqueue(s, o)) != CUDA_SUCCESS)
+					op_free(o);
+			}
+		}
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+	ENTER("cuStreamWaitEvent");
+	return wait_api(hStream, hEvent, Flags, 0);
+}
+API CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+	ENTER("cuStreamWaitEvent_ptsz");
+	return wait_api(hStream, hEvent, Flags, 1);
+}
+
+/* ---- events ------------------------------------------------------------------------------ */
+
+static struct event *event_new(unsigned flags)
+{
+	struct event *e = calloc(1, sizeof *e);
+	if (!e)
+		return NULL;
+	e->magic = EVENT_MAGIC;
+	e->flags = flags;
+	e->ctx = tls_ctx;
+	e->fd = -1;
+	e->refs = 1;
+	e->id = G.next_id++;
+	return e;
+}
+
+static struct evsh *evsh_map(int fd)
+{
+	void *p = mmap(NULL, page_round(sizeof(struct evsh)), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+	ENTER("cuEventCreate");
+	unsigned all = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+	if (!phEvent || (Flags & ~all) ||
+	    ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!tls_ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&G.mu);
+	struct event *e = event_new(Flags);
+	pthread_mutex_unlock(&G.mu);
+	if (!e)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (Flags & CU_EVENT_INTERPROCESS) {
+		char name[64];
+		struct stat st;
+		snprintf(name, sizeof name, "tsemu-event-%llu", (unsigned long long)e->id);
+		e->fd = memfd_create(name, MFD_CLOEXEC);
+		if (e->fd < 0 || ftruncate(e->fd, (off_t)page_round(sizeof *e->sh)) < 0 || fstat(e->fd, &st) < 0 ||
+		    !(e->sh = evsh_map(e->fd))) {
+			if (e->fd >= 0)
+				close(e->fd);
+			free(e);
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		}
+		e->ino = (uint64_t)st.st_ino;
+	} else if (!(e->sh = calloc(1, sizeof *e->sh))) {
+		free(e);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	e->sh->magic = EVSH_MAGIC;
+	e->sh->version = IPC_VERSION;
+	pthread_mutex_lock(&G.mu);
+	e->next_all = G.events;
+	G.events = e;
+	pthread_mutex_unlock(&G.mu);
+	*phEvent = (CUevent)e;
+	return CUDA_SUCCESS;
+}
+
+static CUresult record_api(CUevent ev, CUstream h, int ptds)
+{
+	pthread_mutex_lock(&G.mu);
+	struct stream *s;
+	struct event *e = event_get(ev);
+	CUresult r = e ? stream_get(h, ptds, &s) : CUDA_ERROR_INVALID_HANDLE;
+	if (r == CUDA_SUCCESS && s->ctx != e->ctx)
+		r = CUDA_ERROR_INVALID_HANDLE; /* event and stream of different contexts */
+	if (r == CUDA_SUCCESS) {
+		struct op *o = op_new(OP_RECORD);
+		if (!o) {
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+		} else {
+			o->ev = e, e->refs++;
+			o->gen = __atomic_add_fetch(&e->sh->recorded, 1, __ATOMIC_ACQ_REL);
+			__atomic_store_n(&e->sh->recorder, (int32_t)G.pid, __ATOMIC_RELEASE);
+			ST_ADD(event_records, 1);
+			if ((r = enqueue(s, o)) != CUDA_SUCCESS)
+				op_free(o);
+		}
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+	ENTER("cuEventRecord");
+	return record_api(hEvent, hStream, 0);
+}
+API CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
+{
+	ENTER("cuEventRecord_ptsz");
+	return record_api(hEvent, hStream, 1);
+}
+
+API CUresult cuEventQuery(CUevent hEvent)
+{
+	ENTER("cuEventQuery");
+	pthread_mutex_lock(&G.mu);
+	struct event *e = event_get(hEvent);
+	CUresult r = CUDA_ERROR_INVALID_HANDLE;
+	if (e)
+		r = __atomic_load_n(&e->sh->done, __ATOMIC_ACQUIRE) >= __atomic_load_n(&e->sh->recorded, __ATOMIC_ACQUIRE)
+			    ? CUDA_SUCCESS
+			    : CUDA_ERROR_NOT_READY;
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuEventSynchronize(CUevent hEvent)
+{
+	ENTER("cuEventSynchronize");
+	pthread_mutex_lock(&G.mu);
+	struct event *e = event_get(hEvent);
+	if (!e) {
+		pthread_mutex_unlock(&G.mu);
+		return CUDA_ERROR_INVALID_HANDLE;
+	}
+	e->refs++;
+	uint64_t gen = __atomic_load_n(&e->sh->recorded, __ATOMIC_ACQUIRE);
+	pthread_mutex_unlock(&G.mu);
+	int rc = ev_wait(e->sh, gen);
+	pthread_mutex_lock(&G.mu);
+	event_unref(e);
+	pthread_mutex_unlock(&G.mu);
+	return rc < 0 ? CUDA_ERROR_DEINITIALIZED : CUDA_SUCCESS;
+}
+
+/* Destroying an event with work pending is allowed: it is released when
+ * that work is done. */
+API CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+	ENTER("cuEventDestroy_v2");
+	pthread_mutex_lock(&G.mu);
+	struct event *e = event_get(hEvent);
+	if (!e) {
+		pthread_mutex_unlock(&G.mu);
+		return CUDA_ERROR_INVALID_HANDLE;
+	}
+	for (struct event **pp = &G.events; *pp; pp = &(*pp)->next_all)
+		if (*pp == e) {
+			*pp = e->next_all;
+			break;
+		}
+	e->destroyed = 1;
+	e->magic = 0;
+	event_unref(e);
+	pthread_mutex_unlock(&G.mu);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuEventDestroy(CUevent hEvent)
+{
+	return cuEventDestroy_v2(hEvent);
+}
+
+API CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+	ENTER("cuEventElapsedTime_v2");
+	if (!pMilliseconds)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&G.mu);
+	struct event *a = event_get(hStart), *b = event_get(hEnd);
+	CUresult r = CUDA_SUCCESS;
+	if (!a || !b || (a->flags & CU_EVENT_DISABLE_TIMING) || (b->flags & CU_EVENT_DISABLE_TIMING) ||
+	    !a->sh->recorded || !b->sh->recorded)
+		r = CUDA_ERROR_INVALID_HANDLE;
+	else if (a->sh->done < a->sh->recorded || b->sh->done < b->sh->recorded)
+		r = CUDA_ERROR_NOT_READY;
+	else
+		*pMilliseconds = (float)(((double)b->sh->done_ns - (double)a->sh->done_ns) / 1e6);
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+	return cuEventElapsedTime_v2(pMilliseconds, hStart, hEnd);
+}
+
+/* ---- IPC ---------------------------------------------------------------------------------- */
+
+static void handle_fill(struct ipc_handle *h, char kind, int dev, int fd, uint64_t ino, uint64_t size, uint64_t id)
+{
+	memset(h, 0, sizeof *h);
+	memcpy(h->magic, IPC_MAGIC, 4);
+	h->kind = (uint8_t)kind;
+	h->dev = (uint8_t)dev;
+	h->version = IPC_VERSION;
+	h->pid = (int32_t)G.pid;
+	h->fd = fd;
+	h->uid = (uint32_t)getuid();
+	h->ino = ino;
+	h->size = size;
+	h->id = id;
+}
+
+/* Open the exporter's memfd through /proc. The caller checked the handle. */
+static int handle_open(const struct ipc_handle *h, size_t minsize)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)h->pid, (int)h->fd);
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	struct stat st;
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_ino != h->ino || (size_t)st.st_size < minsize ||
+	    st.st_uid != getuid()) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Only the base of a cuMemAlloc allocation can be exported. */
+API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+	ENTER("cuIpcGetMemHandle");
+	if (!pHandle)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&G.mu);
+	struct mem *m = mem_find(U(dptr));
+	CUresult r = CUDA_ERROR_INVALID_VALUE;
+	if (m && m->kind == M_DEV && m->base == U(dptr)) {
+		struct ipc_handle h;
+		handle_fill(&h, 'M', m->dev, m->fd, m->ino, m->size, m->id);
+		memset(pHandle, 0, sizeof *pHandle);
+		memcpy(pHandle->reserved, &h, sizeof h);
+		ST_ADD(ipc_mem_exports, 1);
+		r = CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+static CUresult handle_check(const char *raw, char kind, struct ipc_handle *h)
+{
+	memcpy(h, raw, sizeof *h);
+	if (memcmp(h->magic, IPC_MAGIC, 4) || h->kind != (uint8_t)kind || h->version != IPC_VERSION || h->pid <= 0 ||
+	    h->fd < 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	/* Opening a handle in the process that exported it fails with "invalid
+	 * device context" (CUDA_ERROR_INVALID_CONTEXT; the runtime's
+	 * cudaErrorDeviceUninitialized, 201), as real CUDA does. */
+	if (h->pid == (int32_t)G.pid)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+	ENTER("cuIpcOpenMemHandle_v2");
+	if (!pdptr || (Flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!tls_ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	struct ipc_handle h;
+	CUresult r = handle_check(handle.reserved, 'M', &h);
+	if (r != CUDA_SUCCESS)
+		return r;
+	/* (the exporter's device need not be visible here, as documented) */
+	if (h.size == 0 || h.dev >= MAXDEV)
+		return CUDA_ERROR_INVALID_VALUE;
+	/* Already open in this context: one more reference, same pointer. */
+	pthread_mutex_lock(&G.mu);
+	for (size_t i = 0; i < G.nmem; i++) {
+		struct mem *m = G.mems[i];
+		if (m->kind == M_IPC && m->ctx == tls_ctx && m->peer_pid == h.pid && m->peer_id == h.id &&
+		    m->ino == h.ino) {
+			m->opens++;
+			ST_ADD(ipc_mem_opens, 1);
+			*pdptr = (CUdeviceptr)m->base;
+			pthread_mutex_unlock(&G.mu);
+			return CUDA_SUCCESS;
+		}
+	}
+	pthread_mutex_unlock(&G.mu);
+	size_t maplen = page_round(h.size);
+	int fd = handle_open(&h, maplen);
+	if (fd < 0)
+		return CUDA_ERROR_INVALID_VALUE; /* exporter gone, or the allocation freed */
+	struct mem *m = calloc(1, sizeof *m);
+	if (!m) {
+		close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	m->kind = M_IPC;
+	m->dev = h.dev;
+	m->ctx = tls_ctx;
+	m->size = h.size;
+	m->maplen = maplen;
+	m->fd = -1;
+	m->ino = h.ino;
+	m->refs = 1;
+	m->opens = 1;
+	m->peer_pid = h.pid;
+	m->peer_id = h.id;
+	r = map_device(fd, maplen, &m->base, &m->data);
+	close(fd);
+	if (r != CUDA_SUCCESS) {
+		free(m);
+		return r;
+	}
+	pthread_mutex_lock(&G.mu);
+	m->id = G.next_id++;
+	if (mem_insert(m) < 0) {
+		m->refs = 1;
+		mem_unref(m);
+		pthread_mutex_unlock(&G.mu);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	ST_ADD(ipc_mem_opens, 1);
+	pthread_mutex_unlock(&G.mu);
+	*pdptr = (CUdeviceptr)m->base;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+	return cuIpcOpenMemHandle_v2(pdptr, handle, Flags);
+}
+
+/* Drops one open; the last one unmaps (after the context's work). */
+API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+	ENTER("cuIpcCloseMemHandle");
+	pthread_mutex_lock(&G.mu);
+	struct mem *m = mem_find(U(dptr));
+	CUresult r = CUDA_ERROR_INVALID_VALUE;
+	if (m && m->kind == M_IPC && m->base == U(dptr)) {
+		r = CUDA_SUCCESS;
+		ST_ADD(ipc_mem_closes, 1);
+		if (--m->opens == 0) {
+			m->refs++;
+			r = ctx_sync(m->ctx);
+			if (mem_find(U(dptr)) == m) {
+				mem_remove(m);
+				m->refs--;
+			}
+			mem_unref(m);
+		}
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event)
+{
+	ENTER("cuIpcGetEventHandle");
+	if (!pHandle)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&G.mu);
+	struct event *e = event_get(event);
+	CUresult r = CUDA_ERROR_INVALID_HANDLE;
+	if (e && (!(e->flags & CU_EVENT_INTERPROCESS) || e->imported || e->fd < 0)) {
+		r = CUDA_ERROR_INVALID_VALUE;
+	} else if (e) {
+		struct ipc_handle h;
+		handle_fill(&h, 'E', e->ctx ? e->ctx->dev : 0, e->fd, e->ino, page_round(sizeof *e->sh), e->id);
+		memset(pHandle, 0, sizeof *pHandle);
+		memcpy(pHandle->reserved, &h, sizeof h);
+		ST_ADD(ipc_event_exports, 1);
+		r = CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+/* The imported event behaves like a local CU_EVENT_DISABLE_TIMING event
+ * whose state is the exporter's. (Opening it in the exporting process is
+ * refused like a memory handle: assumed, the documentation is silent.) */
+API CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle)
+{
+	ENTER("cuIpcOpenEventHandle");
+	if (!phEvent)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!tls_ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	struct ipc_handle h;
+	CUresult r = handle_check(handle.reserved, 'E', &h);
+	if (r != CUDA_SUCCESS)
+		return r;
+	int fd = handle_open(&h, page_round(sizeof(struct evsh)));
+	if (fd < 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct evsh *sh = evsh_map(fd);
+	close(fd);
+	if (!sh)
+		return CUDA_ERROR_MAP_FAILED;
+	if (sh->magic != EVSH_MAGIC) {
+		munmap(sh, page_round(sizeof *sh));
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	pthread_mutex_lock(&G.mu);
+	struct event *e = event_new(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
+	if (!e) {
+		pthread_mutex_unlock(&G.mu);
+		munmap(sh, page_round(sizeof *sh));
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	e->sh = sh;
+	e->imported = 1;
+	e->peer_pid = h.pid;
+	e->ino = h.ino;
+	e->next_all = G.events;
+	G.events = e;
+	ST_ADD(ipc_event_opens, 1);
+	pthread_mutex_unlock(&G.mu);
+	*phEvent = (CUevent)e;
+	return CUDA_SUCCESS;
+}
+
+/* ---- errors -------------------------------------------------------------------------------- */
+
+API CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+	if (!pStr)
+		return CUDA_ERROR_INVALID_VALUE;
+	switch (error) {
+#define X(cu, rt, msg) \
+	case cu: *pStr = msg; return CUDA_SUCCESS;
+		TSEMU_ERRORS(X)
+#undef X
+	default: *pStr = NULL; return CUDA_ERROR_INVALID_VALUE;
+	}
+}
+
+API CUresult cuGetErrorName(CUresult error, const char **pStr)
+{
+	if (!pStr)
+		return CUDA_ERROR_INVALID_VALUE;
+	switch (error) {
+#define X(cu, rt, msg) \
+	case cu: *pStr = #cu; return CUDA_SUCCESS;
+		TSEMU_ERRORS(X)
+#undef X
+	default: *pStr = NULL; return CUDA_ERROR_INVALID_VALUE;
+	}
+}
+
+/* ---- cuGetProcAddress ------------------------------------------------------------------------ */
+
+/* Base name, the CUDA version that introduced this variant, per-thread
+ * variant or not, the symbol and the function. cuGetProcAddress picks, for
+ * a base name, the newest variant not newer than the version asked for
+ * (a per-thread one when asked and available), as the real driver does. */
+struct proc {
+	const char *name;
+	int version, ptds;
+	const char *sym;
+	void *fn;
+};
+
+#define PR(base, ver, fn) {#base, ver, 0, #fn, (void *)fn}
+#define PT(base, ver, fn) {#base, ver, 1, #fn, (void *)fn}
+
+static const struct proc procs[] = {
+	PR(cuInit, 2000, cuInit),
+	PR(cuDriverGetVersion, 2020, cuDriverGetVersion),
+	PR(cuDeviceGet, 2000, cuDeviceGet),
+	PR(cuDeviceGetCount, 2000, cuDeviceGetCount),
+	PR(cuDeviceGetName, 2000, cuDeviceGetName),
+	PR(cuDeviceGetAttribute, 2000, cuDeviceGetAttribute),
+	PR(cuDeviceTotalMem, 2000, cuDeviceTotalMem),
+	PR(cuDeviceTotalMem, 3020, cuDeviceTotalMem_v2),
+	PR(cuDeviceGetPCIBusId, 4010, cuDeviceGetPCIBusId),
+	PR(cuDeviceCanAccessPeer, 4000, cuDeviceCanAccessPeer),
+	PR(cuDevicePrimaryCtxRetain, 7000, cuDevicePrimaryCtxRetain),
+	PR(cuDevicePrimaryCtxRelease, 7000, cuDevicePrimaryCtxRelease),
+	PR(cuDevicePrimaryCtxRelease, 11000, cuDevicePrimaryCtxRelease_v2),
+	PR(cuDevicePrimaryCtxGetState, 7000, cuDevicePrimaryCtxGetState),
+	PR(cuCtxGetCurrent, 4000, cuCtxGetCurrent),
+	PR(cuCtxSetCurrent, 4000, cuCtxSetCurrent),
+	PR(cuCtxGetDevice, 2000, cuCtxGetDevice),
+	PR(cuCtxGetDevice, 13000, cuCtxGetDevice_v2),
+	PR(cuCtxSynchronize, 2000, cuCtxSynchronize),
+	PR(cuCtxSynchronize, 13000, cuCtxSynchronize_v2),
+	PR(cuCtxEnablePeerAccess, 4000, cuCtxEnablePeerAccess),
+	PR(cuCtxDisablePeerAccess, 4000, cuCtxDisablePeerAccess),
+	PR(cuMemAlloc, 2000, cuMemAlloc),
+	PR(cuMemAlloc, 3020, cuMemAlloc_v2),
+	PR(cuMemFree, 2000, cuMemFree),
+	PR(cuMemFree, 3020, cuMemFree_v2),
+	PR(cuMemGetInfo, 2000, cuMemGetInfo),
+	PR(cuMemGetInfo, 3020, cuMemGetInfo_v2),
+	PR(cuMemGetAddressRange, 2000, cuMemGetAddressRange),
+	PR(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2),
+	PR(cuMemcpyHtoD, 2000, cuMemcpyHtoD),
+	PR(cuMemcpyHtoD, 3020, cuMemcpyHtoD_v2),
+	PT(cuMemcpyHtoD, 7000, cuMemcpyHtoD_v2_ptds),
+	PR(cuMemcpyDtoH, 2000, cuMemcpyDtoH),
+	PR(cuMemcpyDtoH, 3020, cuMemcpyDtoH_v2),
+	PT(cuMemcpyDtoH, 7000, cuMemcpyDtoH_v2_ptds),
+	PR(cuMemcpyDtoD, 2000, cuMemcpyDtoD),
+	PR(cuMemcpyDtoD, 3020, cuMemcpyDtoD_v2),
+	PT(cuMemcpyDtoD, 7000, cuMemcpyDtoD_v2_ptds),
+	PR(cuMemcpyHtoDAsync, 2000, cuMemcpyHtoDAsync),
+	PR(cuMemcpyHtoDAsync, 3020, cuMemcpyHtoDAsync_v2),
+	PT(cuMemcpyHtoDAsync, 7000, cuMemcpyHtoDAsync_v2_ptsz),
+	PR(cuMemcpyDtoHAsync, 2000, cuMemcpyDtoHAsync),
+	PR(cuMemcpyDtoHAsync, 3020, cuMemcpyDtoHAsync_v2),
+	PT(cuMemcpyDtoHAsync, 7000, cuMemcpyDtoHAsync_v2_ptsz),
+	PR(cuMemcpyDtoDAsync, 3000, cuMemcpyDtoDAsync),
+	PR(cuMemcpyDtoDAsync, 3020, cuMemcpyDtoDAsync_v2),
+	PT(cuMemcpyDtoDAsync, 7000, cuMemcpyDtoDAsync_v2_ptsz),
+	PR(cuMemcpy, 4000, cuMemcpy),
+	PT(cuMemcpy, 7000, cuMemcpy_ptds),
+	PR(cuMemcpyAsync, 4000, cuMemcpyAsync),
+	PT(cuMemcpyAsync, 7000, cuMemcpyAsync_ptsz),
+	PR(cuMemcpyPeer, 4000, cuMemcpyPeer),
+	PT(cuMemcpyPeer, 7000, cuMemcpyPeer_ptds),
+	PR(cuMemcpyPeerAsync, 4000, cuMemcpyPeerAsync),
+	PT(cuMemcpyPeerAsync, 7000, cuMemcpyPeerAsync_ptsz),
+	PR(cuMemsetD8, 2000, cuMemsetD8),
+	PR(cuMemsetD8, 3020, cuMemsetD8_v2),
+	PT(cuMemsetD8, 7000, cuMemsetD8_v2_ptds),
+	PR(cuMemsetD8Async, 3020, cuMemsetD8Async),
+	PT(cuMemsetD8Async, 7000, cuMemsetD8Async_ptsz),
+	PR(cuMemHostAlloc, 2020, cuMemHostAlloc),
+	PR(cuMemFreeHost, 2000, cuMemFreeHost),
+	PR(cuMemAllocHost, 2000, cuMemAllocHost),
+	PR(cuMemAllocHost, 3020, cuMemAllocHost_v2),
+	PR(cuMemHostRegister, 4000, cuMemHostRegister),
+	PR(cuMemHostRegister, 6050, cuMemHostRegister_v2),
+	PR(cuMemHostUnregister, 4000, cuMemHostUnregister),
+	PR(cuPointerGetAttribute, 4000, cuPointerGetAttribute),
+	PR(cuStreamCreate, 2000, cuStreamCreate),
+	PR(cuStreamDestroy, 2000, cuStreamDestroy),
+	PR(cuStreamDestroy, 4000, cuStreamDestroy_v2),
+	PR(cuStreamSynchronize, 2000, cuStreamSynchronize),
+	PT(cuStreamSynchronize, 7000, cuStreamSynchronize_ptsz),
+	PR(cuStreamQuery, 2000, cuStreamQuery),
+	PT(cuStreamQuery, 7000, cuStreamQuery_ptsz),
+	PR(cuStreamWaitEvent, 3020, cuStreamWaitEvent),
+	PT(cuStreamWaitEvent, 7000, cuStreamWaitEvent_ptsz),
+	PR(cuEventCreate, 2000, cuEventCreate),
+	PR(cuEventRecord, 2000, cuEventRecord),
+	PT(cuEventRecord, 7000, cuEventRecord_ptsz),
+	PR(cuEventSynchronize, 2000, cuEventSynchronize),
+	PR(cuEventQuery, 2000, cuEventQuery),
+	PR(cuEventDestroy, 2000, cuEventDestroy),
+	PR(cuEventDestroy, 4000, cuEventDestroy_v2),
+	PR(cuEventElapsedTime, 2000, cuEventElapsedTime),
+	PR(cuEventElapsedTime, 12080, cuEventElapsedTime_v2),
+	PR(cuIpcGetMemHandle, 4010, cuIpcGetMemHandle),
+	PR(cuIpcOpenMemHandle, 4010, cuIpcOpenMemHandle),
+	PR(cuIpcOpenMemHandle, 11000, cuIpcOpenMemHandle_v2),
+	PR(cuIpcCloseMemHandle, 4010, cuIpcCloseMemHandle),
+	PR(cuIpcGetEventHandle, 4010, cuIpcGetEventHandle),
+	PR(cuIpcOpenEventHandle, 4010, cuIpcOpenEventHandle),
+	PR(cuGetErrorString, 6000, cuGetErrorString),
+	PR(cuGetErrorName, 6000, cuGetErrorName),
+	PR(cuGetProcAddress, 11030, cuGetProcAddress),
+	PR(cuGetProcAddress, 12000, cuGetProcAddress_v2),
+};
+
+static int denied(const char *name)
+{
+	if (!G.deny)
+		return 0;
+	char key[128];
+	int n = snprintf(key, sizeof key, ",%s,", name);
+	return n > 0 && (size_t)n < sizeof key && strstr(G.deny, key) != NULL;
+}
+
+/* Works before cuInit (and in a forked child: it only looks up a name). */
+API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+				 CUdriverProcAddressQueryResult *symbolStatus)
+{
+	ST_ADD(getproc_lookups, 1);
+	pthread_once(&G.once, do_config); /* trace, deny list */
+	if (!symbol || !pfn || cudaVersion <= 0 ||
+	    (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)))
+		return CUDA_ERROR_INVALID_VALUE;
+	/* "If the specified CUDA version is greater than the driver version,
+	 * the API will return CUDA_ERROR_INVALID_VALUE." */
+	if (cudaVersion > DRIVER_VERSION)
+		return CUDA_ERROR_INVALID_VALUE;
+	int want_ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+	const struct proc *best = NULL, *best_pt = NULL;
+	int found = 0;
+	if (!denied(symbol))
+		for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
+			const struct proc *p = &procs[i];
+			if (strcmp(p->name, symbol))
+				continue;
+			found = 1;
+			if (p->version > cudaVersion)
+				continue;
+			if (p->ptds) {
+				if (!best_pt || p->version > best_pt->version)
+					best_pt = p;
+			} else if (!best || p->version > best->version) {
+				best = p;
+			}
+		}
+	const struct proc *pick = want_ptds && best_pt ? best_pt : best;
+	*pfn = pick ? pick->fn : NULL;
+	if (symbolStatus)
+		*symbolStatus = pick ? CU_GET_PROC_ADDRESS_SUCCESS
+			      : found ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+				      : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+	if (G.trace >= 1)
+		say("cuGetProcAddress(\"%s\", %d, %#llx) -> %s", symbol, cudaVersion, (unsigned long long)flags,
+		    pick ? pick->sym : "NULL");
+	/* Not found, or too old for this version: success with a NULL pointer,
+	 * as documented in CUDA 13's cuda.h. */
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+	return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+/* ---- teardown ---------------------------------------------------------------------------------- */
+
+/* At exit (not in a forked child): counters out, workers stopped (queued
+ * work is abandoned, as when a context is destroyed), everything freed. */
+__attribute__((destructor)) static void tsemu_fini(void)
+{
+	if (G.forked || !__atomic_load_n(&G.inited, __ATOMIC_ACQUIRE))
+		return;
+	write_stats();
+	pthread_mutex_lock(&G.mu);
+	__atomic_store_n(&G.stopping, 1, __ATOMIC_RELEASE);
+	for (struct stream *s = G.streams; s; s = s->next_all)
+		pthread_cond_signal(&s->cv);
+	pthread_cond_broadcast(&G.done);
+	for (;;) { /* wait for every started worker to end */
+		struct stream *running = NULL;
+		for (struct stream *s = G.streams; s && !running; s = s->next_all)
+			if (s->started && !s->finished)
+				running = s;
+		if (!running)
+			break;
+		pthread_cond_wait(&G.done, &G.mu);
+	}
+	/* What a thread still blocked in a call refers to (refs above the
+	 * owner's) is left alone: it wakes up to CUDA_ERROR_DEINITIALIZED. */
+	for (struct stream **pp = &G.streams; *pp;) {
+		struct stream *s = *pp;
+		if (s->started)
+			pthread_join(s->th, NULL);
+		s->started = 0;
+		if (s->refs > 1) {
+			pp = &s->next_all;
+			continue;
+		}
+		*pp = s->next_all;
+		pthread_cond_destroy(&s->cv);
+		free(s);
+	}
+	for (int i = 0; i < MAXDEV; i++)
+		G.ctx[i].legacy = NULL;
+	while (G.events) {
+		struct event *e = G.events;
+		G.events = e->next_all;
+		event_unref(e);
+	}
+	for (size_t i = 0; i < G.nmem; i++)
+		mem_unref(G.mems[i]);
+	free(G.mems);
+	G.mems = NULL;
+	G.nmem = G.capmem = 0;
+	free(G.deny);
+	G.deny = NULL;
+	if (tls_ptds) {
+		pthread_setspecific(G.ptds_key, NULL);
+		free(tls_ptds);
+		tls_ptds = NULL;
+	}
+	pthread_key_delete(G.ptds_key); /* threads exiting later run no destructor */
+	pthread_mutex_unlock(&G.mu);
+}
