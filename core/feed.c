@@ -386,6 +386,24 @@ static int own_file(struct ts_feed *f, unsigned slot, uint64_t need)
 	return 0;
 }
 
+/* Our claim on the next slot: kept from a fence (stream_state) or made now. */
+static int claim(struct ts_feed *f, uint64_t timeout_ns)
+{
+	struct ts_batch_meta *meta;
+	int ret = writer_ready(f);
+	if (ret) {
+		if (f->w.claimed && f->w_word == 0)
+			ts_ring_abort(f->s.seg, &f->w);
+		return ret;
+	}
+	if (f->w.claimed)
+		return 0;
+	ret = ts_ring_begin(f->s.seg, &f->w, timeout_ns, &meta);
+	if (ret == -EPERM)
+		f->w_word = 0;
+	return ret;
+}
+
 static int batch_valid(const struct ts_feed *f, const struct ts_feed_batch *b, uint64_t *need)
 {
 	if (b->npos < 1 || b->npos > TS_MAX_POSITIONS || b->nsamples == 0 || b->nsamples > TS_FEED_MAX_SAMPLES ||
@@ -439,13 +457,9 @@ int ts_feed_publish(struct ts_feed *f, const struct ts_feed_batch *b, uint64_t t
 	uint64_t need;
 	int ret;
 
-	if ((ret = batch_valid(f, b, &need)) || (ret = writer_ready(f)))
+	if ((ret = batch_valid(f, b, &need)) || (ret = claim(f, timeout_ns)))
 		return ret;
-	if ((ret = ts_ring_begin(f->s.seg, &f->w, timeout_ns, &meta))) {
-		if (ret == -EPERM)
-			f->w_word = 0;
-		return ret;
-	}
+	meta = &f->s.seg->ring.meta[f->w.self][f->w.slot];
 	if ((ret = own_file(f, f->w.slot, need))) {
 		ts_ring_abort(f->s.seg, &f->w);
 		return ret;
@@ -543,7 +557,7 @@ static int hdr_matches(const struct ts_feed_hdr *h, const struct ts_batch_meta *
 /* ---- stream state (a successor's view) --------------------------------- */
 
 int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
-			 uint64_t *npublished)
+			 uint64_t *npublished, uint64_t timeout_ns)
 {
 	struct ts_segment *seg = f->s.seg;
 	struct ts_batch_meta m;
@@ -556,6 +570,17 @@ int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t
 	*epoch = 0;
 	*ended = 1;
 	*nrest = *npublished = 0;
+	if (ts_session_role(&f->s) == TS_ROLE_PRODUCER) {
+		/*
+		 * Fence: claim the next slot first. A predecessor that was replaced
+		 * half-way through a publish can then no longer add a batch behind
+		 * our back (its claim is ours now), so what we count below is all
+		 * there is. The claim is kept for our first publish.
+		 */
+		if ((ret = claim(f, timeout_ns)))
+			return ret;
+		pub = atomic_load_explicit(&seg->ring.pub_seq, memory_order_acquire);
+	}
 	if (pub == 0)
 		return 0;
 	if ((ret = ts_ring_slot_meta(seg, pub - 1, &m, &writer)) ||
@@ -608,13 +633,39 @@ int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t
 
 /* ---- consumer -------------------------------------------------------------- */
 
-int ts_feed_attach(struct ts_feed *f)
+/*
+ * Where the newest stream epoch starts, if that is still in the ring: the
+ * seq after the end-of-epoch batch before it (0 when there is none). The
+ * newest epoch is the one of the last published batch, ended or not: a job
+ * that starts iterating just after an epoch ended reads that epoch at once
+ * rather than wait for the next. UINT64_MAX when its start was overwritten.
+ */
+static uint64_t epoch_start(struct ts_segment *seg)
+{
+	uint64_t pub = atomic_load_explicit(&seg->ring.pub_seq, memory_order_acquire), s;
+	uint32_t d = seg->st.depth;
+	struct ts_batch_meta m;
+	unsigned writer;
+
+	if (pub == 0)
+		return 0;
+	for (s = pub - 1; s > 0 && pub - s < d; s--) {
+		if (ts_ring_slot_meta(seg, s - 1, &m, &writer))
+			return UINT64_MAX; /* overwritten (or odd): not ours to read */
+		if (m.flags & TS_BATCH_END_OF_EPOCH)
+			return s;
+	}
+	return s == 0 ? 0 : UINT64_MAX;
+}
+
+int ts_feed_attach(struct ts_feed *f, int at_epoch_start)
 {
 	if (f->attached)
 		ts_ring_detach(f->s.seg, &f->r);
 	f->attached = 0;
 	f->schema_hash = 0;
-	int ret = ts_ring_attach(f->s.seg, f->s.self, &f->r);
+	uint64_t from = at_epoch_start ? epoch_start(f->s.seg) : UINT64_MAX;
+	int ret = ts_ring_attach_at(f->s.seg, f->s.self, &f->r, from);
 	f->attached = ret == 0;
 	return ret;
 }

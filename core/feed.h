@@ -111,13 +111,21 @@ int ts_feed_evict_laggards(struct ts_feed *f);
  * whether it ended that epoch (nothing published yet: epoch 0, ended). For
  * an unfinished epoch, `rest` (nindex entries) receives the indices not
  * published in it yet, ascending, and *nrest their count; *npublished the
- * samples published in it.
+ * samples published in it. Called by the producer, it first claims the next
+ * slot (waiting up to timeout_ns, errors as for publish), so that a replaced
+ * predecessor cannot publish behind its back; the claim serves the next
+ * publish.
  */
 int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
-			 uint64_t *npublished);
+			 uint64_t *npublished, uint64_t timeout_ns);
 
-/* Consumer: (re-)attach at the head; detach releases every slot held. */
-int ts_feed_attach(struct ts_feed *f);
+/*
+ * Consumer: (re-)attach at the head, or with at_epoch_start at the first
+ * batch of the newest stream epoch (the one of the last published batch,
+ * ended or not) while the ring still holds it, so that a job that starts
+ * iterating reads that epoch whole; detach releases every slot held.
+ */
+int ts_feed_attach(struct ts_feed *f, int at_epoch_start);
 int ts_feed_detach(struct ts_feed *f);
 /* Is the reader at the head, between two batches? */
 int ts_feed_at_head(struct ts_feed *f);

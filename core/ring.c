@@ -358,6 +358,11 @@ static inline bool evicted(struct ts_segment *seg, const struct ts_ring_reader *
 
 int ts_ring_attach(struct ts_segment *seg, int self, struct ts_ring_reader *r)
 {
+	return ts_ring_attach_at(seg, self, r, UINT64_MAX);
+}
+
+int ts_ring_attach_at(struct ts_segment *seg, int self, struct ts_ring_reader *r, uint64_t from)
+{
 	uint32_t d;
 	int ret;
 
@@ -367,6 +372,8 @@ int ts_ring_attach(struct ts_segment *seg, int self, struct ts_ring_reader *r)
 		return ret;
 	struct ts_member *mb = &seg->members[self];
 	uint64_t h = atomic_load_explicit(&seg->ring.claim_seq, memory_order_seq_cst);
+	if (from < h)
+		h = from;
 	/* relaxed: published by the attach CAS below, which is a release */
 	atomic_store_explicit(&mb->read_seq, h, memory_order_relaxed);
 	uint64_t a = atomic_load_explicit(&mb->attach, memory_order_relaxed), na;
@@ -379,7 +386,8 @@ int ts_ring_attach(struct ts_segment *seg, int self, struct ts_ring_reader *r)
 	 * announced its claim before this load, so it claims only seqs < h2
 	 * and overwrites only seqs < h2 - d. Producers that see us honour
 	 * read_seq. So h is safe if h >= h2 - d; otherwise h2 is (one retry
-	 * suffices: the bound above does not move).
+	 * suffices: the bound above does not move). The same holds for a
+	 * `from` behind the head: it is kept only while still in the ring.
 	 */
 	uint64_t h2 = atomic_load_explicit(&seg->ring.claim_seq, memory_order_seq_cst);
 	if (h2 - h > d) {

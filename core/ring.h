@@ -101,6 +101,8 @@ int ts_ring_abort(struct ts_segment *seg, struct ts_ring_writer *w);
  * producer may have reused the slots while we were copying.
  */
 int ts_ring_attach(struct ts_segment *seg, int self, struct ts_ring_reader *r);
+/* Attach at seq `from` (<= the head) if it is still in the ring, else at the head. */
+int ts_ring_attach_at(struct ts_segment *seg, int self, struct ts_ring_reader *r, uint64_t from);
 int ts_ring_detach(struct ts_segment *seg, struct ts_ring_reader *r);
 int ts_ring_peek(struct ts_segment *seg, struct ts_ring_reader *r, uint32_t npos,
 		 const uint64_t *want, struct ts_read *out, uint64_t timeout_ns);

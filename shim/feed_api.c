@@ -173,16 +173,16 @@ TS_EXPORT int tsshim_feed_evict_laggards(int h)
 }
 
 TS_EXPORT int tsshim_feed_stream_state(int h, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
-				       uint64_t *npublished)
+				       uint64_t *npublished, uint32_t timeout_ms)
 {
 	if (!epoch || !ended || !nrest || !npublished)
 		return -EINVAL;
-	return FEED_CALL(h, f, ts_feed_stream_state(f, epoch, ended, rest, nrest, npublished));
+	return FEED_CALL(h, f, ts_feed_stream_state(f, epoch, ended, rest, nrest, npublished, ms_ns(timeout_ms)));
 }
 
-TS_EXPORT int tsshim_feed_attach(int h)
+TS_EXPORT int tsshim_feed_attach(int h, int at_epoch_start)
 {
-	return FEED_CALL(h, f, ts_feed_attach(f));
+	return FEED_CALL(h, f, ts_feed_attach(f, at_epoch_start));
 }
 
 TS_EXPORT int tsshim_feed_detach(int h)

@@ -22,8 +22,8 @@ int tsshim_feed_publish(int h, uint32_t npos, uint32_t flags, uint64_t nsamples,
 	const char *schema, uint32_t schema_len, uint64_t cpu_ns, uint32_t timeout_ms);
 int tsshim_feed_evict_laggards(int h);
 int tsshim_feed_stream_state(int h, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
-	     uint64_t *npublished);
-int tsshim_feed_attach(int h);
+	uint64_t *npublished, uint32_t timeout_ms);
+int tsshim_feed_attach(int h, int at_epoch_start);
 int tsshim_feed_detach(int h);
 int tsshim_feed_at_head(int h);
 int tsshim_feed_next(int h, uint32_t timeout_ms, uint32_t *npos, uint64_t *nsamples, uint64_t *stream_epoch,

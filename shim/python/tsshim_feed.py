@@ -51,6 +51,10 @@ class NotCarried(Exception):
     """A batch the feed cannot carry."""
 
 
+class NotProducer(Exception):
+    """Replaced as producer while we were about to produce."""
+
+
 # --- the C side ----------------------------------------------------------------
 
 def _bind():
@@ -71,8 +75,8 @@ def _bind():
         "flags": (i32, [i32]), "set_unshareable": (i32, [i32]),
         "publish": (i32, [i32, u32, u32, u64, pu64, ctypes.POINTER(vp), vp, u64, cp, u32, u64, u32]),
         "evict_laggards": (i32, [i32]),
-        "stream_state": (i32, [i32, pu64, pi32, vp, pu64, pu64]),
-        "attach": (i32, [i32]), "detach": (i32, [i32]), "at_head": (i32, [i32]),
+        "stream_state": (i32, [i32, pu64, pi32, vp, pu64, pu64, u32]),
+        "attach": (i32, [i32, i32]), "detach": (i32, [i32]), "at_head": (i32, [i32]),
         "next": (i32, [i32, u32, pu32, pu64, pu64, pu64, ctypes.c_char_p, pu32]),
         "read": (i32, [i32, u32, pu64, ctypes.POINTER(vp), pu64, pi32, u32]),
         "served": (i32, [i32, u64, u64]),
@@ -99,6 +103,7 @@ class _Feed:
         self.timeout_ms = max(10, lib.tsshim_feed_timeout_ms(self.h))
         self.busy = False   # an iterator of ours is running on it
         self.attached = False
+        self.broke_off = False  # we left an epoch half-way: next time, on from the head
 
     def role(self):
         return self.lib.tsshim_feed_role(self.h)
@@ -286,8 +291,10 @@ class _Epoch:
     def role(self):
         return self.lib.tsshim_feed_role(self.h)
 
-    def attach(self):
-        ret = self.lib.tsshim_feed_attach(self.h)
+    def attach(self, at_epoch_start=False):
+        """At the head; or, when we start iterating afresh, at the start of the stream's
+        current epoch while the ring still holds it (so that epoch is ours whole)."""
+        ret = self.lib.tsshim_feed_attach(self.h, 1 if at_epoch_start else 0)
         if ret:
             raise Fallback("cannot attach to the feed: %s" % _err(ret))
         self.feed.attached = True
@@ -301,17 +308,34 @@ class _Epoch:
         if not self.done_clean and self.feed.attached:
             self.lib.tsshim_feed_detach(self.h)
             self.feed.attached = False
+            self.feed.broke_off = True
 
     def stream_state(self, want_rest):
+        """(stream epoch, ended, indices left, samples published). As producer this
+        first claims the next slot (a fence against a replaced predecessor's late
+        publish), waiting for consumers like a publish; NotProducer if replaced."""
         e, ended = ctypes.c_uint64(), ctypes.c_int()
         nrest, npub = ctypes.c_uint64(), ctypes.c_uint64()
         rest = self.torch.empty(self.st.nindex if want_rest else 0, dtype=self.torch.int64)
-        ret = self.lib.tsshim_feed_stream_state(self.h, ctypes.byref(e), ctypes.byref(ended),
-                                               rest.data_ptr() if want_rest else None,
-                                               ctypes.byref(nrest), ctypes.byref(npub))
+        waited = 0
+        while True:
+            ret = self.lib.tsshim_feed_stream_state(self.h, ctypes.byref(e), ctypes.byref(ended),
+                                                   rest.data_ptr() if want_rest else None,
+                                                   ctypes.byref(nrest), ctypes.byref(npub), SLICE_MS)
+            if ret != -errno.ETIMEDOUT:
+                break
+            waited += SLICE_MS
+            if waited >= self.stall_ms():
+                self.lib.tsshim_feed_evict_laggards(self.h)
+                waited = 0
+        if ret == -errno.EPERM:
+            raise NotProducer()
         if ret:
             raise Fallback("cannot read the stream's state: %s" % _err(ret))
         return e.value, bool(ended.value), rest[:nrest.value], npub.value
+
+    def stall_ms(self):
+        return max(10 * self.feed.timeout_ms, 5000)
 
     def publish(self, batch, indices, eoe, cpu_ns):
         schema, leaves, n = describe_batch(batch, self.torch)
@@ -326,7 +350,7 @@ class _Epoch:
         if idx is not None and idx.numel() != n:
             idx = None
         waited = 0
-        stall_ms = max(10 * self.feed.timeout_ms, 5000)
+        stall_ms = self.stall_ms()
         while True:
             ret = self.lib.tsshim_feed_publish(self.h, npos, EOE if eoe else 0, n, lens, srcs,
                                               idx.data_ptr() if idx is not None else None,
@@ -357,10 +381,13 @@ class _Epoch:
     # -- the epoch --
     def batches(self):
         if not self.feed.attached:
-            self.attach()
+            self.attach(at_epoch_start=not self.feed.broke_off)
         if self.role() == ROLE_PRODUCER:
             self.lib.tsshim_feed_set_idle(self.h, 0)
-            epoch, ended, _, _ = self.stream_state(False)
+            try:
+                epoch, ended, _, _ = self.stream_state(False)
+            except NotProducer:
+                ended = False
             if ended and self.lib.tsshim_feed_at_head(self.h) == 1:
                 self.stream_epoch = epoch + 1
                 yield from self.produce_real()
@@ -495,11 +522,14 @@ class _Epoch:
         self.lib.tsshim_feed_set_idle(self.h, 0)
         if self.source is None:
             self.start_source()
-        if self.source != "done":
+        if self.source is not None and self.source != "done":
             self.produce_one()
 
     def start_source(self):
-        epoch, ended, rest, npub = self.stream_state(True)
+        try:
+            epoch, ended, rest, npub = self.stream_state(True)
+        except NotProducer:
+            return  # replaced meanwhile: we wait like any consumer
         if ended:
             # the stream is between epochs and we are at its head: our own loader runs
             # this epoch (the generator above switches to produce_real)

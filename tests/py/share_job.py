@@ -138,6 +138,15 @@ class Recorder:
             self.f.flush()
 
 
+def wait_barrier(spec):
+    d, n = spec.rsplit(":", 1)
+    os.makedirs(d, exist_ok=True)
+    open(os.path.join(d, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(d)) < int(n) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", required=True, help="tsshim-mkdata root (uses ROOT/train, ROOT/val with --val)")
@@ -164,6 +173,9 @@ def main():
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--record", metavar="FILE", help="JSON-lines record (see above)")
+    ap.add_argument("--barrier", metavar="DIR:N",
+                    help="before the first epoch, wait (up to 60 s) until N jobs reached DIR: "
+                         "collocated jobs that start together, whatever their import times")
     a = ap.parse_args()
     if a.val_batch_size is None:
         a.val_batch_size = a.batch_size
@@ -201,6 +213,9 @@ def main():
     model = make_model(a.model, len(train_ds.classes))
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
+
+    if a.barrier:
+        wait_barrier(a.barrier)
 
     batches = samples = 0
     data_cpu = 0.0

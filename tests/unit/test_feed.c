@@ -68,7 +68,7 @@ static int64_t perm(uint64_t k)
 static void consumer_child(int bs, int ready_fd)
 {
 	struct ts_feed f;
-	if (ts_feed_open(&f, name, &params, NINDEX) || ts_feed_attach(&f))
+	if (ts_feed_open(&f, name, &params, NINDEX) || ts_feed_attach(&f, 0))
 		_exit(10);
 	(void)!write(ready_fd, "r", 1);
 	struct ts_feed_info info;
@@ -171,11 +171,11 @@ Test(feed, successor_learns_exactly_the_rest_of_an_epoch)
 	uint64_t epoch, nrest, npub;
 	int ended;
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub), 0);
+	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub, SEC), 0);
 	cr_expect(epoch == 0 && ended, "nothing published: epoch 0, ended");
 
 	publish_epoch(&f, 1, 10);
-	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub), 0);
+	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub, SEC), 0);
 	cr_expect(epoch == 1 && ended, "a full epoch ends with its last batch");
 
 	/* Epoch 2: 6 batches of 7 published (more than the ring holds: the ledger counts). */
@@ -184,7 +184,7 @@ Test(feed, successor_learns_exactly_the_rest_of_an_epoch)
 			idx[k] = perm(b * 7 + k);
 		cr_assert_eq(publish(&f, idx, 7, 2, 0, schema), 0);
 	}
-	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub), 0);
+	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub, SEC), 0);
 	cr_expect(epoch == 2 && !ended);
 	cr_expect_eq(npub, 42u);
 	cr_assert_eq(nrest, 8u, "50 - 42 samples left");
@@ -206,7 +206,7 @@ Test(feed, ledger_lag_is_covered_by_the_ring)
 	cr_assert_eq(publish(&f, idx, 5, 1, 0, schema), 0);
 	/* A producer that died between publishing and marking: wipe the ledger. */
 	atomic_store(&((_Atomic uint64_t *)f.ledger)[3], UINT64_MAX - 1);
-	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub), 0);
+	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub, SEC), 0);
 	cr_expect_eq(npub, 5u, "what the ring still holds counts as published");
 	cr_expect_eq(nrest, (uint64_t)NINDEX - 5);
 	ts_feed_close(&f);
@@ -230,7 +230,7 @@ Test(feed, refuses_bad_batches_and_other_schemas)
 	if (pid == 0) {
 		struct ts_feed g;
 		struct ts_feed_info info;
-		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g))
+		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g, 0))
 			_exit(10);
 		while (ts_feed_next(&g, 5 * SEC, &info) == -ETIMEDOUT)
 			;
@@ -257,7 +257,7 @@ Test(feed, corrupt_slot_header_is_refused_not_trusted)
 	if (pid == 0) {
 		struct ts_feed g;
 		struct ts_feed_info info;
-		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g))
+		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g, 0))
 			_exit(10);
 		int ret;
 		while ((ret = ts_feed_next(&g, 5 * SEC, &info)) == -ETIMEDOUT)
@@ -286,7 +286,7 @@ Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
 		struct ts_feed g;
 		char c;
 		close(pfd[1]);
-		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g))
+		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g, 0))
 			_exit(10);
 		(void)!read(pfd[0], &c, 1); /* stalls until told */
 		uint32_t p0[6];
@@ -327,4 +327,129 @@ Test(feed, stale_files_of_an_ended_session_are_removed)
 	cr_expect_eq(access(path, F_OK), -1, "a file of another incarnation is removed at open");
 	ts_feed_close(&f);
 	cr_expect_eq(count_files(), 0);
+}
+
+Test(feed, successor_fences_a_replaced_producers_open_claim)
+{
+	struct ts_feed f;
+	struct ts_batch_meta *meta;
+	int64_t idx[4] = { 0, 1, 2, 3 };
+	int go[2], done[2];
+	char c;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	cr_assert_eq(publish(&f, idx, 4, 1, 0, schema), 0);
+	/* The producer is half-way through its next publish: slot claimed, row filled. */
+	cr_assert_eq(ts_ring_begin(f.s.seg, &f.w, SEC, &meta), 0);
+	*meta = (struct ts_batch_meta){ .npos = 1, .len = { 8 }, .nsamples = 1, .tag = f.w.epoch };
+	cr_assert_eq(pipe(go), 0);
+	cr_assert_eq(pipe(done), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct ts_feed g;
+		int64_t rest[NINDEX];
+		uint64_t epoch, nrest, npub;
+		int ended;
+		if (ts_feed_open(&g, name, &params, NINDEX))
+			_exit(10);
+		/* It is replaced (it went silent, say): g takes over. */
+		uint64_t w = atomic_load(&g.s.seg->producer);
+		if (!atomic_compare_exchange_strong(&g.s.seg->producer, &w,
+						    ts_producer_word(ts_producer_epoch(w) + 1, g.s.self)))
+			_exit(11);
+		int ret = ts_feed_stream_state(&g, &epoch, &ended, rest, &nrest, &npub, SEC);
+		(void)!write(go[1], "x", 1);
+		(void)!read(done[0], &c, 1);
+		_exit(ret == 0 && epoch == 1 && !ended && npub == 4 && nrest == NINDEX - 4 ? 0 : 20);
+	}
+	cr_assert_eq(read(go[0], &c, 1), 1);
+	cr_expect_eq(ts_ring_publish(f.s.seg, &f.w), -EPERM,
+		     "the successor counted the stream after taking the open claim: the old publish must fail");
+	(void)!write(done[1], "x", 1);
+	cr_expect_eq(wait_exit(pid), 0, "the successor sees the stream as it was at its fence");
+	ts_feed_close(&f);
+}
+
+/* Child: attach (at the epoch start or the head), read to the end of the
+ * epoch at batch size 10; exit with the number of samples read, which must
+ * be the epoch's last ones in the stream's order (else 200+). */
+static void tail_reader_child(int at_epoch_start, int ready_fd)
+{
+	struct ts_feed f;
+	if (ts_feed_open(&f, name, &params, NINDEX) || ts_feed_attach(&f, at_epoch_start))
+		_exit(201);
+	(void)!write(ready_fd, "r", 1);
+	uint64_t seen = 0, k = 0;
+	for (int eoe = 0; !eoe;) {
+		uint32_t p0[3 * 10];
+		uint64_t p1[10], got[2] = { 0, 0 }, want[2] = { 10 * 12, 10 * 8 };
+		void *dst[2] = { p0, p1 };
+		int ret;
+		while ((ret = ts_feed_read(&f, 2, want, dst, got, &eoe, 5 * SEC)) == -ETIMEDOUT)
+			;
+		if (ret)
+			_exit(202);
+		for (uint64_t j = 0; j < got[0] / 12; j++, seen++) {
+			if (seen == 0) /* where in the permutation we start */
+				while (k < NINDEX && (uint64_t)perm(k) != p1[0] / 1000)
+					k++;
+			if (k + seen >= NINDEX || p1[j] != (uint64_t)perm(k + seen) * 1000)
+				_exit(203);
+		}
+	}
+	ts_feed_close(&f);
+	_exit(k + seen == NINDEX ? (int)seen : 204);
+}
+
+static pid_t start_tail_reader(int at_epoch_start)
+{
+	int pfd[2];
+	char c;
+	cr_assert_eq(pipe(pfd), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(pfd[0]);
+		tail_reader_child(at_epoch_start, pfd[1]);
+	}
+	close(pfd[1]);
+	cr_assert_eq(read(pfd[0], &c, 1), 1, "reader did not attach");
+	close(pfd[0]);
+	return pid;
+}
+
+static void publish_batches(struct ts_feed *f, uint64_t epoch, uint64_t from, uint64_t to)
+{
+	int64_t idx[10];
+	for (uint64_t b = from; b < to; b++) {
+		for (uint64_t k = 0; k < 10; k++)
+			idx[k] = perm(b * 10 + k);
+		cr_assert_eq(publish(f, idx, 10, epoch, b == NINDEX / 10 - 1, schema), 0);
+	}
+}
+
+Test(feed, a_joiner_reads_the_current_epoch_from_its_start_while_the_ring_holds_it)
+{
+	struct ts_feed f;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	publish_epoch(&f, 1, 10);      /* 5 batches, more than the ring holds */
+	publish_batches(&f, 2, 0, 2);  /* epoch 2 under way: its start is in the ring */
+	pid_t whole = start_tail_reader(1), head = start_tail_reader(0);
+	publish_batches(&f, 2, 2, 5);
+	cr_expect_eq(wait_exit(whole), NINDEX, "at the epoch start: the whole epoch, in order");
+	cr_expect_eq(wait_exit(head), NINDEX - 20, "at the head: the rest after the 2 batches published");
+
+	publish_batches(&f, 3, 0, 4);  /* epoch 3's start has left the ring's window */
+	pid_t late = start_tail_reader(1);
+	publish_batches(&f, 3, 4, 5);
+	cr_expect_eq(wait_exit(late), 10, "start overwritten: the joiner falls back to the head");
+
+	pid_t between = start_tail_reader(1); /* epoch 3 ended, not whole in the ring: the next one */
+	publish_batches(&f, 4, 0, 5);
+	cr_expect_eq(wait_exit(between), NINDEX, "between epochs: the next epoch, whole");
+
+	publish_epoch(&f, 5, 25);      /* 2 batches: an ended epoch the ring holds whole */
+	pid_t ended = start_tail_reader(1);
+	cr_expect_eq(wait_exit(ended), NINDEX, "just after an epoch ended: that epoch, whole, at once");
+	ts_feed_close(&f);
 }
