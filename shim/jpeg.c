@@ -50,6 +50,11 @@
  * generic jpeg_abort/jpeg_destroy, which we cannot hook (libjpeg calls them
  * itself), leave it here: a header read in this state starts a new image. */
 #define TS_DSTATE_START 200
+/* After the header, before start_decompress began: the only state in which
+ * we may decide (calc_output_dimensions refuses any other). A suspending
+ * source makes start_decompress return FALSE and be called again in a
+ * later state: the decision was made at the first call. */
+#define TS_DSTATE_READY 202
 
 /* ---- the real library, per calling object ---------------------------------- */
 
@@ -156,7 +161,6 @@ struct dstate {
 	struct ts_file_id id;
 	char path[512];
 	enum dmode mode;
-	int started;          /* real start_decompress has returned TRUE (FILL) */
 	uint64_t row_bytes, rows_done, rows_total, t0;
 	unsigned char *hit;   /* HIT: private copy of the decoded image */
 	struct ts_cache_fill fill;
@@ -201,7 +205,6 @@ static void image_reset(struct dstate *s)
 	free(s->hit);
 	s->hit = NULL;
 	s->mode = D_PASS;
-	s->started = 0;
 	s->headers = 0;
 	s->proven = 0;
 	s->rows_done = 0;
@@ -362,16 +365,13 @@ TS_EXPORT boolean jpeg_start_decompress(j_decompress_ptr cinfo)
 {
 	struct dstate *s;
 	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
-	if (s && s->trackable && s->mode == D_PASS && !s->started) {
+	if (s && s->trackable && s->mode == D_PASS && cinfo->global_state == TS_DSTATE_READY) {
 		if (exact_start(s, cinfo))
 			return TRUE;
 	}
 	if (s && s->mode == D_HIT)
 		return TRUE;
-	boolean ok = a->start(cinfo);
-	if (s && ok)
-		s->started = 1;
-	return ok;
+	return a->start(cinfo);
 }
 
 TS_EXPORT JDIMENSION jpeg_read_scanlines(j_decompress_ptr cinfo, JSAMPARRAY rows, JDIMENSION max)
@@ -436,8 +436,7 @@ TS_EXPORT void jpeg_crop_scanline(j_decompress_ptr cinfo, JDIMENSION *xoffset, J
 		free(s->hit);
 		s->hit = NULL;
 		s->mode = D_PASS;
-		if (a->start(cinfo))
-			s->started = 1;
+		a->start(cinfo);
 	} else if (s && s->mode == D_FILL) {
 		ts_exact_abort(&s->fill);
 		s->mode = D_PASS;

@@ -9,6 +9,10 @@
  *   trunc A           decode the first 3/4 of A's bytes
  *   dither A          RGB565 output with and without dithering
  *   concat AB         a file holding two JPEGs one after the other: decode both
+ *   suspend A         Pillow's way: read the file in 4 KiB chunks as libjpeg asks
+ *                     for more, which suspends every call (read_header,
+ *                     start_decompress of a progressive image, read_scanlines,
+ *                     finish) until enough has arrived
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -46,17 +50,101 @@ static void header(j_decompress_ptr c, const unsigned char *buf, size_t len)
 	jpeg_read_header(c, TRUE);
 }
 
+/* ---- suspend: a source that runs dry every 4 KiB, fed by read() ---------- */
+
+#define CHUNK 4096
+
+struct chunked {
+	struct jpeg_source_mgr pub;
+	int fd;
+	unsigned char *buf; /* the whole file's size: next_input_byte never moves */
+	size_t have, size, skip;
+};
+
+static void src_noop(j_decompress_ptr c) { (void)c; }
+static boolean src_dry(j_decompress_ptr c) { (void)c; return FALSE; } /* suspend */
+
+static void src_skip(j_decompress_ptr c, long n)
+{
+	struct chunked *s = (struct chunked *)c->src;
+	if (n <= 0)
+		return;
+	if ((size_t)n <= s->pub.bytes_in_buffer) {
+		s->pub.next_input_byte += n;
+		s->pub.bytes_in_buffer -= (size_t)n;
+	} else {
+		s->skip += (size_t)n - s->pub.bytes_in_buffer;
+		s->pub.next_input_byte += s->pub.bytes_in_buffer;
+		s->pub.bytes_in_buffer = 0;
+	}
+}
+
+/* Read the next chunk and hand libjpeg everything it has not consumed. 0 at EOF. */
+static int more(struct chunked *s)
+{
+	size_t want = s->size - s->have < CHUNK ? s->size - s->have : CHUNK;
+	ssize_t n = want ? read(s->fd, s->buf + s->have, want) : 0;
+	if (n <= 0)
+		return 0;
+	s->have += (size_t)n;
+	size_t used = (size_t)(s->pub.next_input_byte - s->buf) + s->skip;
+	if (used > s->have)
+		used = s->have;
+	s->skip -= used - (size_t)(s->pub.next_input_byte - s->buf);
+	s->pub.next_input_byte = s->buf + used;
+	s->pub.bytes_in_buffer = s->have - used;
+	return 1;
+}
+
+static int decode_suspending(j_decompress_ptr c, const char *path)
+{
+	static struct chunked s; /* static: survives the caller's setjmp */
+	struct stat sb;
+	s = (struct chunked){ .fd = open(path, O_RDONLY | O_CLOEXEC) };
+	if (s.fd < 0 || fstat(s.fd, &sb) != 0 || !(s.buf = malloc((size_t)sb.st_size + 1)))
+		return -1;
+	s.size = (size_t)sb.st_size;
+	s.pub = (struct jpeg_source_mgr){ .next_input_byte = s.buf, .init_source = src_noop,
+					  .fill_input_buffer = src_dry, .skip_input_data = src_skip,
+					  .resync_to_restart = jpeg_resync_to_restart, .term_source = src_noop };
+	c->src = &s.pub;
+	int ok = more(&s), calls = 0;
+	while (ok && jpeg_read_header(c, TRUE) == JPEG_SUSPENDED && (ok = more(&s)))
+		calls++;
+	while (ok && !jpeg_start_decompress(c) && (ok = more(&s)))
+		calls++;
+	size_t row = (size_t)c->output_width * (size_t)c->output_components;
+	unsigned char *img = ok ? calloc(row, c->output_height) : NULL;
+	while (img && c->output_scanline < c->output_height) {
+		JSAMPROW r = img + row * c->output_scanline;
+		if (jpeg_read_scanlines(c, &r, 1) == 0 && !more(&s))
+			break;
+	}
+	while (img && !jpeg_finish_decompress(c) && more(&s))
+		calls++;
+	if (img)
+		printf("suspend %ux%u %016llx warnings=%ld\n", c->output_width, c->output_height,
+		       (unsigned long long)ts_hash64(img, row * c->output_height, 3), c->err->num_warnings);
+	else
+		printf("suspend: ran out of data\n");
+	fprintf(stderr, "suspend: %d suspended calls before the scanlines\n", calls);
+	free(img);
+	free(s.buf);
+	close(s.fd);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|dither|concat A [B]\n");
+		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|dither|concat|suspend A [B]\n");
 		return 2;
 	}
 	const char *mode = argv[1];
-	size_t la, lb = 0;
+	size_t la = 0, lb = 0;
 	/* B is read only when it is used: what a thread read last is what the
-	 * shim can prove a buffer to be. */
-	unsigned char *a = slurp(argv[2], &la), *b = NULL;
+	 * shim can prove a buffer to be. suspend reads A itself, chunk by chunk. */
+	unsigned char *a = strcmp(mode, "suspend") ? slurp(argv[2], &la) : NULL, *b = NULL;
 	struct jpeg_decompress_struct c;
 	struct err e;
 	c.err = jpeg_std_error(&e.pub);
@@ -68,7 +156,12 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	jpeg_create_decompress(&c);
-	if (!strcmp(mode, "plain")) {
+	if (!strcmp(mode, "suspend")) {
+		if (decode_suspending(&c, argv[2])) {
+			perror(argv[2]);
+			return 1;
+		}
+	} else if (!strcmp(mode, "plain")) {
 		header(&c, a, la);
 		finish_image(&c, "plain");
 	} else if (!strcmp(mode, "abort-reuse") || (!strcmp(mode, "abort-other") && argc > 3)) {

@@ -3,7 +3,10 @@
 # with the same program without the shim, while the cache already holds the
 # images: an object reset with the generic jpeg_abort and reused (same image
 # with another DCT method, or another image), a buffer cut short by the
-# program, RGB565 with and without dithering, and a file holding two JPEGs.
+# program, RGB565 with and without dithering, a file holding two JPEGs, and
+# Pillow's incremental feeding of progressive images (libjpeg suspends in
+# start_decompress) on a fill, a hit, and a bypass (image larger than the
+# cache).
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib.sh
@@ -16,6 +19,13 @@ CACHETOOL="$PWD/$BUILD/tests/ts-cachetool"
 A=$(ls -S "$T_TMP"/d/train/*/*.jpg | sed -n 1p)
 B=$(ls -S "$T_TMP"/d/train/*/*.jpg | sed -n 2p)
 cat "$A" "$B" >"$T_TMP/d/train/c000/zz-two.jpg"
+# P: a progressive image (start_decompress reads all its scans, so it suspends)
+P=$(awk -F'\t' '$7 == "progressive" { print $1; exit }' "$T_TMP/d/manifest.tsv")
+[ -n "$P" ] && P=$T_TMP/d/$P
+# BIG: progressive and larger decoded (1200x1000x3) than a 1 MiB cache can hold
+/usr/bin/python3 -c 'import sys; from PIL import Image
+Image.radial_gradient("L").resize((1200, 1000)).convert("RGB").save(sys.argv[1], quality=90, progressive=True)' \
+	"$T_TMP/d/train/c001/zz-big.jpg" 2>/dev/null || echo "# no Pillow: no large progressive image"
 S=$(session_name edge)
 mkfifo "$T_TMP/fifo"
 "$CACHETOOL" hold "$S" --budget-mb 256 <"$T_TMP/fifo" >/dev/null &
@@ -31,6 +41,23 @@ for args in "abort-reuse $A" "abort-other $A $B" "trunc $A" "dither $A" "concat 
 	check "${args%% *}: same pixels, sizes and warnings as without the shim" [ "$want" = "$got" ]
 	[ "$want" = "$got" ] || { echo "# want: $want"; echo "# got:  $got"; }
 done
+if [ -n "$P" ]; then
+	hits() { grep -o '[0-9]* hits' "$1" | cut -d' ' -f1; } # the session's count at exit
+	want=$("$EDGE" suspend "$P" 2>/dev/null)
+	got=$(TSSHIM_LOG=info shim suspend "$P" 2>"$T_TMP/susp1.err")
+	check "suspend (Pillow's chunked feeding), fill: same pixels as without the shim" [ "$want" = "$got" ]
+	got=$(TSSHIM_LOG=info shim suspend "$P" 2>"$T_TMP/susp2.err")
+	check "suspend, hit: same pixels as without the shim" [ "$want" = "$got" ]
+	check "suspend, hit: served from the cache (session hits $(hits "$T_TMP/susp1.err") -> $(hits "$T_TMP/susp2.err"))" \
+		[ "$(hits "$T_TMP/susp2.err")" = $(($(hits "$T_TMP/susp1.err") + 1)) ]
+fi
+if [ -f "$T_TMP/d/train/c001/zz-big.jpg" ]; then
+	big=$T_TMP/d/train/c001/zz-big.jpg
+	want=$("$EDGE" suspend "$big" 2>/dev/null)
+	got=$(TSSHIM_MODE=exact TSSHIM_CACHE_MB=1 TSSHIM_SESSION="$S-small" LD_PRELOAD="$TS_PRELOAD" "$EDGE" suspend "$big" 2>/dev/null)
+	check "suspend, bypass (decode larger than the cache): decoded as without the shim" [ "$want" = "$got" ]
+	[ "$want" = "$got" ] || { echo "# want: $want"; echo "# got:  $got"; }
+fi
 exec 9>&-
 wait
 finish jpeg_edge
