@@ -84,7 +84,9 @@ finished() {
 	else
 		not_ok "($c) the $n jobs finished:$bad"
 		for i in $(seq 1 "$n"); do
-			{ echo "[$c.$i]"; tail -n 15 "$T_TMP/$c.$i.err"; } >>"$T_TMP/stderr"
+			# the shim's lines and where an exception came from, then the end
+			{ echo "[$c.$i]"; grep -E '^tsshim\[|Caught|Error' "$T_TMP/$c.$i.err" | head -n 20
+			  echo "  ..."; tail -n 15 "$T_TMP/$c.$i.err"; } >>"$T_TMP/stderr"
 		done
 	fi
 }
