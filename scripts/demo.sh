@@ -3,9 +3,9 @@
 # producer and consumers; the producer is killed and a consumer takes over;
 # when all leave, nothing is left behind.
 #
-# At this stage of the project the jobs are small member programs
-# (build/tests/ts-member); the data path (dataset, PyTorch jobs, GPU ring)
-# arrives with the later issues and will replace them here.
+# Then the data path: the ring at two batch sizes, exact mode (shared JPEG
+# decodes) with tsshim-train, and socket mode with three real PyTorch jobs
+# that share one DataLoader, measured against the same jobs without tsshim.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -106,10 +106,65 @@ same=no; cmp -s "$tmp/plain.rec" "$tmp/rec.1" && cmp -s "$tmp/rec.1" "$tmp/rec.3
 echo "CPU seconds, 3 jobs x 320 images: without sharing $plain, with exact-mode sharing $shared"
 echo "every job trained on exactly the batches it trains on alone: $same"
 
+say "socket mode: 3 PyTorch jobs (different seeds, models, batch sizes) share one DataLoader"
+# tests/py/share_job.py is an ordinary torchvision ImageFolder training job;
+# it records a hash of every sample it trains on, so share_verify.py can
+# prove what each job saw.
+PY=/usr/bin/python3
+torch_ok=
+"$PY" -c 'import torch, torchvision' 2>/dev/null && torch_ok=1
+if [ -n "$torch_ok" ]; then
+	# cpu_seconds: the last line of bash's `times` (children's user and sys) in seconds.
+	cpu_seconds() { tail -n 1 | awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%.2f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }'; }
+	torch_jobs() ( # VARIANT (plain|shim): 3 jobs at once; prints their CPU seconds
+		bs=(0 64 32 96) model=(- a b c)
+		for j in 1 2 3; do
+			if [ "$1" = shim ]; then
+				export LD_PRELOAD=$LIB TSSHIM_SESSION=$SESSION-torch
+			else
+				unset LD_PRELOAD TSSHIM_SESSION
+			fi
+			"$PY" tests/py/share_job.py --root "$DATA" --seed "$j" --model "${model[$j]}" \
+				--batch-size "${bs[$j]}" --workers 2 --epochs 2 --barrier "$tmp/go.$1:3" \
+				--record "$tmp/$1.$j.jsonl" >/dev/null 2>&1 &
+		done
+		wait
+		times >"$tmp/times.$1" # not in a pipe: a piped builtin runs in a fork with no children
+		cpu_seconds <"$tmp/times.$1"
+	)
+	tplain=$(torch_jobs plain)
+	torch_jobs shim >"$tmp/tshim" &
+	tp=$!
+	# While they run: the loader's feed, as tsshim-inspect shows it.
+	for _ in $(seq 1 150); do
+		feed=$("$INSPECT" --json 2>/dev/null | "$PY" -c 'import json,sys
+for s in json.load(sys.stdin)["sessions"]:
+    if s["name"].startswith(sys.argv[1] + ".") and s.get("loader"):
+        print(s["name"]); break' "$SESSION-torch" 2>/dev/null || true)
+		if [ -n "$feed" ] && "$INSPECT" "$feed" >"$tmp/feedview" 2>/dev/null &&
+			grep -Eq 'samples served +[1-9][0-9]{2}' "$tmp/feedview"; then
+			echo "\$ $BUILD/tsshim-inspect $feed"
+			cat "$tmp/feedview"
+			break
+		fi
+		sleep 0.1
+	done
+	wait "$tp"
+	tshim=$(cat "$tmp/tshim")
+	workers=""
+	for j in 1 2 3; do workers+=" $(wc -l <"$tmp/shim.$j.jsonl.workers")"; done
+	echo "loader worker processes started per job:$workers (one producer; consumers start none)"
+	"$PY" tests/py/share_verify.py --root "$DATA" "$tmp"/shim.{1,2,3}.jsonl >"$tmp/verify" 2>&1 || true
+	echo "share_verify (every sample of every job checked against the images): $(tail -n 1 "$tmp/verify")"
+	echo "CPU seconds, 3 PyTorch jobs x 2 epochs x 320 images: without sharing $tplain, with tsshim $tshim"
+else
+	echo "(python3-torch/torchvision not installed: skipped)"
+fi
+
 say "summary"
+[ -n "$torch_ok" ] && echo "Socket mode: 3 PyTorch jobs used $tshim CPU seconds instead of $tplain; one ran its DataLoader, the others were fed from it."
 echo "Exact mode: 3 same-seed jobs used $shared CPU seconds instead of $plain, each image decoded once."
 echo "3 jobs shared one session: 1 producer, 2 consumers; the producer died and exactly"
 echo "one consumer took over in ${ms} ms; the last job out cleaned up. Consumers read the"
 echo "producer's batches of 64 at batch sizes 48 and 100, every sample exactly once."
-echo "(Batch sharing - consumers fed the producer's batches, GPU ring - comes with the"
-echo " PyTorch and GPU issues; see README.md.)"
+echo "(Sharing GPU uploads through a GPU ring comes with the GPU issue; see README.md.)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages tsshim needs that are missing, and says which.
 # Idempotent: with everything present it installs nothing and prints one line.
-# Run as root on a fresh machine (make test / make demo call it).
+# Run as root on a fresh machine (make test / make demo call it); --bench adds
+# what scripts/bench.sh needs.
 set -euo pipefail
 
 PACKAGES=(
@@ -17,6 +18,9 @@ PACKAGES=(
 	procps                     # ps/pkill in scenarios
 	valgrind                   # memcheck scenario
 )
+
+# scripts/bench.sh also draws its plot.
+[ "${1:-}" = --bench ] && PACKAGES+=(python3-matplotlib util-linux) # util-linux: taskset
 
 missing=()
 for p in "${PACKAGES[@]}"; do
