@@ -4,6 +4,7 @@
 #   make test     install missing packages, build, run every test
 #   make asan     the same build and tests with ASan+UBSan (build-asan/)
 #   make demo     the main job on a built-in default
+#   make bench    the benchmarks (scripts/bench.sh: with vs without the shim)
 #
 # CUDA_HOME points at the CUDA toolkit (headers only: nothing links CUDA).
 
@@ -41,7 +42,7 @@ UNITS    := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 HELPERS  := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/%)
 PY_OUT   := $(PY_SRC:shim/python/%=$(BUILD)/python/%)
 
-.PHONY: all test asan demo deps clean check-build test-run
+.PHONY: all test asan demo bench deps clean check-build test-run
 # Keep objects of tools and tests: they are not throw-away intermediates.
 .SECONDARY:
 all: $(SHIM_LIB) $(TOOLS) $(PY_OUT)
@@ -105,8 +106,16 @@ $(EMU_DIR)/libcudart.so.13: $(BUILD)/obj/tools/cudaemu/runtime.o tools/cudaemu/l
 
 # ts-cudaemu-check links nothing CUDA: it dlopen()s the emulated libraries.
 LIBS_ts-cudaemu-check := -ldl
+LIBS_ts-cudacalls     := -ldl
 
-check-build: all $(UNITS) $(HELPERS)
+# For the CUDA hooks scenario: a library linked against (emulated) libcudart,
+# which ts-cudacalls loads RTLD_LOCAL.
+CUDALOCAL := $(BUILD)/tests/libts-cudalocal.so
+$(CUDALOCAL): tests/helpers/lib/ts-cudalocal.c $(EMU_DIR)/libcudart.so.13
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $< -L$(EMU_DIR) -l:libcudart.so.13 $(LDFLAGS)
+
+check-build: all $(UNITS) $(HELPERS) $(CUDALOCAL)
 
 deps:
 	@scripts/install-deps.sh
@@ -125,6 +134,9 @@ asan: deps
 demo: deps
 	@$(MAKE) --no-print-directory all $(HELPERS)
 	@BUILD=$(BUILD) scripts/demo.sh
+
+bench: deps
+	@BUILD=$(BUILD) scripts/bench.sh
 
 clean:
 	rm -rf build build-asan

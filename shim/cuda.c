@@ -1,0 +1,899 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * CUDA interposition: host copies, on every road a program takes to them.
+ *
+ *  - Runtime API (cudaMemcpy, cudaMemcpyAsync and their per-thread-stream
+ *    variants cudaMemcpy_ptds, cudaMemcpyAsync_ptsz): exported here, for
+ *    programs linked against libcudart, and handed out by dlsym, for
+ *    programs that dlopen() it (PyTorch's lazy loading, tsshim-train).
+ *  - Driver API (cuMemcpyHtoD_v2, cuMemcpyHtoDAsync_v2, cuMemcpy,
+ *    cuMemcpyAsync and their _ptds/_ptsz variants): exported, handed out by
+ *    dlsym, and handed out by cuGetProcAddress/_v2, which is how libcudart
+ *    (since CUDA 11.3) and cudaGetDriverEntryPoint reach the driver. Both
+ *    cuGetProcAddress entry points are hooked the same three ways.
+ *
+ * Mapped by the real pointer. A wrapper is a fixed function bound to one
+ * real function pointer: per signature ("kind") a static table of NSLOT
+ * slots, slot i's wrapper calls exactly slot i's pointer. A lookup (dlsym,
+ * cuGetProcAddress) that yields a real copy function claims the slot holding
+ * that pointer (or a free one, with one compare-and-swap) and returns the
+ * slot's wrapper. Which pointers are copy functions is learnt from the
+ * driver itself: the first time a cuGetProcAddress is used, we ask it for
+ * the legacy and per-thread variants of each hooked function at the oldest
+ * version that has today's signature; whatever it returns later for any
+ * name, version or flags is wrapped only if it is one of those pointers.
+ * Anything else (a newer variant with another signature, every other entry
+ * point) is returned untouched. No code is generated; reads are lock-free.
+ *
+ * One copy, handled once. A runtime copy reaches the driver through our
+ * cuGetProcAddress wrappers; the tsemu driver even hands out our exported
+ * symbols (its own table is bound by the dynamic linker). A thread-local
+ * depth guard, taken around the real call of a handled copy, makes every
+ * nested copy hook pass straight through.
+ *
+ * Pass-through. With TSSHIM_MODE=off (or an invalid setting) dlsym and
+ * cuGetProcAddress return the real pointers and the exported hooks call the
+ * real functions at once; before the shim is ready, after exit has begun,
+ * in a forked child and inside another hook, copies are not looked at.
+ * errno is kept. The shim never loads CUDA: it only looks up what the
+ * process has already loaded (dlopen with RTLD_NOLOAD).
+ *
+ * dlsym. Our dlsym is a small x86-64 assembly entry: glibc resolves RTLD_NEXT
+ * (and the dependency bookkeeping of RTLD_DEFAULT) from dlsym's return
+ * address, so every lookup we do not handle is *jumped* to the real dlsym
+ * with the caller's return address intact. Only the hooked names (a few
+ * "cu" strings, checked first) take the C path.
+ */
+#define __CUDA_API_VERSION_INTERNAL 1 /* legacy and _ptds/_ptsz prototypes, like the headers' own build */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <link.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_hooks.h"
+#include "log.h"
+#include "real.h"
+#include "shim.h"
+
+#define TS_EXPORT __attribute__((visibility("default")))
+#define CALLER() __builtin_return_address(0)
+/* For what the dlsym entry runs on every lookup: ASan's start-up resolves its
+ * interceptors with dlsym before its shadow memory exists. */
+#define TS_UNINSTRUMENTED __attribute__((no_sanitize_address, no_sanitize_undefined, noinline))
+
+
+/* ---- kinds (signatures) and the names that have them ------------------------ */
+
+enum kind {
+	K_RT_MEMCPY,        /* cudaError_t (void *, const void *, size_t, cudaMemcpyKind) */
+	K_RT_MEMCPY_ASYNC,  /* ... cudaStream_t */
+	K_DRV_HTOD,         /* CUresult (CUdeviceptr, const void *, size_t) */
+	K_DRV_HTOD_ASYNC,   /* ... CUstream */
+	K_DRV_MEMCPY,       /* CUresult (CUdeviceptr, CUdeviceptr, size_t): unified addressing */
+	K_DRV_MEMCPY_ASYNC, /* ... CUstream */
+	K_GETPROC,          /* cuGetProcAddress */
+	K_GETPROC_V2,       /* cuGetProcAddress_v2 */
+	K_COUNT
+};
+
+typedef cudaError_t (*rt_memcpy_fn)(void *, const void *, size_t, enum cudaMemcpyKind);
+typedef cudaError_t (*rt_memcpy_async_fn)(void *, const void *, size_t, enum cudaMemcpyKind, cudaStream_t);
+typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t);
+typedef CUresult (*htod_async_fn)(CUdeviceptr, const void *, size_t, CUstream);
+typedef CUresult (*memcpy_fn)(CUdeviceptr, CUdeviceptr, size_t);
+typedef CUresult (*memcpy_async_fn)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+typedef CUresult (*getproc_fn)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*getproc2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+/* Every symbol we export and hook by name; the index is the export's id. */
+#define HOOKED(X)                                                                     \
+	X(cudaMemcpy, K_RT_MEMCPY) X(cudaMemcpy_ptds, K_RT_MEMCPY)                    \
+	X(cudaMemcpyAsync, K_RT_MEMCPY_ASYNC) X(cudaMemcpyAsync_ptsz, K_RT_MEMCPY_ASYNC) \
+	X(cuMemcpyHtoD_v2, K_DRV_HTOD) X(cuMemcpyHtoD_v2_ptds, K_DRV_HTOD)            \
+	X(cuMemcpyHtoDAsync_v2, K_DRV_HTOD_ASYNC) X(cuMemcpyHtoDAsync_v2_ptsz, K_DRV_HTOD_ASYNC) \
+	X(cuMemcpy, K_DRV_MEMCPY) X(cuMemcpy_ptds, K_DRV_MEMCPY)                      \
+	X(cuMemcpyAsync, K_DRV_MEMCPY_ASYNC) X(cuMemcpyAsync_ptsz, K_DRV_MEMCPY_ASYNC) \
+	X(cuGetProcAddress, K_GETPROC) X(cuGetProcAddress_v2, K_GETPROC_V2)
+
+enum export_id {
+#define X(name, kind) E_##name,
+	HOOKED(X)
+#undef X
+	E_COUNT
+};
+
+/* Our definitions: static, exported under the CUDA names by alias (so that
+ * their addresses here are ours even if the program defines the names). */
+#define X(name, kind) static __typeof__(name) ts_##name;
+HOOKED(X)
+#undef X
+#define EXPORT_AS(name) \
+	extern __typeof__(name) name __attribute__((alias("ts_" #name), visibility("default")));
+
+static struct {
+	const char *name;
+	enum kind kind;
+	void *ours;            /* our exported definition */
+	void *_Atomic real;    /* next definition in the global scope, once found */
+} exports[E_COUNT] = {
+#define X(name, kind) [E_##name] = {#name, kind, (void *)ts_##name, NULL},
+	HOOKED(X)
+#undef X
+};
+
+/* A name we hook: its export id, else -1. Every hooked name starts "cu".
+ * (No strcmp: this runs before ASan's interceptors exist.) */
+TS_UNINSTRUMENTED static int hooked_name(const char *name)
+{
+	if (!name || name[0] != 'c' || name[1] != 'u')
+		return -1;
+	for (int e = 0; e < E_COUNT; e++) {
+		const char *a = name, *b = exports[e].name;
+		while (*a && *a == *b)
+			a++, b++;
+		if (*a == *b)
+			return e;
+	}
+	return -1;
+}
+
+static int export_of(const void *p)
+{
+	for (int e = 0; e < E_COUNT; e++)
+		if (p == exports[e].ours)
+			return e;
+	return -1;
+}
+
+/* ---- counters ------------------------------------------------------------------------- */
+
+static struct {
+	_Atomic uint64_t runtime, driver, h2d, h2d_bytes, unknown, replaced;
+	_Atomic uint64_t wrapped_dlsym, wrapped_getproc, full;
+	_Atomic int touched; /* the process met CUDA through us: say so at exit */
+} st;
+
+#define ADD(field, n) atomic_fetch_add_explicit(&st.field, (n), memory_order_relaxed)
+
+/* ---- the copy hooks ----------------------------------------------------------------------- */
+
+/* Depth guard: set around the real call of a handled copy (initial-exec TLS). */
+static __thread int cu_depth;
+
+enum path { PATH_RUNTIME, PATH_DRIVER };
+enum dir { DIR_OTHER, DIR_H2D, DIR_UNKNOWN };
+
+/* 1: look at this copy (guard taken; pair with copy_leave). 0: pass through. */
+static inline int copy_enter(void)
+{
+	if (cu_depth || ts_in_hook || !ts_shim_ready() ||
+	    atomic_load_explicit(&ts_is_fork_child, memory_order_relaxed))
+		return 0;
+	cu_depth = 1;
+	return 1;
+}
+
+static inline void copy_leave(void)
+{
+	cu_depth = 0;
+}
+
+int ts_cuda_batch_lookup(const void *src, size_t len)
+{
+	(void)src, (void)len;
+	return 0; /* items 3-5: registered stream ranges, loader batches */
+}
+
+/* Count one copy; a host-to-device one is offered to the batch lookup. */
+static inline void copy_seen(enum path path, enum dir dir, const void *src, size_t n)
+{
+	if (path == PATH_RUNTIME)
+		ADD(runtime, 1);
+	else
+		ADD(driver, 1);
+	if (dir == DIR_H2D) {
+		ADD(h2d, 1);
+		ADD(h2d_bytes, n);
+		(void)ts_cuda_batch_lookup(src, n); /* not a batch: pass through */
+	} else if (dir == DIR_UNKNOWN) {
+		/* cudaMemcpyDefault / unified cuMemcpy: telling the direction
+		 * costs a pointer-attribute query per copy; left to the batch
+		 * layer, which only needs it for a source it already knows. */
+		ADD(unknown, 1);
+	}
+}
+
+static inline enum dir rt_dir(enum cudaMemcpyKind kind)
+{
+	return kind == cudaMemcpyHostToDevice ? DIR_H2D : kind == cudaMemcpyDefault ? DIR_UNKNOWN : DIR_OTHER;
+}
+
+static inline cudaError_t rt_memcpy(rt_memcpy_fn real, void *dst, const void *src, size_t n,
+				    enum cudaMemcpyKind kind)
+{
+	if (!copy_enter())
+		return real(dst, src, n, kind);
+	copy_seen(PATH_RUNTIME, rt_dir(kind), src, n);
+	cudaError_t r = real(dst, src, n, kind);
+	copy_leave();
+	return r;
+}
+
+static inline cudaError_t rt_memcpy_async(rt_memcpy_async_fn real, void *dst, const void *src, size_t n,
+					  enum cudaMemcpyKind kind, cudaStream_t s)
+{
+	if (!copy_enter())
+		return real(dst, src, n, kind, s);
+	copy_seen(PATH_RUNTIME, rt_dir(kind), src, n);
+	cudaError_t r = real(dst, src, n, kind, s);
+	copy_leave();
+	return r;
+}
+
+static inline CUresult drv_htod(htod_fn real, CUdeviceptr dst, const void *src, size_t n)
+{
+	if (!copy_enter())
+		return real(dst, src, n);
+	copy_seen(PATH_DRIVER, DIR_H2D, src, n);
+	CUresult r = real(dst, src, n);
+	copy_leave();
+	return r;
+}
+
+static inline CUresult drv_htod_async(htod_async_fn real, CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+	if (!copy_enter())
+		return real(dst, src, n, s);
+	copy_seen(PATH_DRIVER, DIR_H2D, src, n);
+	CUresult r = real(dst, src, n, s);
+	copy_leave();
+	return r;
+}
+
+static inline CUresult drv_memcpy(memcpy_fn real, CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+	if (!copy_enter())
+		return real(dst, src, n);
+	copy_seen(PATH_DRIVER, DIR_UNKNOWN, (const void *)(uintptr_t)src, n);
+	CUresult r = real(dst, src, n);
+	copy_leave();
+	return r;
+}
+
+static inline CUresult drv_memcpy_async(memcpy_async_fn real, CUdeviceptr dst, CUdeviceptr src, size_t n,
+					CUstream s)
+{
+	if (!copy_enter())
+		return real(dst, src, n, s);
+	copy_seen(PATH_DRIVER, DIR_UNKNOWN, (const void *)(uintptr_t)src, n);
+	CUresult r = real(dst, src, n, s);
+	copy_leave();
+	return r;
+}
+
+static CUresult getproc_do(void *real, int v2, const char *symbol, void **pfn, int version, cuuint64_t flags,
+			   CUdriverProcAddressQueryResult *status);
+
+/* ---- wrapper slots: one static function per (kind, slot) ---------------------------------- */
+
+#define NSLOT 8
+#define SLOTS(X, k) X(k, 0) X(k, 1) X(k, 2) X(k, 3) X(k, 4) X(k, 5) X(k, 6) X(k, 7)
+
+/* slot_real[k][i]: the real function slot i of kind k calls; NULL: free.
+ * Claimed once (compare-and-swap), never changed or freed. */
+static void *_Atomic slot_real[K_COUNT][NSLOT];
+
+#define REAL(type, k, i) ((type)atomic_load_explicit(&slot_real[k][i], memory_order_acquire))
+
+#define W_RT_MEMCPY(k, i)                                                                              \
+	static cudaError_t w_rt_memcpy_##i(void *d, const void *s, size_t n, enum cudaMemcpyKind kind) \
+	{                                                                                              \
+		return rt_memcpy(REAL(rt_memcpy_fn, k, i), d, s, n, kind);                             \
+	}
+#define W_RT_MEMCPY_ASYNC(k, i)                                                                          \
+	static cudaError_t w_rt_memcpy_async_##i(void *d, const void *s, size_t n, enum cudaMemcpyKind kind, \
+						 cudaStream_t st_)                                           \
+	{                                                                                                \
+		return rt_memcpy_async(REAL(rt_memcpy_async_fn, k, i), d, s, n, kind, st_);              \
+	}
+#define W_DRV_HTOD(k, i)                                                        \
+	static CUresult w_drv_htod_##i(CUdeviceptr d, const void *s, size_t n)  \
+	{                                                                       \
+		return drv_htod(REAL(htod_fn, k, i), d, s, n);                  \
+	}
+#define W_DRV_HTOD_ASYNC(k, i)                                                                 \
+	static CUresult w_drv_htod_async_##i(CUdeviceptr d, const void *s, size_t n, CUstream st_) \
+	{                                                                                      \
+		return drv_htod_async(REAL(htod_async_fn, k, i), d, s, n, st_);                \
+	}
+#define W_DRV_MEMCPY(k, i)                                                       \
+	static CUresult w_drv_memcpy_##i(CUdeviceptr d, CUdeviceptr s, size_t n) \
+	{                                                                        \
+		return drv_memcpy(REAL(memcpy_fn, k, i), d, s, n);               \
+	}
+#define W_DRV_MEMCPY_ASYNC(k, i)                                                                  \
+	static CUresult w_drv_memcpy_async_##i(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st_) \
+	{                                                                                         \
+		return drv_memcpy_async(REAL(memcpy_async_fn, k, i), d, s, n, st_);               \
+	}
+#define W_GETPROC(k, i)                                                                          \
+	static CUresult w_getproc_##i(const char *sym, void **pfn, int ver, cuuint64_t fl)       \
+	{                                                                                        \
+		return getproc_do(atomic_load_explicit(&slot_real[k][i], memory_order_acquire), 0, sym, \
+				  pfn, ver, fl, NULL);                                           \
+	}
+#define W_GETPROC_V2(k, i)                                                                             \
+	static CUresult w_getproc_v2_##i(const char *sym, void **pfn, int ver, cuuint64_t fl,          \
+					 CUdriverProcAddressQueryResult *qs)                           \
+	{                                                                                              \
+		return getproc_do(atomic_load_explicit(&slot_real[k][i], memory_order_acquire), 1, sym, pfn, \
+				  ver, fl, qs);                                                        \
+	}
+
+SLOTS(W_RT_MEMCPY, K_RT_MEMCPY)
+SLOTS(W_RT_MEMCPY_ASYNC, K_RT_MEMCPY_ASYNC)
+SLOTS(W_DRV_HTOD, K_DRV_HTOD)
+SLOTS(W_DRV_HTOD_ASYNC, K_DRV_HTOD_ASYNC)
+SLOTS(W_DRV_MEMCPY, K_DRV_MEMCPY)
+SLOTS(W_DRV_MEMCPY_ASYNC, K_DRV_MEMCPY_ASYNC)
+SLOTS(W_GETPROC, K_GETPROC)
+SLOTS(W_GETPROC_V2, K_GETPROC_V2)
+
+#define PTR(prefix, i) (void *)prefix##_##i,
+static void *const wrappers[K_COUNT][NSLOT] = {
+	[K_RT_MEMCPY] = {SLOTS(PTR, w_rt_memcpy)},
+	[K_RT_MEMCPY_ASYNC] = {SLOTS(PTR, w_rt_memcpy_async)},
+	[K_DRV_HTOD] = {SLOTS(PTR, w_drv_htod)},
+	[K_DRV_HTOD_ASYNC] = {SLOTS(PTR, w_drv_htod_async)},
+	[K_DRV_MEMCPY] = {SLOTS(PTR, w_drv_memcpy)},
+	[K_DRV_MEMCPY_ASYNC] = {SLOTS(PTR, w_drv_memcpy_async)},
+	[K_GETPROC] = {SLOTS(PTR, w_getproc)},
+	[K_GETPROC_V2] = {SLOTS(PTR, w_getproc_v2)},
+};
+#undef PTR
+
+static int is_wrapper(const void *p)
+{
+	for (int k = 0; k < K_COUNT; k++)
+		for (int i = 0; i < NSLOT; i++)
+			if (p == wrappers[k][i])
+				return 1;
+	return 0;
+}
+
+static int ours(const void *p)
+{
+	return export_of(p) >= 0 || is_wrapper(p);
+}
+
+/* The wrapper of the slot holding `real` (any kind), or NULL. */
+static void *wrapper_of(const void *real)
+{
+	for (int k = 0; k < K_COUNT; k++)
+		for (int i = 0; i < NSLOT; i++) {
+			void *r = atomic_load_explicit(&slot_real[k][i], memory_order_acquire);
+			if (!r)
+				break; /* slots fill in order */
+			if (r == real)
+				return wrappers[k][i];
+		}
+	return NULL;
+}
+
+/* The wrapper for real function `real` of kind k: its slot, claimed if new.
+ * NULL (use `real` unwrapped) when the table is full, or when `real` is
+ * already known under another signature (then nothing is safe to assume). */
+static void *wrap(enum kind k, void *real)
+{
+	if (!real || ours(real))
+		return NULL;
+	void *w = wrapper_of(real);
+	if (w) {
+		for (int i = 0; i < NSLOT; i++)
+			if (w == wrappers[k][i])
+				return w;
+		return NULL;
+	}
+	for (int i = 0; i < NSLOT; i++) {
+		void *expected = NULL;
+		if (atomic_compare_exchange_strong_explicit(&slot_real[k][i], &expected, real, memory_order_acq_rel,
+							    memory_order_acquire) ||
+		    expected == real)
+			return wrappers[k][i];
+	}
+	if (atomic_fetch_add_explicit(&st.full, 1, memory_order_relaxed) == 0)
+		ts_info("cuda: more than %d real functions of one kind; further ones pass through unwatched", NSLOT);
+	return NULL;
+}
+
+/* ---- where the real functions are ------------------------------------------------------------ */
+
+/* `name` as seen from the object containing code address `caller`: its own
+ * dependency tree (an object loaded RTLD_LOCAL sees libraries the global
+ * scope does not). NULL when not found there or only ours is. */
+static void *lookup_from(const void *caller, const char *name)
+{
+	Dl_info info = {0};
+	if (!caller || !dladdr(caller, &info) || !info.dli_fname || !info.dli_fname[0])
+		return NULL;
+	void *h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+	if (!h)
+		return NULL;
+	void *p = ts_real_dlsym(h, name);
+	dlclose(h); /* NOLOAD took a reference; the object stays loaded */
+	return p && !ours(p) ? p : NULL;
+}
+
+/* Any loaded object's own definition of `name`, in load order; not ours. */
+#define MAX_OBJECTS 512
+struct objects {
+	unsigned n;
+	const char *names[MAX_OBJECTS];
+};
+
+static int collect_object(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	struct objects *o = arg;
+	(void)size;
+	if (info->dlpi_name && info->dlpi_name[0] && o->n < MAX_OBJECTS)
+		o->names[o->n++] = info->dlpi_name;
+	return 0;
+}
+
+static void *lookup_anywhere(const char *name)
+{
+	struct objects o = {0};
+	dl_iterate_phdr(collect_object, &o); /* no dlopen under its lock: collect, then look */
+	for (unsigned i = 0; i < o.n; i++) {
+		void *h = dlopen(o.names[i], RTLD_LAZY | RTLD_NOLOAD);
+		if (!h)
+			continue;
+		void *p = ts_real_dlsym(h, name);
+		dlclose(h);
+		if (p && !ours(p))
+			return p;
+	}
+	return NULL;
+}
+
+/* Per thread, the last few exports resolved from a caller's own tree. */
+#define CALLER_CACHE 4
+static __thread struct {
+	const void *caller;
+	void *real;
+	int e;
+} caller_cache[CALLER_CACHE];
+static __thread unsigned caller_next;
+
+static void *export_real_slow(int e, const void *caller)
+{
+	for (int i = 0; i < CALLER_CACHE; i++)
+		if (caller_cache[i].caller == caller && caller_cache[i].e == e && caller_cache[i].real)
+			return caller_cache[i].real;
+	int saved = errno;
+	void *p = ts_real_next(exports[e].name);
+	if (p) {
+		atomic_store_explicit(&exports[e].real, p, memory_order_release);
+	} else if ((p = lookup_from(caller, exports[e].name)) != NULL ||
+		   (p = lookup_anywhere(exports[e].name)) != NULL) {
+		unsigned i = caller_next++ % CALLER_CACHE;
+		caller_cache[i].caller = caller;
+		caller_cache[i].e = e;
+		caller_cache[i].real = p;
+	}
+	errno = saved;
+	return p;
+}
+
+/* The function our export `e`, called from `caller`, stands for: the next
+ * definition in the global scope, else the one in the caller's own tree
+ * (CUDA loaded RTLD_LOCAL, as Python extensions load their libraries),
+ * else any loaded library's (the caller may be a tail call away: tsemu's
+ * cuGetProcAddress jumps to cuGetProcAddress_v2, which binds to us). */
+static inline void *export_real(int e, const void *caller)
+{
+	void *p = atomic_load_explicit(&exports[e].real, memory_order_acquire);
+	return p ? p : export_real_slow(e, caller);
+}
+
+/* Does a lookup get wrappers? Not when the shim is off or the process is exiting. */
+TS_UNINSTRUMENTED static int mapping_on(void)
+{
+	int s = atomic_load_explicit(&ts_init_state, memory_order_acquire);
+	return s != TS_DISABLED && s != TS_FINI;
+}
+
+/* ---- cuGetProcAddress ----------------------------------------------------------------------- */
+
+/*
+ * What a driver hands out for the hooked functions, asked at the oldest
+ * version with today's signature (so a later variant with another signature
+ * is never mistaken for one of ours), legacy and per-thread.
+ */
+static const struct {
+	const char *name;
+	int version;
+	cuuint64_t flags;
+	enum kind kind;
+} probes[] = {
+	{"cuMemcpyHtoD", 3020, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_HTOD},
+	{"cuMemcpyHtoD", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_HTOD},
+	{"cuMemcpyHtoDAsync", 3020, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_HTOD_ASYNC},
+	{"cuMemcpyHtoDAsync", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_HTOD_ASYNC},
+	{"cuMemcpy", 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_MEMCPY},
+	{"cuMemcpy", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_MEMCPY},
+	{"cuMemcpyAsync", 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_MEMCPY_ASYNC},
+	{"cuMemcpyAsync", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_MEMCPY_ASYNC},
+	{"cuGetProcAddress", 11030, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_GETPROC},
+	{"cuGetProcAddress", 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_GETPROC_V2},
+};
+
+/* Per real cuGetProcAddress (one per driver and entry point): probed once. */
+#define NDRIVER 8
+static struct driver {
+	void *_Atomic getproc;
+	_Atomic int ready;
+	void *export_wrap[E_COUNT]; /* a probe answered with our export: the wrapper of the driver's own */
+} drivers[NDRIVER];
+
+static CUresult call_getproc(void *real, int v2, const char *symbol, void **pfn, int version, cuuint64_t flags,
+			     CUdriverProcAddressQueryResult *status)
+{
+	if (v2)
+		return ((getproc2_fn)real)(symbol, pfn, version, flags, status);
+	if (status)
+		*status = CU_GET_PROC_ADDRESS_SUCCESS; /* the v1 entry point reports none */
+	return ((getproc_fn)real)(symbol, pfn, version, flags);
+}
+
+/* Set while this thread probes: a driver whose cuGetProcAddress calls back
+ * into ours (tsemu's v1 calls the v2 export) is not probed again inside. */
+static __thread int probing;
+
+/* Probe the driver behind `getproc`; fill export_wrap. */
+static void probe_driver(void *getproc, int v2, void **export_wrap)
+{
+	if (probing)
+		return;
+	probing = 1;
+	for (size_t j = 0; j < sizeof(probes) / sizeof(probes[0]); j++) {
+		void *p = NULL;
+		if (call_getproc(getproc, v2, probes[j].name, &p, probes[j].version, probes[j].flags, NULL) !=
+			    CUDA_SUCCESS ||
+		    !p)
+			continue;
+		int e = export_of(p);
+		if (e >= 0) {
+			/* The driver's table is bound by the dynamic linker, to us
+			 * (tsemu is built that way): its own definition is the real one. */
+			if (exports[e].kind != probes[j].kind)
+				continue;
+			export_wrap[e] = wrap(probes[j].kind, lookup_from(getproc, exports[e].name));
+		} else {
+			(void)wrap(probes[j].kind, p);
+		}
+	}
+	probing = 0;
+}
+
+/* Map a pointer `getproc` handed out: a wrapper when it is a hooked copy
+ * function (or cuGetProcAddress itself), else the pointer untouched. */
+static void *map_getproc_result(void *getproc, int v2, void *p)
+{
+	void *local_wrap[E_COUNT] = {0};
+	void **export_wrap = local_wrap;
+	struct driver *d = NULL;
+	for (int i = 0; i < NDRIVER && !d; i++) {
+		void *g = atomic_load_explicit(&drivers[i].getproc, memory_order_acquire);
+		void *expected = NULL;
+		if (g == getproc ||
+		    (!g && atomic_compare_exchange_strong(&drivers[i].getproc, &expected, getproc)) ||
+		    expected == getproc)
+			d = &drivers[i];
+	}
+	if (d && atomic_load_explicit(&d->ready, memory_order_acquire) == 2) {
+		export_wrap = d->export_wrap;
+	} else {
+		/* First use (or a race with it, or too many drivers): probe into
+		 * our own array; the first prober publishes. */
+		int nested = probing;
+		probe_driver(getproc, v2, local_wrap);
+		int expected = 0;
+		if (d && !nested && atomic_compare_exchange_strong(&d->ready, &expected, 1)) {
+			memcpy(d->export_wrap, local_wrap, sizeof(local_wrap));
+			atomic_store_explicit(&d->ready, 2, memory_order_release);
+		}
+	}
+	int e = export_of(p);
+	if (e >= 0)
+		return export_wrap[e] ? export_wrap[e] : p;
+	if (is_wrapper(p))
+		return p;
+	void *w = wrapper_of(p);
+	return w ? w : p;
+}
+
+static CUresult getproc_do(void *real, int v2, const char *symbol, void **pfn, int version, cuuint64_t flags,
+			   CUdriverProcAddressQueryResult *status)
+{
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	CUresult r = v2 ? ((getproc2_fn)real)(symbol, pfn, version, flags, status)
+			: ((getproc_fn)real)(symbol, pfn, version, flags);
+	if (r != CUDA_SUCCESS || !pfn || !*pfn || !mapping_on())
+		return r;
+	int saved = errno;
+	void *p = *pfn, *m = map_getproc_result(real, v2, p);
+	if (m != p) {
+		*pfn = m;
+		ADD(wrapped_getproc, 1);
+		atomic_store_explicit(&st.touched, 1, memory_order_relaxed);
+	}
+	errno = saved;
+	return r;
+}
+
+/* ---- the exported hooks ------------------------------------------------------------------------ */
+
+/* Called with no CUDA library to pass to: only through a weak reference or
+ * a stale pointer, since dlsym never hands our export out then. */
+#define NO_RUNTIME cudaErrorInsufficientDriver
+#define NO_DRIVER CUDA_ERROR_NOT_INITIALIZED
+
+static cudaError_t ts_cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+	rt_memcpy_fn real = (rt_memcpy_fn)export_real(E_cudaMemcpy, CALLER());
+	return real ? rt_memcpy(real, dst, src, n, kind) : NO_RUNTIME;
+}
+EXPORT_AS(cudaMemcpy)
+
+static cudaError_t ts_cudaMemcpy_ptds(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+	rt_memcpy_fn real = (rt_memcpy_fn)export_real(E_cudaMemcpy_ptds, CALLER());
+	return real ? rt_memcpy(real, dst, src, n, kind) : NO_RUNTIME;
+}
+EXPORT_AS(cudaMemcpy_ptds)
+
+static cudaError_t ts_cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+				      cudaStream_t s)
+{
+	rt_memcpy_async_fn real = (rt_memcpy_async_fn)export_real(E_cudaMemcpyAsync, CALLER());
+	return real ? rt_memcpy_async(real, dst, src, n, kind, s) : NO_RUNTIME;
+}
+EXPORT_AS(cudaMemcpyAsync)
+
+static cudaError_t ts_cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+					   cudaStream_t s)
+{
+	rt_memcpy_async_fn real = (rt_memcpy_async_fn)export_real(E_cudaMemcpyAsync_ptsz, CALLER());
+	return real ? rt_memcpy_async(real, dst, src, n, kind, s) : NO_RUNTIME;
+}
+EXPORT_AS(cudaMemcpyAsync_ptsz)
+
+static CUresult ts_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+	htod_fn real = (htod_fn)export_real(E_cuMemcpyHtoD_v2, CALLER());
+	return real ? drv_htod(real, dst, src, n) : NO_DRIVER;
+}
+EXPORT_AS(cuMemcpyHtoD_v2)
+
+static CUresult ts_cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n)
+{
+	htod_fn real = (htod_fn)export_real(E_cuMemcpyHtoD_v2_ptds, CALLER());
+	return real ? drv_htod(real, dst, src, n) : NO_DRIVER;
+}
+EXPORT_AS(cuMemcpyHtoD_v2_ptds)
+
+static CUresult ts_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+	htod_async_fn real = (htod_async_fn)export_real(E_cuMemcpyHtoDAsync_v2, CALLER());
+	return real ? drv_htod_async(real, dst, src, n, s) : NO_DRIVER;
+}
+EXPORT_AS(cuMemcpyHtoDAsync_v2)
+
+static CUresult ts_cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+	htod_async_fn real = (htod_async_fn)export_real(E_cuMemcpyHtoDAsync_v2_ptsz, CALLER());
+	return real ? drv_htod_async(real, dst, src, n, s) : NO_DRIVER;
+}
+EXPORT_AS(cuMemcpyHtoDAsync_v2_ptsz)
+
+static CUresult ts_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+	memcpy_fn real = (memcpy_fn)export_real(E_cuMemcpy, CALLER());
+	return real ? drv_memcpy(real, dst, src, n) : NO_DRIVER;
+}
+EXPORT_AS(cuMemcpy)
+
+static CUresult ts_cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+	memcpy_fn real = (memcpy_fn)export_real(E_cuMemcpy_ptds, CALLER());
+	return real ? drv_memcpy(real, dst, src, n) : NO_DRIVER;
+}
+EXPORT_AS(cuMemcpy_ptds)
+
+static CUresult ts_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+	memcpy_async_fn real = (memcpy_async_fn)export_real(E_cuMemcpyAsync, CALLER());
+	return real ? drv_memcpy_async(real, dst, src, n, s) : NO_DRIVER;
+}
+EXPORT_AS(cuMemcpyAsync)
+
+static CUresult ts_cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+	memcpy_async_fn real = (memcpy_async_fn)export_real(E_cuMemcpyAsync_ptsz, CALLER());
+	return real ? drv_memcpy_async(real, dst, src, n, s) : NO_DRIVER;
+}
+EXPORT_AS(cuMemcpyAsync_ptsz)
+
+static CUresult ts_cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+	return getproc_do(export_real(E_cuGetProcAddress, CALLER()), 0, symbol, pfn, version, flags, NULL);
+}
+EXPORT_AS(cuGetProcAddress)
+
+static CUresult ts_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+				       CUdriverProcAddressQueryResult *status)
+{
+	return getproc_do(export_real(E_cuGetProcAddress_v2, CALLER()), 1, symbol, pfn, version, flags, status);
+}
+EXPORT_AS(cuGetProcAddress_v2)
+
+/* ---- dlsym ---------------------------------------------------------------------------------------- */
+
+typedef void *(*dlsym_fn)(void *, const char *);
+static dlsym_fn _Atomic real_dlsym;
+
+TS_UNINSTRUMENTED static dlsym_fn get_real_dlsym(void)
+{
+	dlsym_fn fn = atomic_load_explicit(&real_dlsym, memory_order_relaxed);
+	if (!fn) {
+		/* glibc >= 2.34 versions dlsym in libc; older ones in libdl. */
+		fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+		if (!fn)
+			fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+		atomic_store_explicit(&real_dlsym, fn, memory_order_relaxed);
+	}
+	return fn;
+}
+
+/* A hooked name: look it up for the caller, answer with a wrapper. */
+__attribute__((used, visibility("hidden"))) void *ts_dlsym_hook(void *handle, const char *name, const void *caller);
+void *ts_dlsym_hook(void *handle, const char *name, const void *caller)
+{
+	int e = hooked_name(name);
+	void *p = get_real_dlsym()(handle, name);
+	if (e < 0)
+		return p;
+	if (p && !ours(p)) {
+		/* A real library's definition (a handle into it, or found first). */
+		int saved = errno;
+		void *w = wrap(exports[e].kind, p);
+		errno = saved;
+		if (!w)
+			return p;
+		ADD(wrapped_dlsym, 1);
+		atomic_store_explicit(&st.touched, 1, memory_order_relaxed);
+		return w;
+	}
+	if (!p && handle != RTLD_DEFAULT)
+		return NULL; /* not there: the real dlsym's answer, dlerror() included */
+	/*
+	 * Our own export (the global scope has us first: RTLD_DEFAULT, the
+	 * program's handle) or nothing: what would the caller have found
+	 * without us? The next definition, else one in its own tree. None: NULL,
+	 * as without the shim; a program probing whether CUDA is loaded must
+	 * not be told yes because we are.
+	 */
+	int saved = errno;
+	void *q = ts_real_next(name);
+	if (!q)
+		q = lookup_from(caller, name);
+	void *w = q ? wrap(exports[e].kind, q) : NULL;
+	if (q)
+		(void)dlerror(); /* our misses left an error; a found symbol leaves none */
+	else
+		(void)ts_real_dlsym(RTLD_NEXT, name); /* last, so dlerror() tells "undefined symbol" */
+	errno = saved;
+	if (w) {
+		ADD(wrapped_dlsym, 1);
+		atomic_store_explicit(&st.touched, 1, memory_order_relaxed);
+	}
+	return w ? w : q;
+}
+
+TS_UNINSTRUMENTED static void *dlsym_none(void *handle, const char *name)
+{
+	(void)handle, (void)name;
+	return NULL;
+}
+
+/* Where the dlsym entry goes: the real dlsym, reached by a jump so that it
+ * sees our caller's return address, or ts_dlsym_hook for a hooked name. */
+__attribute__((used, visibility("hidden"))) void *ts_dlsym_route(void *handle, const char *name);
+TS_UNINSTRUMENTED void *ts_dlsym_route(void *handle, const char *name)
+{
+	dlsym_fn real = get_real_dlsym();
+	if (!real)
+		return (void *)dlsym_none;
+	if (handle == RTLD_NEXT || !mapping_on() || hooked_name(name) < 0)
+		return (void *)real;
+	return (void *)ts_dlsym_hook;
+}
+
+/*
+ * dlsym(handle, name): keep both arguments, ask ts_dlsym_route where to go,
+ * restore them, pass our return address as a third argument (for the hook)
+ * and jump. The stack is as the caller left it when the target runs.
+ */
+#if defined(__x86_64__)
+__asm__(".text\n"
+	".globl dlsym\n"
+	".type dlsym, @function\n"
+	".p2align 4\n"
+	"dlsym:\n"
+	"\t.cfi_startproc\n"
+#ifdef __CET__
+	"\tendbr64\n"
+#endif
+	"\tpushq %rdi\n"
+	"\t.cfi_adjust_cfa_offset 8\n"
+	"\tpushq %rsi\n"
+	"\t.cfi_adjust_cfa_offset 8\n"
+	"\tsubq $8, %rsp\n" /* 16-byte alignment for the call */
+	"\t.cfi_adjust_cfa_offset 8\n"
+	"\tcall ts_dlsym_route\n"
+	"\taddq $8, %rsp\n"
+	"\t.cfi_adjust_cfa_offset -8\n"
+	"\tpopq %rsi\n"
+	"\t.cfi_adjust_cfa_offset -8\n"
+	"\tpopq %rdi\n"
+	"\t.cfi_adjust_cfa_offset -8\n"
+	"\tmovq (%rsp), %rdx\n"
+	"\tjmp *%rax\n"
+	"\t.cfi_endproc\n"
+	".size dlsym, .-dlsym\n");
+#else
+/* No dlsym entry written for this architecture yet (aarch64 needs its own):
+ * dlsym is not interposed, so only exported symbols and cuGetProcAddress
+ * reached through them are hooked. */
+#endif
+
+/* ---- counters out ---------------------------------------------------------------------------------- */
+
+TS_EXPORT int tsshim_cuda_stats(struct tsshim_cuda_stats *out, size_t size)
+{
+	if (!out)
+		return -1;
+	struct tsshim_cuda_stats s = {
+		.runtime_copies = atomic_load(&st.runtime),
+		.driver_copies = atomic_load(&st.driver),
+		.h2d_copies = atomic_load(&st.h2d),
+		.h2d_bytes = atomic_load(&st.h2d_bytes),
+		.unknown_copies = atomic_load(&st.unknown),
+		.batches_replaced = atomic_load(&st.replaced),
+		.wrapped_dlsym = atomic_load(&st.wrapped_dlsym),
+		.wrapped_getproc = atomic_load(&st.wrapped_getproc),
+		.unwrapped_full = atomic_load(&st.full),
+	};
+	memcpy(out, &s, size < sizeof(s) ? size : sizeof(s));
+	return 0;
+}
+
+/* At exit, in a process that met CUDA through us (not in a forked child:
+ * those counts are the parent's). */
+__attribute__((destructor)) static void ts_cuda_fini(void)
+{
+	uint64_t rt = atomic_load(&st.runtime), drv = atomic_load(&st.driver);
+	if (atomic_load(&ts_is_fork_child) || (!atomic_load(&st.touched) && rt + drv == 0))
+		return;
+	ts_debug("cuda: %llu copies seen (runtime %llu, driver %llu), H2D %llu copies %llu bytes, batches replaced %llu",
+		 (unsigned long long)(rt + drv), (unsigned long long)rt, (unsigned long long)drv,
+		 (unsigned long long)atomic_load(&st.h2d), (unsigned long long)atomic_load(&st.h2d_bytes),
+		 (unsigned long long)atomic_load(&st.replaced));
+}

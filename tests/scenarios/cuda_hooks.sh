@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# CUDA interposition (shim/cuda.c) on the test device: host copies through
+# the runtime, the driver by dlsym and by cuGetProcAddress(_v2) are all seen,
+# each exactly once, and change nothing: same data, same errors, same
+# trained_checksum with and without the shim; TSSHIM_MODE=off and forked
+# children pass everything through.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+. tests/lib.sh
+
+EMU=$PWD/$BUILD/emu
+CALLS=$PWD/$BUILD/tests/ts-cudacalls
+LOCAL=$PWD/$BUILD/tests/libts-cudalocal.so
+CHK=$PWD/$BUILD/tests/ts-cudaemu-check
+TRAIN=$PWD/$BUILD/tsshim-train
+MKDATA=$PWD/$BUILD/tsshim-mkdata
+for f in "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$CALLS" "$LOCAL" "$CHK" "$TRAIN" "$MKDATA"; do
+	[ -e "$f" ] || { echo "$f not built"; exit 77; }
+done
+export LD_LIBRARY_PATH=$EMU
+unset TSEMU_DEVICES TSEMU_MEM_MB TSEMU_H2D_GBPS TSEMU_D2H_GBPS TSEMU_D2D_GBPS TSEMU_PEER_GBPS \
+	TSEMU_STREAM_DELAY_US TSEMU_STATS TSEMU_TRACE TSEMU_GETPROC_DENY TSSHIM_MODE TSSHIM_LOG
+
+# calls NAME [ENV=VALUE...] -- ARGS...: ts-cudacalls with that environment
+# (LD_PRELOAD=$TS_PRELOAD among them for the shim); output in $T_TMP/NAME.out.
+calls() {
+	local name=$1; shift
+	local envs=()
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+	shift
+	env "${envs[@]}" timeout 60 "$CALLS" "$@" >"$T_TMP/$name.out" 2>"$T_TMP/$name.err"
+	local rc=$?
+	[ $rc = 0 ] || sed 's/^/#   /' "$T_TMP/$name.err" | head -20
+	return $rc
+}
+field() { sed -n "s/^$2 //p" "$T_TMP/$1.out"; }   # field NAME made|shim
+debugline() { grep -h 'tsshim\[[0-9]*\]: cuda: ' "$T_TMP/$1.err"; }
+
+# --- every road, each copy once -------------------------------------------------------------
+check "without the shim: 28 copies by every road, every byte right on the device" calls plain -- copies
+check "... and the program saw no shim" [ "$(field plain shim)" = none ]
+check "with the shim: the same copies, every byte right" calls shim LD_PRELOAD="$TS_PRELOAD" TSSHIM_LOG=debug -- copies
+made=$(field shim made)
+same_counts() { [ -n "$made" ] && [ "$(field shim shim)" = "$made" ] && [ "$(field plain made)" = "$made" ]; }
+check "the shim counted exactly the copies made, each once: $made" same_counts
+check "... runtime 9 (cudaMemcpy, _ptds, Async, _ptsz, RTLD_DEFAULT), driver 19 (dlsym, RTLD_DEFAULT, cuGetProcAddress legacy/per-thread, v1, cudaGetDriverEntryPoint)" \
+	grep -q '^made runtime=9 driver=19 h2d=17 h2d_bytes=124992 unknown=10 replaced=0$' "$T_TMP/shim.out"
+exit_line() { [ "$(debugline shim | wc -l)" = 1 ] &&
+	debugline shim | grep -q ': cuda: 28 copies seen (runtime 9, driver 19), H2D 17 copies 124992 bytes, batches replaced 0$'; }
+check "TSSHIM_LOG=debug: one line at exit with the same counts" exit_line
+
+check "a library bound to libcudart and loaded RTLD_LOCAL: its copies work without the shim" \
+	calls localplain -- local "$LOCAL"
+local_shim() { calls local LD_PRELOAD="$TS_PRELOAD" -- local "$LOCAL" &&
+	grep -q '^shim runtime=3 driver=0 h2d=2 unknown=0$' "$T_TMP/local.out"; }
+check "... and with it (our export finds the caller's own libcudart), each seen once" local_shim
+
+# --- everything else untouched ----------------------------------------------------------------
+check "non-copy calls through dlsym and cuGetProcAddress (malloc, streams, events, memset, attributes, errors), without the shim" \
+	calls otherplain -- other
+check "... and with it" calls other LD_PRELOAD="$TS_PRELOAD" -- other
+check "with the shim only the hooked names come from it (cudaMalloc and cuMemAlloc stay the libraries' own)" \
+	grep -q '^where cudaMalloc=libcudart.so.13 cudaMemcpy=libtsshim.so cuMemcpyHtoD_v2=libtsshim.so cuGetProcAddress_v2=libtsshim.so cuMemAlloc=libcuda.so.1$' "$T_TMP/other.out"
+check "dlsym(RTLD_DEFAULT) of CUDA names before CUDA is loaded: NULL and an error, as without the shim" \
+	calls probe LD_PRELOAD="$TS_PRELOAD" -- probe
+emu_checks() {
+	local c
+	for c in getproc route errors stream-order ipc-event peer fork; do
+		LD_PRELOAD="$TS_PRELOAD" timeout 60 "$CHK" $c >>"$T_TMP/emuchecks.out" 2>&1 ||
+			{ echo "# $c failed"; sed 's/^/#   /' "$T_TMP/emuchecks.out" | tail -20; return 1; }
+	done
+}
+check "the emulator's own checks (getproc, route, errors, stream order, IPC events, peers, fork) pass with the shim preloaded" emu_checks
+
+# --- off and fork: pure pass-through -------------------------------------------------------------
+check "TSSHIM_MODE=off: the same copies, right" calls off LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=off TSSHIM_LOG=debug -- copies
+off_silent() { grep -q '^shim runtime=0 driver=0 h2d=0 h2d_bytes=0 unknown=0 replaced=0$' "$T_TMP/off.out" &&
+	[ -z "$(debugline off)" ]; }
+check "... the shim counted nothing and printed no cuda line" off_silent
+off_real() { calls offother LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=off -- other &&
+	grep -q '^where cudaMalloc=libcudart.so.13 cudaMemcpy=libcudart.so.13 cuMemcpyHtoD_v2=libcuda.so.1 cuGetProcAddress_v2=libcuda.so.1 cuMemAlloc=libcuda.so.1$' "$T_TMP/offother.out"; }
+check "... and dlsym handed out the libraries' own pointers" off_real
+check "a child forked after CUDA init gets cudaErrorInitializationError / CUDA_ERROR_NOT_INITIALIZED, without the shim" \
+	calls forkplain -- fork
+fork_shim() { calls fork LD_PRELOAD="$TS_PRELOAD" TSSHIM_LOG=debug -- fork && [ "$(debugline fork | wc -l)" = 1 ]; }
+check "... and the same through the hooks, which look at none of the child's calls; one cuda line (the parent's)" fork_shim
+
+# --- the reference trainer ----------------------------------------------------------------------
+D=$T_TMP/data
+"$MKDATA" --classes 3 --train 8 --val 3 --seed 5 "$D" >"$T_TMP/mkdata.out" 2>&1 || cat "$T_TMP/mkdata.out"
+COMMON=(--size 32 --batch 5 --epochs 2 --seed 3 --readback --workers 2 --val "$D/val" "$D/train")
+train() { # NAME [ENV=VALUE...] -- ARGS...
+	local name=$1; shift
+	local envs=()
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+	shift
+	env "${envs[@]}" timeout 120 "$TRAIN" --record "$T_TMP/$name.rec" "$@" >"$T_TMP/$name.out" 2>"$T_TMP/$name.err"
+	local rc=$?
+	[ $rc = 0 ] || sed 's/^/#   /' "$T_TMP/$name.err" | head -5
+	return $rc
+}
+sum() { sed -n 's/.*trained_checksum=\([0-9a-f]*\).*/\1/p' "$T_TMP/$1.out"; }
+same_training() { [ -n "$(sum "$1")" ] && [ "$(sum "$1")" = "$(sum "$2")" ] && cmp -s "$T_TMP/$1.rec" "$T_TMP/$2.rec"; }
+saw_uploads() { debugline "$1" | grep -q "H2D [0-9]* copies $2 bytes, batches replaced 0\$"; }
+for pin in "" --pin; do
+	n=gpu${pin#--}
+	train "$n" -- --device cuda $pin "${COMMON[@]}"
+	train "${n}shim" LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name train)" TSSHIM_LOG=debug -- \
+		--device cuda $pin "${COMMON[@]}"
+	check "tsshim-train --device cuda ${pin:-(pageable)}: same records and trained_checksum ($(sum "$n")) with and without the shim" \
+		same_training "$n" "${n}shim"
+	# 2 epochs x 24 samples + 2 validation passes x 9, uploaded as images + labels, and read back
+	want=$(((2 * 24 + 2 * 9) * (3 * 32 * 32 * 4 + 8)))
+	check "... the shim saw its uploads: $want bytes host to device" saw_uploads "${n}shim" "$want"
+done
+
+# --- memcheck ---------------------------------------------------------------------------------
+if command -v valgrind >/dev/null && ! ldd "$TS_PRELOAD" 2>/dev/null | grep -q libasan && [ "${TS_PRELOAD#* }" = "$TS_PRELOAD" ]; then
+	LD_PRELOAD="$TS_PRELOAD" valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
+		"$CALLS" copies >"$T_TMP/vg.out" 2>&1
+	rc=$?
+	check "ts-cudacalls copies with the shim under valgrind: no error, no definite leak" [ $rc = 0 ] ||
+		sed 's/^/#   /' "$T_TMP/vg.out" | head -30
+fi
+
+finish cuda_hooks
