@@ -49,9 +49,11 @@ if [ -e "$CUDA_HOME/lib64/libcudart.so.13" ]; then
 	extra=$(comm -23 <(exports "$EMU/libcudart.so.13" | grep -v tsemu_stats) <(exports "$CUDA_HOME/lib64/libcudart.so.13"))
 	check "every runtime symbol exported is one NVIDIA's libcudart.so.13 exports${extra:+ (not: $extra)}" [ -z "$extra" ]
 fi
-check "libcudart.so.13 does not link the driver (no cu* reference, no libcuda in its needs)" \
+no_driver_link() {
 	[ -z "$(nm -D --undefined-only "$EMU/libcudart.so.13" | awk '{print $2}' | grep -E '^cu[A-Z]')" ] &&
-	! readelf -d "$EMU/libcudart.so.13" | grep -q 'libcuda\.so'
+		! readelf -d "$EMU/libcudart.so.13" | grep -q 'libcuda\.so'
+}
+check "libcudart.so.13 does not link the driver (no cu* reference, no libcuda in its needs)" no_driver_link
 check "the only versioned driver name in libcudart.so.13 is cuGetProcAddress_v2 (the rest by base name)" \
 	[ "$(strings "$EMU/libcudart.so.13" | grep -E '^cu[A-Z][A-Za-z]*_(v[0-9]|pt)' | sort -u)" = cuGetProcAddress_v2 ]
 
@@ -68,10 +70,13 @@ check "errors: codes, sticky last error (get clears, peek keeps), bad pointers, 
 check "cuGetProcAddress: versioned and per-thread variants by name and version, status, bad input; the pointers work; cudaGetDriverEntryPoint agrees" \
 	run getproc -- getproc
 run route TSEMU_TRACE=1 -- route
-check "the runtime takes its driver entry points from cuGetProcAddress (TSEMU_TRACE=1 lists them) and its calls reach the driver" \
+routed() {
 	grep -q 'cuGetProcAddress("cuMemAlloc", 13000, 0x1) -> cuMemAlloc_v2' "$T_TMP/route.out" &&
-	grep -q 'cuGetProcAddress("cuMemcpyHtoD", 13000, 0x2) -> cuMemcpyHtoD_v2_ptds' "$T_TMP/route.out" &&
-	! grep -q FAIL "$T_TMP/route.out"
+		grep -q 'cuGetProcAddress("cuMemcpyHtoD", 13000, 0x2) -> cuMemcpyHtoD_v2_ptds' "$T_TMP/route.out" &&
+		! grep -q FAIL "$T_TMP/route.out"
+}
+check "the runtime takes its driver entry points from cuGetProcAddress (TSEMU_TRACE=1 lists them) and its calls reach the driver" \
+	routed
 check "cuGetProcAddress withholding cuMemcpyHtoD (TSEMU_GETPROC_DENY): the runtime cannot start, though the symbol is exported" \
 	run deny TSEMU_GETPROC_DENY=cuMemcpyHtoD -- deny
 check "pinned memory: cudaHostAlloc/cudaMallocHost/cudaHostRegister are Host, cudaMalloc Device (with its device), others Unregistered without error" \
@@ -104,9 +109,11 @@ check "bandwidth: a 64 MiB D2D copy at TSEMU_D2D_GBPS=2 takes >= 30 ms ($(sed -n
 STATS=$T_TMP/stats.jsonl
 run stats TSEMU_STATS="$STATS" -- stats
 sp=$(sed -n 's/^pid=//p' "$T_TMP/stats.out")
-check "tsemu_stats counts copies exactly; TSEMU_STATS appends one JSON line at exit" \
+stats_exact() {
 	[ -n "$sp" ] && [ "$(wc -l <"$STATS")" = 1 ] &&
-	grep -q "^{\"pid\":$sp,\"devices\":2,\"h2d_bytes\":3000,\"d2h_bytes\":500,\"d2d_bytes\":700,.*\"h2d_calls\":3," "$STATS"
+		grep -q "^{\"pid\":$sp,\"devices\":2,\"h2d_bytes\":3000,\"d2h_bytes\":500,\"d2d_bytes\":700,.*\"h2d_calls\":3," "$STATS"
+}
+check "tsemu_stats counts copies exactly; TSEMU_STATS appends one JSON line at exit" stats_exact
 if command -v python3 >/dev/null; then
 	check "the TSEMU_STATS line is valid JSON" python3 -c 'import json,sys; json.loads(open(sys.argv[1]).readline())' "$STATS"
 fi
@@ -128,8 +135,12 @@ if [ -x "$TRAIN" ] && [ -x "$MKDATA" ]; then
 	train cpu --device cpu --workers 0 "${COMMON[@]}"
 	check "tsshim-train --device cpu (reference)" [ -n "$(sum cpu)" ]
 	TSEMU_STATS=$T_TMP/train.jsonl train gpu --device cuda --workers 2 "${COMMON[@]}"
+	same_as_cpu() { # NAME: trained, and the same checksums (records too with --rec) as --device cpu
+		[ -n "$(sum "$1")" ] && [ "$(sum "$1")" = "$(sum cpu)" ] || return 1
+		[ "${2:-}" != --rec ] || { cmp -s "$T_TMP/cpu.rec" "$T_TMP/$1.rec" && cmp -s "$T_TMP/cpu.out" "$T_TMP/$1.out"; }
+	}
 	check "tsshim-train --device cuda on the test device: same records and trained_checksum as --device cpu" \
-		[ -n "$(sum gpu)" ] && cmp -s "$T_TMP/cpu.rec" "$T_TMP/gpu.rec" && cmp -s "$T_TMP/cpu.out" "$T_TMP/gpu.out"
+		same_as_cpu gpu --rec
 	check "... and what it read back from the device is what it uploaded (device_checksum)" \
 		[ "$(dsum gpu)" = "$(sum gpu)" ]
 	# 2 epochs x 24 samples + 2 validation passes x 9 samples, each 3x32x32 float32 + int64 label
@@ -138,10 +149,12 @@ if [ -x "$TRAIN" ] && [ -x "$MKDATA" ]; then
 		grep -q "\"h2d_bytes\":$want,\"d2h_bytes\":$want," "$T_TMP/train.jsonl"
 	train gpupin --device cuda --workers 2 --pin "${COMMON[@]}"
 	check "tsshim-train --device cuda --pin (cudaHostAlloc + cudaMemcpyAsync): same trained_checksum" \
-		[ -n "$(sum gpupin)" ] && [ "$(sum gpupin)" = "$(sum cpu)" ] && [ "$(dsum gpupin)" = "$(sum cpu)" ]
+		same_as_cpu gpupin
+	check "... and read back from the device" [ "$(dsum gpupin)" = "$(sum cpu)" ]
 	TSEMU_STREAM_DELAY_US=2000 TSEMU_H2D_GBPS=0.5 train gpuslow --device cuda --workers 2 --pin "${COMMON[@]}"
 	check "... also with slow streams (TSEMU_STREAM_DELAY_US=2000, TSEMU_H2D_GBPS=0.5)" \
-		[ -n "$(sum gpuslow)" ] && [ "$(sum gpuslow)" = "$(sum cpu)" ] && [ "$(dsum gpuslow)" = "$(sum cpu)" ]
+		same_as_cpu gpuslow
+	check "... and read back from the device" [ "$(dsum gpuslow)" = "$(sum cpu)" ]
 else
 	echo "# skipped: the reference trainer (tsshim-train, tsshim-mkdata not built)"
 fi
