@@ -23,6 +23,10 @@ Configurations (job counts by --jobs):
   gpu3      3 tsshim-train --device cuda jobs on the CUDA test device
             (emulated GPU), socket mode: host-to-device bytes
 
+Pass-through overhead: tsshim-overhead (4 KiB pread and open+read+close of a
+non-dataset file, a non-batch cudaMemcpyAsync on the test device) and
+`python3 -c pass` (the start-up bootstrap), plain and shim interleaved.
+
 Output: a table, build/bench/results.json, build/bench/bench.png (when
 matplotlib is installed) and a last line
   RESULT cpu_ratio_socket3=X throughput_ratio_socket3=Y cpu_ratio_exact3=Z h2d_ratio_socket3=W
@@ -148,6 +152,44 @@ def run_gpu(args, name, k, shim, rnd=0):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def overhead(args, rounds=5, starts=20):
+    """Pass-through cost, plain vs shim, interleaved: tsshim-overhead's per-call
+    figures (medians of `rounds` runs) and Python start-up (median of `starts`)."""
+    tool = os.path.join(args.build, "tsshim-overhead")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["LD_LIBRARY_PATH"] = os.path.join(args.build, "emu")
+    shim_env = dict(env, LD_PRELOAD=args.lib, TSSHIM_SESSION="bench-%d-overhead" % os.getpid())
+    res = {"plain": {}, "shim": {}}
+    for _ in range(rounds):
+        for var, e in (("plain", env), ("shim", shim_env)):
+            out = subprocess.run([tool, "--calls", "100000", "--rounds", "3"], env=e, capture_output=True,
+                                 text=True, check=True).stdout
+            for k, v in re.findall(r"(\w+)_ns=([\d.]+|nan)", out):
+                res[var].setdefault(k, []).append(float(v))
+    for _ in range(starts):
+        for var, e in (("plain", env), ("shim", shim_env)):
+            t0 = time.monotonic()
+            subprocess.run([PY, "-c", "pass"], env=e, check=True)
+            res[var].setdefault("python_start", []).append((time.monotonic() - t0) * 1e9)
+    out = {}
+    for k in res["plain"]:
+        a, b = statistics.median(res["plain"][k]), statistics.median(res["shim"][k])
+        out[k] = {"plain_ns": a, "shim_ns": b, "extra_ns": b - a}
+    return out
+
+
+def overhead_table(o):
+    names = {"pread": "4 KiB pread, non-dataset file", "open_close": "open+read+close, non-dataset file",
+             "memcpy_async": "cudaMemcpyAsync, not a batch (test device)",
+             "python_start": "python3 -c pass (bootstrap loaded)"}
+    lines = ["%-44s %12s %12s %12s" % ("pass-through call", "plain", "shim", "extra")]
+    for k, v in o.items():
+        unit, div = ("ms", 1e6) if k == "python_start" else ("ns", 1.0)
+        lines.append("%-44s %9.1f %s %9.1f %s %9.1f %s" % (names.get(k, k), v["plain_ns"] / div, unit,
+                                                          v["shim_ns"] / div, unit, v["extra_ns"] / div, unit))
+    return "\n".join(lines)
+
+
 def configs(args):
     out = []
     for k in args.jobs:
@@ -239,6 +281,7 @@ def main():
     ap.add_argument("--transform", default="train224",
                     help="share_job.py --transform (default train224: RandomResizedCrop(224), flip)")
     ap.add_argument("--only-socket", action="store_true", help="only the socketK configurations")
+    ap.add_argument("--no-overhead", action="store_true", help="skip the pass-through overhead measurement")
     ap.add_argument("--out", default=None, help="output directory (default BUILD/bench)")
     args = ap.parse_args()
     args.jobs = [int(x) for x in args.jobs.split(",") if x]
@@ -260,11 +303,19 @@ def main():
                     n, total, name, r.variant, r.cpu, r.wall, r.rate,
                     "  h2d %.1f MB" % (r.h2d / 1e6) if r.h2d is not None else ""))
     res = summary(runs)
+    over = None
+    if not args.no_overhead:
+        log("bench: pass-through overhead (tsshim-overhead, python3 -c pass), plain and shim interleaved")
+        over = overhead(args)
     machine = {"cpus": os.cpu_count(), "uname": " ".join(os.uname()), "date": time.strftime("%Y-%m-%d %H:%M")}
     with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump({"machine": machine, "args": {k: v for k, v in vars(args).items()}, "results": res}, f, indent=1)
+        json.dump({"machine": machine, "args": {k: v for k, v in vars(args).items()}, "results": res,
+                   "overhead": over}, f, indent=1)
     log("")
     log(table(res))
+    if over:
+        log("")
+        log(overhead_table(over))
     if plot(res, os.path.join(out, "bench.png")):
         log("bench: plot %s" % os.path.join(out, "bench.png"))
     log("bench: results %s" % os.path.join(out, "results.json"))
