@@ -24,7 +24,7 @@
 
 #define FEED_MAGIC    0x31304445454653ULL /* "SFEED01" */
 #define LEDGER_MAGIC  0x3130524744454cULL /* "LEDGR01" */
-#define FEED_VERSION  1u
+#define FEED_VERSION  2u
 #define PAGE          4096ull
 #define NO_EPOCH      UINT64_MAX
 
@@ -39,6 +39,7 @@ struct ts_feed_hdr {
 	uint32_t npos;
 	uint32_t schema_len;
 	uint64_t index_off;      /* nsamples int64 dataset indices */
+	uint64_t holders;        /* atomic: bit i set while member i has views into this file */
 	uint64_t off[TS_MAX_POSITIONS];
 	uint64_t len[TS_MAX_POSITIONS];
 	char schema[TS_FEED_SCHEMA_MAX];
@@ -79,11 +80,18 @@ static int feed_path(char *buf, size_t n, const struct ts_feed *f, const char *k
 	return len < 0 || (size_t)len >= n ? -ENAMETOOLONG : 0;
 }
 
-static int slot_path(char *buf, size_t n, const struct ts_feed *f, uint32_t writer, uint32_t epoch, uint32_t slot)
+static int slot_path(char *buf, size_t n, const struct ts_feed *f, uint32_t writer, uint32_t epoch, uint32_t slot,
+		     uint32_t gen)
 {
 	char kind[64];
-	snprintf(kind, sizeof(kind), "w%u.e%u.s%u", writer, epoch, slot);
+	snprintf(kind, sizeof(kind), "w%u.e%u.s%u.g%u", writer, epoch, slot, gen);
 	return feed_path(buf, n, f, kind);
+}
+
+/* The ring meta tag of a slot file: whose epoch, which generation. */
+static inline uint64_t make_tag(uint32_t epoch, uint32_t gen)
+{
+	return (uint64_t)epoch | (uint64_t)gen << 32;
 }
 
 /* Reserve the blocks now: a full /dev/shm is an error here, not a SIGBUS later. */
@@ -226,8 +234,12 @@ int ts_feed_open(struct ts_feed *f, const char *name, const struct ts_session_pa
 	return ret;
 }
 
+static void detach_views(struct ts_feed *f);
+static struct ts_feed_view *free_view(struct ts_feed *f);
+
 void ts_feed_close(struct ts_feed *f)
 {
+	detach_views(f);
 	if (f->hb_running)
 		ts_heartbeat_stop(&f->hb);
 	f->hb_running = 0;
@@ -335,15 +347,40 @@ static int writer_ready(struct ts_feed *f)
 }
 
 /* Our file for slot `slot`, at least `need` bytes, mapped read-write. */
+/*
+ * Does a live member hold views into this file? Read after our claim of the
+ * slot: a consumer sets its bit before it advances past the slot (seq_cst
+ * both sides, against an eviction racing the advance), so every hold that
+ * matters is visible here. Bits of members that are gone do not count.
+ */
+static int held_by_live(const struct ts_feed *f, const struct ts_feed_hdr *h)
+{
+	uint64_t bits = __atomic_load_n(&h->holders, __ATOMIC_SEQ_CST), now = ts_now_ns();
+	for (unsigned i = 0; bits && i < TS_MAX_MEMBERS; i++, bits >>= 1) {
+		enum ts_member_health hl = (bits & 1) ? ts_member_health(f->s.seg, i, now) : TS_MEMBER_FREE;
+		if (hl == TS_MEMBER_LIVE || hl == TS_MEMBER_STALE)
+			return 1;
+	}
+	return 0;
+}
+
 static int own_file(struct ts_feed *f, unsigned slot, uint64_t need)
 {
 	struct ts_feed_map *m = &f->own[slot];
 	char path[TS_PATH_MAX];
 	int ret;
+	if (m->base && held_by_live(f, m->base)) {
+		/* A consumer still uses these bytes: leave them to it (unlinked, they
+		 * live as long as its mapping) and write a fresh file. */
+		if (slot_path(path, sizeof(path), f, m->writer, m->epoch, slot, m->gen) == 0)
+			unlink(path);
+		map_drop(m);
+		f->gen[slot]++;
+	}
 	if (m->base && m->size >= need)
 		return 0;
 	if (!m->base) {
-		if ((ret = slot_path(path, sizeof(path), f, (uint32_t)f->w.self, f->w.epoch, slot)))
+		if ((ret = slot_path(path, sizeof(path), f, (uint32_t)f->w.self, f->w.epoch, slot, f->gen[slot])))
 			return ret;
 		/* A file of ours from before (same epoch, same slot) is ours to reuse. */
 		int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -359,6 +396,7 @@ static int own_file(struct ts_feed *f, unsigned slot, uint64_t need)
 		m->size = (size_t)sb.st_size;
 		m->writer = (uint32_t)f->w.self;
 		m->epoch = f->w.epoch;
+		m->gen = f->gen[slot];
 	} else {
 		munmap(m->base, m->size);
 		m->base = NULL;
@@ -436,6 +474,7 @@ static void fill_slot(struct ts_feed_hdr *h, const struct ts_feed_batch *b, uint
 	h->schema_len = b->schema_len;
 	memcpy(h->schema, b->schema, b->schema_len);
 	h->index_off = HDR_SIZE;
+	__atomic_store_n(&h->holders, 0, __ATOMIC_RELAXED); /* only gone members' bits were left */
 	if (b->index)
 		memcpy(base + h->index_off, b->index, b->nsamples * sizeof(int64_t));
 	else
@@ -468,7 +507,7 @@ int ts_feed_publish(struct ts_feed *f, const struct ts_feed_batch *b, uint64_t t
 	meta->npos = b->npos;
 	meta->flags = b->flags;
 	meta->nsamples = b->nsamples;
-	meta->tag = f->w.epoch;
+	meta->tag = make_tag(f->w.epoch, f->own[f->w.slot].gen);
 	memcpy(meta->len, b->len, b->npos * sizeof(*b->len));
 	if ((ret = ts_ring_publish(f->s.seg, &f->w))) {
 		f->w_word = 0;
@@ -494,21 +533,29 @@ int ts_feed_evict_laggards(struct ts_feed *f)
 /* ---- reading slot files ---------------------------------------------------- */
 
 /* The mapped file of (writer, epoch, slot), validated for ring seq `seq`. */
-static int peer_file(struct ts_feed *f, uint32_t writer, uint32_t epoch, uint32_t slot, uint64_t seq,
+/*
+ * The mapped file of (writer, tag's epoch and generation, slot), validated
+ * for ring seq `seq`. Mapped read-write only for the holders word: we never
+ * write its data. A map we drop for another file drops its holds too: that
+ * file was replaced (or is an old producer's), nobody writes it again.
+ */
+static int peer_file(struct ts_feed *f, uint32_t writer, uint64_t tag, uint32_t slot, uint64_t seq,
 		     const struct ts_feed_hdr **out)
 {
 	struct ts_feed_map *m = &f->peer[slot];
+	uint32_t epoch = (uint32_t)tag, gen = (uint32_t)(tag >> 32);
 	char path[TS_PATH_MAX];
+	uint32_t holds = 0;
 	int ret;
 	if (slot >= TS_MAX_DEPTH)
 		return -EBADMSG;
-	if (m->base && (m->writer != writer || m->epoch != epoch))
+	if (m->base && (m->writer != writer || m->epoch != epoch || m->gen != gen))
 		map_drop(m);
 	for (int pass = 0; pass < 2; pass++) {
 		if (!m->base) {
-			if ((ret = slot_path(path, sizeof(path), f, writer, epoch, slot)))
+			if ((ret = slot_path(path, sizeof(path), f, writer, epoch, slot, gen)))
 				return ret;
-			int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+			int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
 			if (fd < 0)
 				return errno == ENOENT ? -ESTALE : -errno;
 			struct stat sb;
@@ -516,14 +563,14 @@ static int peer_file(struct ts_feed *f, uint32_t writer, uint32_t epoch, uint32_
 				close(fd);
 				return -EBADMSG;
 			}
-			void *base = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+			void *base = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 			if (base == MAP_FAILED) {
 				ret = -errno;
 				close(fd);
 				return ret;
 			}
-			*m = (struct ts_feed_map){ .base = base, .size = (size_t)sb.st_size, .fd = fd,
-						   .writer = writer, .epoch = epoch };
+			*m = (struct ts_feed_map){ .base = base, .size = (size_t)sb.st_size, .fd = fd, .writer = writer,
+						   .epoch = epoch, .gen = gen, .ino = (uint64_t)sb.st_ino, .holds = holds };
 		}
 		const struct ts_feed_hdr *h = m->base;
 		uint64_t end = h->index_off + h->nsamples * sizeof(int64_t);
@@ -538,7 +585,8 @@ static int peer_file(struct ts_feed *f, uint32_t writer, uint32_t epoch, uint32_
 			*out = h;
 			return 0;
 		}
-		map_drop(m); /* the producer grew the file since we mapped it */
+		holds = m->holds; /* the producer grew the file since we mapped it: same file, same holds */
+		map_drop(m);
 	}
 	return -EBADMSG;
 }
@@ -584,7 +632,7 @@ int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t
 	if (pub == 0)
 		return 0;
 	if ((ret = ts_ring_slot_meta(seg, pub - 1, &m, &writer)) ||
-	    (ret = peer_file(f, writer, (uint32_t)m.tag, (uint32_t)((pub - 1) % d), pub - 1, &h)) ||
+	    (ret = peer_file(f, writer, m.tag, (uint32_t)((pub - 1) % d), pub - 1, &h)) ||
 	    (ret = hdr_matches(h, &m)))
 		return ret;
 	*epoch = h->stream_epoch;
@@ -611,7 +659,7 @@ int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t
 	/* The ledger lags the ring by at most a batch: add what the ring still holds. */
 	for (uint64_t s = pub > d ? pub - d : 0; s < pub; s++) {
 		if (ts_ring_slot_meta(seg, s, &m, &writer) ||
-		    peer_file(f, writer, (uint32_t)m.tag, (uint32_t)(s % d), s, &h) || hdr_matches(h, &m) ||
+		    peer_file(f, writer, m.tag, (uint32_t)(s % d), s, &h) || hdr_matches(h, &m) ||
 		    h->stream_epoch != *epoch)
 			continue;
 		const int64_t *idx = (const int64_t *)((const char *)h + h->index_off);
@@ -698,7 +746,7 @@ int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *ou
 	if (!f->attached)
 		return -ENOTCONN;
 	if ((ret = ts_ring_wait_next(f->s.seg, &f->r, timeout_ns, &m, &writer)) ||
-	    (ret = peer_file(f, writer, (uint32_t)m.tag, (uint32_t)(f->r.seq % f->s.seg->st.depth), f->r.seq, &h)) ||
+	    (ret = peer_file(f, writer, m.tag, (uint32_t)(f->r.seq % f->s.seg->st.depth), f->r.seq, &h)) ||
 	    (ret = hdr_matches(h, &m)))
 		return ret;
 	out->npos = m.npos;
@@ -733,7 +781,7 @@ static int copy_ranges(struct ts_feed *f, const struct ts_read *rd, void *const 
 			return ret == -EAGAIN ? -ESTALE : ret;
 		if (writer != r0->writer || m.tag != r0->tag)
 			return -ESTALE;
-		if ((ret = peer_file(f, r0->writer, (uint32_t)r0->tag, r0->slot, r0->seq, &h)) ||
+		if ((ret = peer_file(f, r0->writer, r0->tag, r0->slot, r0->seq, &h)) ||
 		    (ret = hdr_matches(h, &m)))
 			return ret;
 		if (f->schema_hash && h->schema_hash != f->schema_hash)
@@ -762,6 +810,7 @@ int ts_feed_read(struct ts_feed *f, uint32_t npos, const uint64_t *want, void *c
 		return -ENOTCONN;
 	if (npos < 1 || npos > TS_MAX_POSITIONS)
 		return -EINVAL;
+	(void)free_view(f); /* let go of the files of views released meanwhile */
 	rd = malloc(sizeof(*rd)); /* ~30 KiB: not on a Python thread's stack */
 	if (!rd)
 		return -ENOMEM;
@@ -789,4 +838,145 @@ int ts_feed_read(struct ts_feed *f, uint32_t npos, const uint64_t *want, void *c
 	if (ret == -ESTALE)
 		f->attached = 0;
 	return ret;
+}
+
+/* ---- views: batches without a copy ------------------------------------------ */
+
+static void unhold(struct ts_feed *f, uint32_t slot, uint64_t ino)
+{
+	struct ts_feed_map *m = &f->peer[slot];
+	if (!m->base || m->ino != ino || m->holds == 0)
+		return; /* that file was replaced since: nobody writes it again */
+	if (--m->holds == 0)
+		__atomic_fetch_and(&((struct ts_feed_hdr *)m->base)->holders, ~(1ull << f->s.self), __ATOMIC_SEQ_CST);
+}
+
+/* Reading thread: drop the holds of views released meanwhile; a free entry. */
+static struct ts_feed_view *free_view(struct ts_feed *f)
+{
+	struct ts_feed_view *free = NULL;
+	for (unsigned i = 0; i < TS_FEED_MAX_VIEWS; i++) {
+		struct ts_feed_view *v = &f->views[i];
+		if (atomic_load_explicit(&v->released, memory_order_acquire)) {
+			unhold(f, v->slot, v->ino);
+			atomic_store_explicit(&v->released, 0, memory_order_relaxed);
+			atomic_store_explicit(&v->id, 0, memory_order_relaxed);
+		}
+		if (!free && !atomic_load_explicit(&v->id, memory_order_relaxed))
+			free = v;
+	}
+	return free;
+}
+
+/* The one slot a request lies in, validated; -EXDEV when it spans more. */
+static int view_slot(struct ts_feed *f, const struct ts_read *rd, const uint64_t *want, const struct ts_feed_hdr **hp)
+{
+	const struct ts_range *r0 = &rd->r[0][0];
+	struct ts_batch_meta m;
+	unsigned writer;
+	int ret;
+	if (rd->nranges != 1 || (rd->got[0] < want[0] && !rd->end_of_epoch))
+		return -EXDEV;
+	if ((ret = ts_ring_slot_meta(f->s.seg, r0->seq, &m, &writer)))
+		return ret == -EAGAIN ? -ESTALE : ret;
+	if (writer != r0->writer || m.tag != r0->tag)
+		return -ESTALE;
+	if ((ret = peer_file(f, r0->writer, r0->tag, r0->slot, r0->seq, hp)) || (ret = hdr_matches(*hp, &m)))
+		return ret;
+	if (f->schema_hash && (*hp)->schema_hash != f->schema_hash)
+		return -EPROTO;
+	for (uint32_t p = 0; p < rd->npos; p++)
+		if (rd->r[p][0].off + rd->r[p][0].len > (*hp)->len[p])
+			return -EBADMSG;
+	return 0;
+}
+
+int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, void **ptr, uint64_t *got, int *eoe,
+		      uint64_t *id, uint64_t timeout_ns)
+{
+	static _Atomic uint64_t serial; /* ids unique in the process: a stale id never matches */
+	const struct ts_feed_hdr *h;
+	struct ts_feed_view *v;
+	struct ts_read *rd;
+	int ret;
+
+	*eoe = 0;
+	*id = 0;
+	if (!f->attached)
+		return -ENOTCONN;
+	if (npos < 1 || npos > TS_MAX_POSITIONS)
+		return -EINVAL;
+	if (!(v = free_view(f)))
+		return -EXDEV;
+	if (!(rd = malloc(sizeof(*rd))))
+		return -ENOMEM;
+	if ((ret = ts_ring_peek(f->s.seg, &f->r, npos, want, rd, timeout_ns)) || (ret = view_slot(f, rd, want, &h)))
+		goto out;
+	uint32_t slot = rd->r[0][0].slot;
+	struct ts_feed_map *m = &f->peer[slot];
+	/* Hold first (the producer reads it after its claim), then map, then advance. */
+	__atomic_fetch_or((uint64_t *)&h->holders, 1ull << f->s.self, __ATOMIC_SEQ_CST);
+	m->holds++;
+	void *base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, m->fd, 0);
+	if (base == MAP_FAILED) {
+		ret = -errno;
+		unhold(f, slot, m->ino);
+		goto out;
+	}
+	if ((ret = ts_ring_advance(f->s.seg, &f->r, rd, rd->got))) {
+		/* evicted: the producer may have written the file before it saw our hold */
+		munmap(base, m->size);
+		unhold(f, slot, m->ino);
+		goto out;
+	}
+	for (uint32_t p = 0; p < npos; p++) {
+		ptr[p] = (char *)base + h->off[p] + rd->r[p][0].off;
+		got[p] = rd->got[p];
+	}
+	*eoe = rd->end_of_epoch;
+	v->base = base;
+	v->size = m->size;
+	v->slot = slot;
+	v->ino = m->ino;
+	*id = atomic_fetch_add(&serial, 1) + 1;
+	atomic_store_explicit(&v->id, *id, memory_order_release); /* the fields first */
+out:
+	free(rd);
+	if (ret == -ESTALE)
+		f->attached = 0;
+	return ret;
+}
+
+void ts_feed_release_view(struct ts_feed *f, uint64_t id)
+{
+	for (unsigned i = 0; id && i < TS_FEED_MAX_VIEWS; i++) {
+		struct ts_feed_view *v = &f->views[i];
+		if (atomic_load_explicit(&v->id, memory_order_acquire) != id ||
+		    atomic_load_explicit(&v->released, memory_order_relaxed))
+			continue;
+		munmap(v->base, v->size);
+		atomic_store_explicit(&v->released, 1, memory_order_release);
+		return;
+	}
+}
+
+/*
+ * Closing with views out (the program still has the batches): once we
+ * leave, the producer no longer honours our holds, so each view becomes
+ * private anonymous memory at the same address, with the same bytes.
+ */
+static void detach_views(struct ts_feed *f)
+{
+	for (unsigned i = 0; i < TS_FEED_MAX_VIEWS; i++) {
+		struct ts_feed_view *v = &f->views[i];
+		if (!atomic_load(&v->id) || atomic_load(&v->released))
+			continue;
+		void *copy = mmap(NULL, v->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (copy != MAP_FAILED) {
+			memcpy(copy, v->base, v->size);
+			if (mremap(copy, v->size, v->size, MREMAP_MAYMOVE | MREMAP_FIXED, v->base) == MAP_FAILED)
+				munmap(copy, v->size); /* the file mapping stays: bytes may change, never vanish */
+		}
+		atomic_store(&v->id, 0);
+	}
 }

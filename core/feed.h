@@ -43,8 +43,27 @@ struct ts_feed_map {
 	void *base;
 	size_t size;
 	int fd;
-	uint32_t writer, epoch; /* whose file this is */
+	uint32_t writer, epoch, gen; /* whose file this is */
+	uint64_t ino;
+	uint32_t holds;         /* consumer: our views into this file */
 };
+
+/*
+ * A consumer's batch handed out without a copy (ts_feed_read_view). Only
+ * the reading thread takes and recycles entries; a release may come from
+ * any thread (the program frees its tensors where it likes): it unmaps and
+ * marks the entry, the reading thread drops the hold at its next call.
+ */
+struct ts_feed_view {
+	_Atomic uint64_t id;    /* 0: free; published after the fields below */
+	_Atomic int released;
+	void *base;             /* our private mapping of the slot file */
+	size_t size;
+	uint32_t slot;
+	uint64_t ino;
+};
+
+#define TS_FEED_MAX_VIEWS 64
 
 struct ts_feed_ledger;
 
@@ -58,6 +77,7 @@ struct ts_feed {
 	size_t ledger_size;
 	/* producer */
 	struct ts_ring_writer w;
+	uint32_t gen[TS_MAX_DEPTH];    /* generation of our file per slot (a held file is replaced) */
 	uint64_t w_word;               /* producer word w was set up for; 0: none */
 	uint64_t published;            /* since w_word */
 	struct ts_feed_map own[TS_MAX_DEPTH];
@@ -66,6 +86,7 @@ struct ts_feed {
 	int attached;
 	uint64_t schema_hash;          /* what this reader expects; 0: learn from the next slot */
 	struct ts_feed_map peer[TS_MAX_DEPTH];
+	struct ts_feed_view views[TS_FEED_MAX_VIEWS];
 };
 
 /* What the slot at a reader's position holds. */
@@ -139,6 +160,22 @@ int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *ou
  */
 int ts_feed_read(struct ts_feed *f, uint32_t npos, const uint64_t *want, void *const *dst, uint64_t *got,
 		 int *eoe, uint64_t timeout_ns);
+
+/*
+ * ts_feed_read without the copy, when the next want[p] bytes of every
+ * position lie in one slot (or end its epoch there): *ptr[p] point into a
+ * private, copy-on-write mapping of the slot file (the program may write
+ * into its batch; nobody else sees it), got[p] say how much, *id names the
+ * view. The file is marked held, so the producer puts a fresh file in its
+ * place rather than write into it: the bytes stay what they are until
+ * ts_feed_release_view(id). -EXDEV: the request spans slots or too many
+ * views are out (read it with ts_feed_read); other errors as ts_feed_read.
+ * Nothing is consumed unless it returns 0.
+ */
+int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, void **ptr, uint64_t *got, int *eoe,
+		      uint64_t *id, uint64_t timeout_ns);
+/* Unmap a view and drop its hold (any thread); unknown ids (another feed's, released) are ignored. */
+void ts_feed_release_view(struct ts_feed *f, uint64_t id);
 
 /* Remove feed files of session incarnations that are gone; returns how many. */
 int ts_feed_clean_stale(const char *session_name);

@@ -221,6 +221,19 @@ TS_EXPORT int tsshim_feed_read(int h, uint32_t npos, const uint64_t *want, void 
 	return FEED_CALL(h, f, ts_feed_read(f, npos, want, dst, got, eoe, ms_ns(timeout_ms)));
 }
 
+TS_EXPORT int tsshim_feed_read_view(int h, uint32_t npos, const uint64_t *want, void **ptr, uint64_t *got, int *eoe,
+				    uint64_t *id, uint32_t timeout_ms)
+{
+	if (!want || !ptr || !got || !eoe || !id)
+		return -EINVAL;
+	return FEED_CALL(h, f, ts_feed_read_view(f, npos, want, ptr, got, eoe, id, ms_ns(timeout_ms)));
+}
+
+TS_EXPORT int tsshim_feed_release_view(int h, uint64_t id)
+{
+	return FEED_CALL(h, f, (ts_feed_release_view(f, id), 0));
+}
+
 TS_EXPORT int tsshim_feed_served(int h, uint64_t batches, uint64_t samples)
 {
 	return FEED_CALL(h, f, (atomic_fetch_add(&f->s.seg->counters.batches_shared, batches),

@@ -30,6 +30,9 @@ int tsshim_feed_next(int h, uint32_t timeout_ms, uint32_t *npos, uint64_t *nsamp
 	uint64_t *sample_bytes, char *schema, uint32_t *schema_len);
 int tsshim_feed_read(int h, uint32_t npos, const uint64_t *want, void *const *dst, uint64_t *got, int *eoe,
 	uint32_t timeout_ms);
+int tsshim_feed_read_view(int h, uint32_t npos, const uint64_t *want, void **ptr, uint64_t *got, int *eoe,
+	uint64_t *id, uint32_t timeout_ms);
+int tsshim_feed_release_view(int h, uint64_t id);
 int tsshim_feed_served(int h, uint64_t batches, uint64_t samples);
 
 #endif

@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+import weakref
 
 import tsshim_hook as hook
 
@@ -79,6 +80,8 @@ def _bind():
         "attach": (i32, [i32, i32]), "detach": (i32, [i32]), "at_head": (i32, [i32]),
         "next": (i32, [i32, u32, pu32, pu64, pu64, pu64, ctypes.c_char_p, pu32]),
         "read": (i32, [i32, u32, pu64, ctypes.POINTER(vp), pu64, pi32, u32]),
+        "read_view": (i32, [i32, u32, pu64, ctypes.POINTER(vp), pu64, pi32, pu64, u32]),
+        "release_view": (i32, [i32, u64]),
         "served": (i32, [i32, u64, u64]),
     }
     for name, (res, args) in sig.items():
@@ -286,6 +289,7 @@ class _Epoch:
         self.waited_ms = 0
         self.done_clean = False
         self.yielded = 0
+        self.viewed = self.copied = 0  # consumer batches without / with a copy
 
     # -- helpers --
     def role(self):
@@ -301,6 +305,9 @@ class _Epoch:
 
     def finish(self):
         """End of the epoch, or the job broke out of it: release what we hold."""
+        if self.viewed or self.copied:
+            hook.log("debug", "feed %s: epoch read, %d batches without a copy, %d copied"
+                     % (self.feed.key, self.viewed, self.copied))
         if self.source is not None:
             self.source = None
         if self.role() == ROLE_PRODUCER:
@@ -455,12 +462,27 @@ class _Epoch:
                 per *= d
             if per != sb:
                 raise Fallback("stream's sample size disagrees with its schema")
+        want = (ctypes.c_uint64 * npos)(*[bs * sb for sb in sample_bytes[:npos]])
         while True:
-            outs = [torch.empty([bs] + n["shape"], dtype=dt, pin_memory=pin) for n, dt in zip(nodes, dtypes)]
-            want = (ctypes.c_uint64 * npos)(*[bs * sb for sb in sample_bytes[:npos]])
             got = (ctypes.c_uint64 * npos)()
-            dst = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in outs])
             eoe = ctypes.c_int()
+            if not pin:  # no copy when the batch lies in one slot of the feed
+                leaves = self.read_view(npos, want, got, eoe, nodes, dtypes, sample_bytes)
+                if leaves is not None:
+                    self.waited_ms = 0
+                    n = got[0] // sample_bytes[0]
+                    if n and (n == bs or not loader.drop_last):
+                        self.yielded += 1
+                        self.viewed += 1
+                        self.lib.tsshim_feed_served(self.h, 1, n)
+                        yield _build(node, leaves)
+                    del leaves
+                    if eoe.value:
+                        self.done_clean = True
+                        return
+                    continue
+            outs = [torch.empty([bs] + n["shape"], dtype=dt, pin_memory=pin) for n, dt in zip(nodes, dtypes)]
+            dst = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in outs])
             while True:
                 ret = self.lib.tsshim_feed_read(self.h, npos, want, dst, got, ctypes.byref(eoe), SLICE_MS)
                 if ret == 0:
@@ -478,11 +500,46 @@ class _Epoch:
             if n and (n == bs or not loader.drop_last):
                 leaves = [t[:n] if n < bs else t for t in outs]
                 self.yielded += 1
+                self.copied += 1
                 self.lib.tsshim_feed_served(self.h, 1, n)
                 yield _build(node, leaves)
             if eoe.value:
                 self.done_clean = True
                 return
+
+    def read_view(self, npos, want, got, eoe, nodes, dtypes, sample_bytes):
+        """The next batch as tensors over a private mapping of the slot it lies in
+        (no copy; released when the last of them is freed), or None: it spans
+        slots, and the caller copies it."""
+        torch = self.torch
+        ptr = (ctypes.c_void_p * npos)()
+        vid = ctypes.c_uint64()
+        while True:
+            ret = self.lib.tsshim_feed_read_view(self.h, npos, want, ptr, got, ctypes.byref(eoe),
+                                                 ctypes.byref(vid), SLICE_MS)
+            if ret == 0:
+                break
+            if ret == -errno.EXDEV:
+                return None
+            if ret == -errno.ETIMEDOUT:
+                self.on_wait()
+                continue
+            if ret == -errno.ESTALE:
+                hook.log("info", "feed %s: evicted (too slow); continuing at the head" % self.feed.key)
+                self.attach()
+                continue
+            raise Fallback("reading the feed failed: %s" % _err(ret))
+        n = got[0] // sample_bytes[0]
+        lo = min(ptr[p] for p in range(npos))
+        hi = max(ptr[p] + got[p] for p in range(npos))
+        buf = (ctypes.c_char * max(1, hi - lo)).from_address(lo)
+        # the tensors keep buf alive; when the last goes, the view goes
+        weakref.finalize(buf, self.lib.tsshim_feed_release_view, self.h, vid.value)
+        if n == 0:
+            return []
+        whole = torch.frombuffer(buf, dtype=torch.uint8)
+        return [whole[ptr[p] - lo:ptr[p] - lo + got[p]].view(dt).view([n] + nd["shape"])
+                for p, (nd, dt) in enumerate(zip(nodes, dtypes))]
 
     def next_info(self):
         """Wait for the batch at our position: (schema node, bytes per sample per position)."""

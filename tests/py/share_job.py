@@ -171,6 +171,9 @@ def main():
                          "all then ToTensor, Normalize")
     ap.add_argument("--subclass", action="store_true", help="use a DataLoader subclass")
     ap.add_argument("--val", action="store_true", help="validate (ROOT/val, in order) after each epoch")
+    ap.add_argument("--scribble", action="store_true",
+                    help="after training on a batch, overwrite it in place (x.zero_(), y.zero_()): "
+                         "what the job does with its batch must never reach another job")
     ap.add_argument("--break-after", type=int, default=0, metavar="N",
                     help="leave each training epoch after N batches")
     ap.add_argument("--sleep", type=float, default=0.0, metavar="S", help="sleep S seconds per training batch")
@@ -250,6 +253,9 @@ def main():
             if rec.f:  # hashing costs CPU a benchmark must not count
                 rec(loader="train", epoch=epoch, batch=i, n=len(y), h=[sample_hash(s) for s in x],
                     y=y.tolist(), loss=round(loss.item(), 6))
+            if a.scribble:
+                x.zero_()
+                y.zero_()
             i += 1
             batches += 1
             samples += len(y)

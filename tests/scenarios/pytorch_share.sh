@@ -8,7 +8,9 @@
 # tensor hash) and checks the records with tests/py/share_verify.py, which
 # knows every image's hash and label from a plain, shim-free pass:
 #   a/b/c  three jobs, seeds 1/2/3, models a/b/c, batch sizes 64/64/64,
-#          64/32/96, 64/48/100: one stream, exactly one job started workers
+#          64/32/96, 64/48/100: one stream, exactly one job started workers;
+#          job 2 overwrites every batch after use (consumers' batches are
+#          copy-on-write views of the feed: nobody else may see that)
 #   d      a late joiner: its first epoch is the stream's epoch, whole when
 #          the ring still held its start, else a suffix
 #   e      the producer SIGKILLed mid-epoch: a consumer takes over, the others'
@@ -183,7 +185,8 @@ for c in a b c; do
 	c) bs=(64 48 100) ;;
 	esac
 	job "$c" 1 1 --seed 1 --model a --batch-size "${bs[0]}" --workers 2 --epochs 2 --barrier "$T_TMP/$c.go:3"
-	job "$c" 2 1 --seed 2 --model b --batch-size "${bs[1]}" --workers 2 --epochs 2 --barrier "$T_TMP/$c.go:3"
+	# job 2 overwrites each batch in place after training on it: no other job may see that
+	job "$c" 2 1 --seed 2 --model b --batch-size "${bs[1]}" --workers 2 --epochs 2 --barrier "$T_TMP/$c.go:3" --scribble
 	job "$c" 3 1 --seed 3 --model c --batch-size "${bs[2]}" --workers 2 --epochs 2 --barrier "$T_TMP/$c.go:3"
 	finished "$c" 3
 	verify "$c" "batch sizes ${bs[*]}: one stream, complete epochs, labels paired" $(recs "$c" 3)

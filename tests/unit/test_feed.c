@@ -453,3 +453,152 @@ Test(feed, a_joiner_reads_the_current_epoch_from_its_start_while_the_ring_holds_
 	cr_expect_eq(wait_exit(ended), NINDEX, "just after an epoch ended: that epoch, whole, at once");
 	ts_feed_close(&f);
 }
+
+/* ---- views: batches without a copy ---------------------------------------- */
+
+/* Does a batch of n samples at ptr[] hold the permutation from stream sample k? */
+static int batch_is(void *const *ptr, uint64_t n, uint64_t k)
+{
+	const uint32_t *p0 = ptr[0];
+	const uint64_t *p1 = ptr[1];
+	for (uint64_t j = 0; j < n; j++) {
+		uint64_t i = (uint64_t)perm(k + j);
+		if (p0[3 * j] != i || p0[3 * j + 1] != 2 * i || p0[3 * j + 2] != 3 * i || p1[j] != i * 1000)
+			return 0;
+	}
+	return 1;
+}
+
+/* Read and check n10 batches of 10 by copy, from stream sample k. */
+static int read_batches(struct ts_feed *f, int n10, uint64_t k)
+{
+	for (int b = 0; b < n10; b++, k += 10) {
+		uint32_t p0[30];
+		uint64_t p1[10], got[2] = { 0, 0 }, want[2] = { 120, 80 };
+		void *dst[2] = { p0, p1 };
+		int eoe, ret;
+		while ((ret = ts_feed_read(f, 2, want, dst, got, &eoe, 5 * SEC)) == -ETIMEDOUT)
+			;
+		if (ret || got[0] != 120 || !batch_is(dst, 10, k % NINDEX))
+			return 0;
+	}
+	return 1;
+}
+
+/* Child: view batch 0, read 9 more batches (the producer writes slot 0 twice
+ * more meanwhile), then the view must still hold batch 0; exit 0 if so. */
+static void view_keeper_child(int ready_fd)
+{
+	struct ts_feed f;
+	if (ts_feed_open(&f, name, &params, NINDEX) || ts_feed_attach(&f, 0))
+		_exit(10);
+	(void)!write(ready_fd, "r", 1);
+	uint64_t want[2] = { 120, 80 }, got[2], id;
+	void *ptr[2];
+	int eoe, ret;
+	while ((ret = ts_feed_read_view(&f, 2, want, ptr, got, &eoe, &id, 5 * SEC)) == -ETIMEDOUT)
+		;
+	if (ret || got[0] != 120 || got[1] != 80 || !id || !batch_is(ptr, 10, 0))
+		_exit(11);
+	if (!read_batches(&f, 9, 10))
+		_exit(12);
+	if (!batch_is(ptr, 10, 0))
+		_exit(13); /* overwritten under us */
+	memset(ptr[0], 0, 120); /* ours to write: copy-on-write */
+	ts_feed_release_view(&f, id);
+	ts_feed_release_view(&f, id); /* twice: ignored */
+	ts_feed_close(&f);
+	_exit(0);
+}
+
+Test(feed, a_view_keeps_its_bytes_while_the_producer_writes_on)
+{
+	struct ts_feed f;
+	int pfd[2];
+	char c;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	cr_assert_eq(pipe(pfd), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(pfd[0]);
+		view_keeper_child(pfd[1]);
+	}
+	close(pfd[1]);
+	cr_assert_eq(read(pfd[0], &c, 1), 1);
+	close(pfd[0]);
+	publish_batches(&f, 1, 0, 5);
+	publish_batches(&f, 2, 0, 5); /* slot 0 again at batches 4 and 8: a fresh file each time it is held */
+	cr_expect_eq(wait_exit(pid), 0, "the viewed batch stayed intact (exit 11 view, 12 reads, 13 overwritten)");
+	cr_expect_geq(f.gen[0], 1u, "slot 0's held file was replaced, not written");
+	ts_feed_close(&f);
+	cr_expect_eq(count_files(), 0, "replaced files leave nothing behind");
+}
+
+Test(feed, a_request_across_two_slots_is_not_a_view_and_consumes_nothing)
+{
+	struct ts_feed f;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct ts_feed g;
+		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g, 0))
+			_exit(10);
+		usleep(300000); /* both batches published */
+		uint64_t want[2] = { 15 * 12, 15 * 8 }, got[2] = { 0, 0 }, id;
+		void *ptr[2];
+		int eoe;
+		if (ts_feed_read_view(&g, 2, want, ptr, got, &eoe, &id, SEC) != -EXDEV || id)
+			_exit(11);
+		uint32_t p0[45];
+		uint64_t p1[15];
+		void *dst[2] = { p0, p1 };
+		got[0] = got[1] = 0;
+		if (ts_feed_read(&g, 2, want, dst, got, &eoe, SEC) || got[0] != 15 * 12 || !batch_is(dst, 15, 0))
+			_exit(12);
+		ts_feed_close(&g);
+		_exit(0);
+	}
+	usleep(100000);
+	publish_batches(&f, 1, 0, 2);
+	cr_expect_eq(wait_exit(pid), 0, "-EXDEV, then the same bytes by copy (exit 11: not EXDEV, 12: copy wrong)");
+	ts_feed_close(&f);
+}
+
+Test(feed, views_outlive_the_feed_as_private_memory)
+{
+	struct ts_feed f;
+	int go[2], done[2];
+	char c;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	cr_assert_eq(pipe(go), 0);
+	cr_assert_eq(pipe(done), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct ts_feed g;
+		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g, 0))
+			_exit(10);
+		uint64_t want[2] = { 120, 80 }, got[2], id;
+		void *ptr[2];
+		int eoe, ret;
+		(void)!write(go[1], "r", 1);
+		while ((ret = ts_feed_read_view(&g, 2, want, ptr, got, &eoe, &id, 5 * SEC)) == -ETIMEDOUT)
+			;
+		if (ret || !batch_is(ptr, 10, 0))
+			_exit(11);
+		ts_feed_close(&g); /* the program keeps its batch */
+		(void)!write(go[1], "c", 1);
+		(void)!read(done[0], &c, 1);
+		_exit(batch_is(ptr, 10, 0) ? 0 : 12);
+	}
+	cr_assert_eq(read(go[0], &c, 1), 1);
+	publish_batches(&f, 1, 0, 1);
+	cr_assert_eq(read(go[0], &c, 1), 1);
+	publish_batches(&f, 1, 1, 5); /* slot 0 rewritten in place: its holder has left */
+	cr_expect_eq(f.gen[0], 0u, "a holder that left holds nothing");
+	(void)!write(done[1], "d", 1);
+	cr_expect_eq(wait_exit(pid), 0, "the closed feed's view still holds batch 0");
+	ts_feed_close(&f);
+}
