@@ -13,6 +13,10 @@ T_TMP=$(mktemp -d /tmp/tsshim-test.XXXXXX)
 
 ok() { T_PASSED=$((T_PASSED + 1)); echo "ok - $*"; }
 not_ok() { T_FAILED=$((T_FAILED + 1)); echo "not ok - $*"; }
+# cond 'A && B': a compound condition for check (check runs one command:
+# `check D a && b` would test only a).
+cond() { eval "$1"; }
+
 check() { # description, command...
 	local d=$1; shift
 	if "$@"; then ok "$d"; else not_ok "$d"; fi

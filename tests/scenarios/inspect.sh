@@ -29,7 +29,6 @@ run_inspect() {
 py() { python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print(($1))" <<<"$OUT" 2>&1; }
 
 # cond 'SHELL CONDITION': for checks that need && between commands.
-cond() { eval "$1"; }
 
 one_line() { [ -n "$1" ] && [ "$(printf '%s\n' "$1" | wc -l)" = 1 ]; }
 

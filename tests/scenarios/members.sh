@@ -103,7 +103,7 @@ for round in 1 2 3; do
 		[ "$n" = 1 ] && break
 		sleep 0.01
 	done
-	check "round $round: after killing the producer exactly one member believes it is producer (max seen $most)" [ "$n" = 1 ] && [ "$most" = 1 ]
+	check "round $round: after killing the producer exactly one member believes it is producer (max seen $most)" cond '[ "$n" = 1 ] && [ "$most" = 1 ]'
 done
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 wait 2>/dev/null
@@ -129,8 +129,8 @@ S=$(session_name bad)
 head -c 4096 /dev/urandom >"$(seg_path "$S")"; chmod 600 "$(seg_path "$S")"
 cp "$(seg_path "$S")" "$T_TMP/bad.copy"
 out=$(LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION=$S "$MEMBER" --hold-ms 0 2>"$T_TMP/bad.err"); rc=$?
-check "corrupted segment: join refused, program exits 0" [ "$rc" = 0 ] && [[ "$out" == join=-* ]]
-check "corrupted segment: one clear line" [ "$(grep -c . "$T_TMP/bad.err")" = 1 ] && grep -q 'not a tsshim segment' "$T_TMP/bad.err"
+check "corrupted segment: join refused, program exits 0" cond '[ "$rc" = 0 ] && [[ "$out" == join=-* ]]'
+check "corrupted segment: one clear line" cond '[ "$(grep -c . "$T_TMP/bad.err")" = 1 ] && grep -q "not a tsshim segment" "$T_TMP/bad.err"'
 check "corrupted segment left untouched" cmp -s "$(seg_path "$S")" "$T_TMP/bad.copy"
 rm -f "$(seg_path "$S")"
 
@@ -138,7 +138,7 @@ if [ "$(id -u)" = 0 ]; then
 	S=$(session_name foreign)
 	: >"$(seg_path "$S")"; chmod 600 "$(seg_path "$S")"; chown 65534:65534 "$(seg_path "$S")"
 	out=$(LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION=$S "$MEMBER" --hold-ms 0 2>"$T_TMP/foreign.err"); rc=$?
-	check "segment planted by another user: refused, program exits 0" [ "$rc" = 0 ] && [[ "$out" == join=-13* ]]
+	check "segment planted by another user: refused, program exits 0" cond '[ "$rc" = 0 ] && [[ "$out" == join=-13* ]]'
 	check "refusal explains itself" grep -q 'refused' "$T_TMP/foreign.err"
 	rm -f "$(seg_path "$S")"
 else

@@ -44,7 +44,8 @@ for o in val limit val-limit size batch val-batch workers start persistent-worke
 done
 check "--help explains every option${missing:+ (missing:$missing)}" [ -z "$missing" ]
 "$TRAIN" --batch 0 "$D/train" >/dev/null 2>"$T_TMP/usage.err"
-check "bad value: exit 2 with a clear message" [ $? = 2 ] && grep -q -- "--batch: expected an integer" "$T_TMP/usage.err"
+rc=$?
+check "bad value: exit 2 with a clear message" cond '[ $rc = 2 ] && grep -q -- "--batch: expected an integer" "$T_TMP/usage.err"'
 
 # --- determinism across loader configurations -------------------------------------
 shm_count() { local f n=0; for f in /dev/shm/train_*; do [ -e "$f" ] && n=$((n + 1)); done; echo $n; }
@@ -75,7 +76,7 @@ shm_after=$(shm_count)
 check "no shared-memory object left in /dev/shm" [ "$shm_before" = "$shm_after" ]
 
 train seed2 --workers 2 --size 32 --batch 5 --epochs 2 --seed 12 --val "$D/val" --val-every 4 "$D/train"
-check "another seed: another trained_checksum" [ -n "$(checksum seed2)" ] && [ "$(checksum seed2)" != "$(checksum ref)" ]
+check "another seed: another trained_checksum" cond '[ -n "$(checksum seed2)" ] && [ "$(checksum seed2)" != "$(checksum ref)" ]'
 check "another seed: another sample order" \
 	[ "$(lines ref | grep phase=train | field ids)" != "$(lines seed2 | grep phase=train | field ids)" ]
 
@@ -312,7 +313,7 @@ kids=$(pgrep -P "$p" | tr '\n' ' ')
 kill -STOP $kids 2>/dev/null
 wait "$p"; rc=$?
 kill -KILL $kids 2>/dev/null
-check "--timeout 1 with stopped workers: exit 1, 'timed out'" [ "$rc" = 1 ] && grep -q "timed out after 1 s" "$T_TMP/stop.err"
+check "--timeout 1 with stopped workers: exit 1, 'timed out'" cond '[ "$rc" = 1 ] && grep -q "timed out after 1 s" "$T_TMP/stop.err"'
 
 "$TRAIN" --workers 2 --record "$T_TMP/int.rec" "${LONG[@]}" >/dev/null 2>"$T_TMP/int.err" &
 p=$!; T_PIDS+=("$p")
@@ -320,8 +321,8 @@ wait_for "$T_TMP/int.rec" '^seq=2 ' 20
 kids=$(pgrep -P "$p" | tr '\n' ' ')
 kill -INT "$p"
 wait "$p"; rc=$?
-check "SIGINT: exit 130, 'interrupted', workers gone" [ "$rc" = 130 ] && grep -q interrupted "$T_TMP/int.err" &&
-	[ "$(alive_children $kids)" = 0 ]
+check "SIGINT: exit 130, 'interrupted', workers gone" \
+	cond '[ "$rc" = 130 ] && grep -q interrupted "$T_TMP/int.err" && [ "$(alive_children $kids)" = 0 ]'
 
 # a truncated and a non-JPEG file: the job stops with their names
 B=$T_TMP/bad
@@ -338,7 +339,8 @@ echo "not a jpeg" >"$B/train/c000/00000.jpg"
 check "not a JPEG at all, spawned workers: exit 1 naming the file" \
 	[ "$rc" = 1 ] && grep -q "$B/train/c000/00000.jpg: corrupt or unsupported JPEG: Not a JPEG file" "$T_TMP/bad.err"
 "$TRAIN" --size 32 "$T_TMP/nonexistent" >/dev/null 2>"$T_TMP/nodir.err"; rc=$?
-check "missing dataset: exit 1 naming it" [ "$rc" = 1 ] && grep -q "$T_TMP/nonexistent: cannot open directory: No such file" "$T_TMP/nodir.err"
+check "missing dataset: exit 1 naming it" \
+	cond '[ "$rc" = 1 ] && grep -q "$T_TMP/nonexistent: cannot open directory: No such file" "$T_TMP/nodir.err"'
 
 "$TRAIN" --device cuda --cudart "$T_TMP/no/libcudart.so.13" --size 32 "$D/train" >/dev/null 2>"$T_TMP/cuda.err"; rc=$?
 check "--device cuda without a CUDA runtime: exit 1, 'no CUDA runtime found'" \

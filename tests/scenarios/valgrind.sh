@@ -22,7 +22,7 @@ check "inspect NAME --json memcheck-clean" [ $? = 0 ]
 "${VG[@]}" "$INSPECT" >/dev/null 2>>"$T_TMP/i.err"
 check "inspect (list) memcheck-clean" [ $? = 0 ]
 wait "$C"; rc=$?
-check "ring consumer memcheck-clean and verified its stream" [ "$rc" = 0 ] && grep -q '^done samples=3000' "$T_TMP/c"
+check "ring consumer memcheck-clean and verified its stream" cond '[ "$rc" = 0 ] && grep -q "^done samples=3000" "$T_TMP/c"'
 kill -TERM "$P"; wait "$P"; rc=$?
 check "ring producer memcheck-clean" [ "$rc" = 0 ]
 [ "$T_FAILED" = 0 ] || cat "$T_TMP/p" "$T_TMP/c" "$T_TMP/i.err"
