@@ -163,9 +163,25 @@ static bool evict(struct ts_segment *seg, struct ts_member *mb, uint64_t *a)
 }
 
 /*
+ * May the producer evict this laggard? Dead or gone: yes. Alive but silent
+ * (heartbeat older than the timeout: a stopped process): only once it has
+ * been silent for the stall time, as long as we wait on a reader that does
+ * not read; a pause of a second or two must not cost a job its place.
+ */
+static bool evictable(struct ts_segment *seg, unsigned m, uint64_t now)
+{
+	enum ts_member_health h = ts_member_health(seg, m, now);
+	if (h != TS_MEMBER_STALE)
+		return h != TS_MEMBER_LIVE;
+	uint64_t hb = atomic_load_explicit(&seg->members[m].heartbeat_ns, memory_order_relaxed);
+	return now > hb && now - hb > ts_stall_ns(seg);
+}
+
+/*
  * Does any attached member still need seq < need? With `health`, laggards
- * that are dead, gone or silent are evicted instead; without, every laggard
- * holds (a liveness check reads /proc: not on every wake-up).
+ * that are dead, gone or silent for the stall time are evicted instead;
+ * without, every laggard holds (a liveness check reads /proc: not on every
+ * wake-up).
  */
 static bool held_back(struct ts_segment *seg, uint64_t need, bool health, uint64_t now)
 {
@@ -179,7 +195,7 @@ static bool held_back(struct ts_segment *seg, uint64_t need, bool health, uint64
 			/* acquire: its reads of the old slot happen before our reuse */
 			if (atomic_load_explicit(&mb->read_seq, memory_order_acquire) >= need)
 				break;
-			if (!health || ts_member_health(seg, m, now) == TS_MEMBER_LIVE) {
+			if (!health || !evictable(seg, m, now)) {
 				held = true;
 				break;
 			}
@@ -332,13 +348,19 @@ int ts_ring_abort(struct ts_segment *seg, struct ts_ring_writer *w)
 	if (!w->claimed || w->slot >= TS_MAX_DEPTH)
 		return -EINVAL;
 	w->claimed = 0;
-	uint64_t mine = writing_word(w);
+	uint64_t mine = writing_word(w), back = w->prev;
 	/*
 	 * Put the previous word back. A reader that raced with our meta writes
 	 * would see the same word again (ABA), but only an evicted reader can be
 	 * in this slot, and peek() re-checks the attach word after the row.
+	 * Except when that word named a row of ours (any epoch): begin() cleared
+	 * the row, so its seq must read as overwritten (-ESTALE), never as
+	 * published with this claim's row. A free word with the aborted seq says
+	 * so, and the next begin() claims it like any free slot.
 	 */
-	if (!atomic_compare_exchange_strong_explicit(&seg->ring.slots[w->slot].word, &mine, w->prev,
+	if (ts_slot_state(back) != TS_SLOT_FREE && ts_slot_writer1(back) == (unsigned)w->self + 1)
+		back = ts_slot_word(TS_SLOT_FREE, 0, 0, w->seq);
+	if (!atomic_compare_exchange_strong_explicit(&seg->ring.slots[w->slot].word, &mine, back,
 						     memory_order_release, memory_order_relaxed))
 		return -EPERM;
 	return 0;

@@ -90,6 +90,17 @@ int ts_session_take_idle(struct ts_session *s, uint64_t idle_min_ns);
 enum ts_member_health ts_member_health(const struct ts_segment *seg, unsigned idx, uint64_t now_ns);
 
 /*
+ * How long a producer waits on a reader that is alive but not reading (its
+ * process stopped, in a debugger, or just not iterating) before it evicts
+ * it: ten timeouts, at least 5 s. Dead readers are evicted at once.
+ */
+static inline uint64_t ts_stall_ns(const struct ts_segment *seg)
+{
+	uint64_t t = (uint64_t)seg->st.timeout_ms * 10000000ull;
+	return t > 5000000000ull ? t : 5000000000ull;
+}
+
+/*
  * Validation of a mapped segment of `size` bytes (possibly hostile): 0 or
  * -EBADMSG / -EPROTO (other layout/build) / -EACCES (other user), with a
  * human-readable reason.

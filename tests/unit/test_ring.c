@@ -551,7 +551,7 @@ static void eviction_case(int how)
 		atomic_store(&dead[1], 1);
 		atomic_store(&dead[2], 1);
 	} else {
-		atomic_store(&skew, 1500 * MS); /* everybody's heartbeat is old */
+		atomic_store(&skew, 10500 * MS); /* everybody silent for longer than the stall time */
 	}
 	uint64_t t0 = ts_prim_monotonic_ns();
 	cr_assert_eq(produce(&w, 256, 64, 0, 1000 * MS), 0);
@@ -611,6 +611,27 @@ Test(ring, evict_while_waiting)
 }
 Test(ring, evict_stale) { eviction_case(1); }
 
+/* Silent for longer than the timeout but not the stall time (a stopped
+ * process, a debugger): it keeps its place, the producer waits. */
+Test(ring, a_briefly_silent_reader_keeps_its_place)
+{
+	struct ts_ring_writer w;
+	struct ts_ring_reader r;
+	static struct ts_read rd;
+
+	cr_assert_eq(ts_ring_writer_init(seg, 0, &w), 0);
+	cr_assert_eq(ts_ring_attach(seg, 1, &r), 0);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(produce(&w, 64u * i, 64, 0, 0), 0);
+	atomic_store(&skew, 2500 * MS); /* > timeout (1 s), < stall (5 s) */
+	cr_assert_eq(produce(&w, 256, 64, 0, 200 * MS), -ETIMEDOUT, "the producer waits");
+	cr_assert_eq(atomic_load(&seg->counters.evictions), 0);
+	atomic_store(&skew, 0);
+	beat(1);
+	cr_assert_eq(peek_samples(&r, 64, &rd, 0), 0, "its place is still its own");
+	cr_assert(rd.r[0][0].seq == 0 && rd.r[0][0].tag == 0);
+}
+
 /* Evicted between peek and advance: the slot was reused under it. */
 Test(ring, evicted_while_copying)
 {
@@ -623,7 +644,7 @@ Test(ring, evicted_while_copying)
 	for (int i = 0; i < 4; i++)
 		cr_assert_eq(produce(&w, 64u * i, 64, 0, 0), 0);
 	cr_assert_eq(peek_samples(&r, 64, &rd, 0), 0);
-	atomic_store(&skew, 1500 * MS);
+	atomic_store(&skew, 10500 * MS); /* silent past the stall time */
 	cr_assert_eq(produce(&w, 256, 64, 0, 0), 0); /* overwrites slot 0 */
 	atomic_store(&skew, 0);
 	cr_assert_eq(ts_ring_advance(seg, &r, &rd, rd.got), -ESTALE);
@@ -746,6 +767,44 @@ Test(ring, takeover_abort_gives_back)
 	cr_assert_eq(atomic_load(&seg->ring.slots[0].word), ts_slot_word(TS_SLOT_PUBLISHED, 2, 2, 0));
 	cr_assert_eq(ts_ring_abort(seg, &a), -EPERM);
 	cr_assert_eq(atomic_load(&seg->ring.slots[0].word), ts_slot_word(TS_SLOT_PUBLISHED, 2, 2, 0));
+}
+
+/*
+ * An aborted claim over a slot whose batch we published: begin() cleared
+ * that row, so the old seq reads as overwritten, never as published with
+ * the aborted claim's row (found by tests/fuzz/fuzz_ring.c).
+ */
+Test(ring, abort_over_own_batch_reads_stale)
+{
+	struct ts_ring_writer w;
+	struct ts_ring_reader r;
+	struct ts_batch_meta *m, got;
+	static struct ts_read rd;
+	unsigned writer;
+
+	make_seg(1);
+	cr_assert_eq(ts_ring_writer_init(seg, 0, &w), 0);
+	cr_assert_eq(ts_ring_attach(seg, 1, &r), 0);
+	cr_assert_eq(produce(&w, 0, 64, 0, 0), 0);
+	cr_assert_eq(peek_samples(&r, 64, &rd, 0), 0);
+	cr_assert_eq(ts_ring_advance(seg, &r, &rd, rd.got), 0);
+	cr_assert_eq(ts_ring_begin(seg, &w, 0, &m), 0); /* seq 1, in seq 0's slot */
+	m->npos = 2;
+	m->nsamples = 32;
+	m->len[0] = 32 * S0;
+	m->len[1] = 32 * S1;
+	m->tag = 999;
+	cr_assert_eq(ts_ring_abort(seg, &w), 0);
+	cr_assert_eq(ts_ring_slot_meta(seg, 0, &got, &writer), -ESTALE);
+	cr_assert_eq(ts_ring_slot_meta(seg, 1, &got, &writer), -EAGAIN);
+	cr_assert_eq(peek_samples(&r, 32, &rd, 0), -ETIMEDOUT);
+	/* the seq is claimed again and read as usual */
+	cr_assert_eq(produce(&w, 64, 32, 0, 0), 0);
+	cr_assert_eq(ts_ring_slot_meta(seg, 1, &got, &writer), 0);
+	cr_assert_eq(got.tag, 64);
+	cr_assert_eq(peek_samples(&r, 32, &rd, 0), 0);
+	cr_assert_eq(rd.got[0], 32 * S0);
+	cr_assert_eq(rd.r[0][0].tag, 64);
 }
 
 Test(ring, predecessor_died_after_publish)
