@@ -186,6 +186,14 @@ __attribute__((destructor)) static void ts_shim_fini(void)
 		stop_prefetch();
 		ts_session_leave(&member.session);
 	}
+	/*
+	 * Members that die (SIGKILL, a DataLoader worker's _exit) cannot remove
+	 * the session; if every member is gone now, we do, whether or not we
+	 * were one: the last process of a job is often not a member itself.
+	 */
+	char path[TS_PATH_MAX];
+	if (!atomic_load(&ts_is_fork_child) && ts_segment_path(path, sizeof(path), getuid(), ts_cfg.session) == 0)
+		ts_session_remove_if_stale(path);
 }
 
 /*
