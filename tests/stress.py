@@ -23,6 +23,11 @@ Then each round is checked:
   nothing left   no tsshim object of the round's session in /dev/shm once all
              jobs are gone
 
+--train: rounds of 3 same-seed tsshim-train jobs on the CUDA test device in
+exact mode (their decodes shared through the cache) under the same faults;
+every job that ends normally must have trained on exactly what it trains on
+alone (trained_checksum of a reference run without the shim).
+
 Prints a line per round and a last line
   stress: R runs, F faults injected, S jobs survived their fault, X failures
 and exits 1 if any failure (0 otherwise).
@@ -77,7 +82,28 @@ def plan(rng, njobs):
     return faults
 
 
+def train_cmd(args, record=None):
+    cmd = [os.path.join(args.build, "tsshim-train"), "--device", "cuda", "--workers", "2", "--batch", "16",
+           "--seed", "7", "--epochs", "3", "--size", "64", "--step-ms", "80", os.path.join(args.data, "train")]
+    return cmd[:1] + (["--record", record] if record else []) + cmd[1:]
+
+
+def train_env(args):
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(args.build, "emu"))
+    env.pop("LD_PRELOAD", None)
+    return env
+
+
+def checksum(text):
+    for line in text.splitlines():
+        if "trained_checksum=" in line:
+            return line.split("trained_checksum=")[1].split()[0]
+    return None
+
+
 def run_round(args, rnd, rng, tmp):
+    if args.train:
+        return run_train_round(args, rnd, rng, tmp)
     session = "stress-%d-%d" % (os.getpid(), rnd)
     njobs = rng.choice((2, 3, 3))
     d = os.path.join(tmp, "r%d" % rnd)
@@ -167,6 +193,80 @@ def run_round(args, rnd, rng, tmp):
     return njobs, injected, survived, failures, desc, [job["desc"] for job in jobs]
 
 
+def run_train_round(args, rnd, rng, tmp):
+    """3 same-seed tsshim-train jobs on the test device in exact mode (their JPEG
+    decodes shared through the cache): a survivor trains on exactly what it
+    trains on alone (trained_checksum), whoever dies mid-fill."""
+    session = "stress-%d-%d" % (os.getpid(), rnd)
+    d = os.path.join(tmp, "r%d" % rnd)
+    os.makedirs(d)
+    env = dict(train_env(args), LD_PRELOAD=args.lib, TSSHIM_SESSION=session, TSSHIM_MODE="exact")
+    njobs = 3
+    jobs = []
+    for j in range(njobs):
+        out = open(os.path.join(d, "%d.out" % j), "w")
+        jobs.append({"p": subprocess.Popen(train_cmd(args), env=env, stdout=out, stderr=subprocess.STDOUT),
+                     "err": out, "desc": "tsshim-train", "fault": None})
+    faults = plan(rng, njobs)
+    t0 = time.monotonic()
+    pending = sorted(faults, key=lambda f: f[2])
+    stopped = []
+    deadline = t0 + args.round_timeout
+    while time.monotonic() < deadline:
+        now = time.monotonic() - t0
+        while pending and pending[0][2] <= now:
+            j, kind, _, stop_s = pending.pop(0)
+            p = jobs[j]["p"]
+            if p.poll() is not None:
+                continue
+            jobs[j]["fault"] = kind
+            p.send_signal({"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "int": signal.SIGINT,
+                           "term": signal.SIGTERM}[kind])
+            if kind == "stop":
+                stopped.append((j, now + stop_s))
+        for j, until in list(stopped):
+            if now >= until:
+                jobs[j]["p"].send_signal(signal.SIGCONT)
+                stopped.remove((j, until))
+        if not pending and not stopped and all(job["p"].poll() is not None for job in jobs):
+            break
+        time.sleep(0.01)
+    failures = []
+    for j, job in enumerate(jobs):
+        if job["p"].poll() is None:
+            failures.append("job %d hung: still running after %d s" % (j, args.round_timeout))
+            job["p"].kill()
+            job["p"].wait()
+        job["err"].close()
+    survived = 0
+    for j, job in enumerate(jobs):
+        rc, kind = job["p"].returncode, job["fault"]
+        text = open(os.path.join(d, "%d.out" % j)).read()
+        want = {None: (0,), "stop": (0,), "kill": (-9,), "term": (143, -15), "int": (130, -2)}[kind]
+        if rc not in want:
+            failures.append("job %d (fault %s) exit %s, expected %s: %s" % (j, kind, rc, want,
+                                                                           text[-400:].replace("\n", " | ")))
+        elif rc == 0:
+            got = checksum(text)
+            if got != args.reference:
+                failures.append("job %d (fault %s) trained on other data: checksum %s, alone %s"
+                                % (j, kind, got, args.reference))
+            elif kind or any(job2["fault"] in ("kill", "int", "term") for job2 in jobs):
+                survived += 1
+    time.sleep(0.2)
+    left = leftovers(session)
+    if left:
+        failures.append("left in /dev/shm: %s" % " ".join(left[:4]))
+        for n in left:
+            try:
+                os.unlink(os.path.join(SHM, n))
+            except OSError:
+                pass
+    desc = ", ".join("%s job %d at %.1fs%s" % (k, j, at, " for %.1fs" % st if k == "stop" else "")
+                     for j, k, at, st in faults)
+    return njobs, sum(1 for job in jobs if job["fault"]), survived, failures, desc, ["tsshim-train"] * njobs
+
+
 def kind_any(jobs, kinds):
     return any(job["fault"] in kinds for job in jobs)
 
@@ -180,7 +280,15 @@ def main():
     ap.add_argument("--seed", type=int, default=None, help="fault plan seed (default: random, printed)")
     ap.add_argument("--round-timeout", type=int, default=120, help="seconds before a job counts as hung")
     ap.add_argument("--table", default=None, help="share_verify table cache (default: in the temp dir)")
+    ap.add_argument("--train", action="store_true",
+                    help="rounds of 3 same-seed tsshim-train jobs in exact mode on the test device instead")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="where tsshim-train and emu/ are")
     args = ap.parse_args()
+    if args.train:  # what a job trains on alone, without the shim
+        ref = subprocess.run(train_cmd(args), env=train_env(args), capture_output=True, text=True)
+        args.reference = checksum(ref.stdout)
+        if ref.returncode != 0 or not args.reference:
+            sys.exit("stress: the reference tsshim-train run failed: %s" % (ref.stdout + ref.stderr)[-500:])
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     tmp = tempfile.mkdtemp(prefix="tsshim-stress.")

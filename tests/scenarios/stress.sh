@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The short form of `make stress` (tests/stress.py): a few rounds of real
-# PyTorch jobs sharing a DataLoader, hit by SIGKILL, SIGSTOP/SIGCONT, SIGINT
-# and SIGTERM at random moments; each round must end without a hang, with
-# every record proven by the verifier and nothing left in /dev/shm.
+# PyTorch jobs sharing a DataLoader, then of tsshim-train jobs sharing
+# decodes in exact mode on the CUDA test device, hit by SIGKILL,
+# SIGSTOP/SIGCONT, SIGINT and SIGTERM at random moments; each round must end
+# without a hang, with every record proven (share_verify, trained_checksum)
+# and nothing left in /dev/shm.
 # STRESS_ROUNDS (default 3) and STRESS_SEED (default: random, printed).
 set -u
 cd "$(dirname "$0")/../.."
@@ -17,5 +19,14 @@ MKDATA="$PWD/$BUILD/tsshim-mkdata"
 	${STRESS_SEED:+--seed "$STRESS_SEED"} >"$T_TMP/stress.out" 2>&1
 rc=$?
 sed 's/^/# /' "$T_TMP/stress.out"
-check "$(tail -n 1 "$T_TMP/stress.out")" [ $rc = 0 ]
+check "PyTorch jobs sharing a DataLoader: $(tail -n 1 "$T_TMP/stress.out")" [ $rc = 0 ]
+
+# The same faults on 3 same-seed tsshim-train jobs sharing decodes (exact mode, test device).
+if [ -x "$BUILD/tsshim-train" ] && [ -e "$BUILD/emu/libcudart.so.13" ]; then
+	"$PY" tests/stress.py --train --build "$BUILD" --data "$T_TMP/data" --lib "$TS_PRELOAD" \
+		--rounds "${STRESS_ROUNDS:-3}" ${STRESS_SEED:+--seed "$STRESS_SEED"} >"$T_TMP/train.out" 2>&1
+	rc=$?
+	sed 's/^/# /' "$T_TMP/train.out"
+	check "tsshim-train in exact mode, survivors train on what they train on alone: $(tail -n 1 "$T_TMP/train.out")" [ $rc = 0 ]
+fi
 finish stress
