@@ -220,9 +220,14 @@ int ts_feed_open(struct ts_feed *f, const char *name, const struct ts_session_pa
 	if (nindex == 0 || nindex > TS_FEED_MAX_INDEX)
 		return -EINVAL;
 	f->nindex = nindex;
+	if (!(f->hdr_snap = malloc(sizeof(*f->hdr_snap))))
+		return -ENOMEM;
 	int ret = ts_session_join(&f->s, name, p);
-	if (ret)
+	if (ret) {
+		free(f->hdr_snap);
+		f->hdr_snap = NULL;
 		return ret;
+	}
 	f->incarnation = f->s.seg->st.created_unix_ns;
 	ts_feed_clean_stale(name);
 	if ((ret = ledger_open(f)) == 0 &&
@@ -255,6 +260,8 @@ void ts_feed_close(struct ts_feed *f)
 	if (f->ledger)
 		munmap(f->ledger, f->ledger_size);
 	f->ledger = NULL;
+	free(f->hdr_snap);
+	f->hdr_snap = NULL;
 	char name[TS_NAME_MAX];
 	snprintf(name, sizeof(name), "%s", f->s.name);
 	ts_session_leave(&f->s);
@@ -539,8 +546,25 @@ int ts_feed_evict_laggards(struct ts_feed *f)
  * write its data. A map we drop for another file drops its holds too: that
  * file was replaced (or is an old producer's), nobody writes it again.
  */
+/* The header's fields lie within a file of `size` bytes (no arithmetic that can wrap). */
+static int hdr_fits(const struct ts_feed_hdr *h, uint64_t size)
+{
+	if (h->index_off > size || h->nsamples * sizeof(int64_t) > size - h->index_off)
+		return 0;
+	for (uint32_t p = 0; p < h->npos; p++)
+		if (h->off[p] > size || h->len[p] > size - h->off[p])
+			return 0;
+	return 1;
+}
+
+/*
+ * The mapped file of (writer, tag's epoch and generation, slot), validated
+ * for ring seq `seq`. *out is a private snapshot of its header, taken once
+ * and validated (a writer cannot change what we checked after we checked
+ * it); *base the shared mapping, for the data at the snapshot's offsets.
+ */
 static int peer_file(struct ts_feed *f, uint32_t writer, uint64_t tag, uint32_t slot, uint64_t seq,
-		     const struct ts_feed_hdr **out)
+		     const struct ts_feed_hdr **out, const char **base_out)
 {
 	struct ts_feed_map *m = &f->peer[slot];
 	uint32_t epoch = (uint32_t)tag, gen = (uint32_t)(tag >> 32);
@@ -572,17 +596,16 @@ static int peer_file(struct ts_feed *f, uint32_t writer, uint64_t tag, uint32_t 
 			*m = (struct ts_feed_map){ .base = base, .size = (size_t)sb.st_size, .fd = fd, .writer = writer,
 						   .epoch = epoch, .gen = gen, .ino = (uint64_t)sb.st_ino, .holds = holds };
 		}
-		const struct ts_feed_hdr *h = m->base;
-		uint64_t end = h->index_off + h->nsamples * sizeof(int64_t);
-		for (uint32_t p = 0; p < h->npos && p < TS_MAX_POSITIONS; p++)
-			if (h->off[p] + h->len[p] > end)
-				end = h->off[p] + h->len[p];
+		struct ts_feed_hdr *h = f->hdr_snap;
+		memcpy(h, m->base, sizeof(*h));
 		if (h->magic != FEED_MAGIC || h->version != FEED_VERSION || h->hdr_size != HDR_SIZE ||
 		    h->seq != seq || h->npos < 1 || h->npos > TS_MAX_POSITIONS || h->schema_len > TS_FEED_SCHEMA_MAX ||
-		    h->nsamples == 0 || h->nsamples > TS_FEED_MAX_SAMPLES || h->index_off < HDR_SIZE)
+		    h->nsamples == 0 || h->nsamples > TS_FEED_MAX_SAMPLES || h->index_off < HDR_SIZE ||
+		    h->index_off % sizeof(int64_t))
 			return -EBADMSG;
-		if (end <= m->size) {
+		if (hdr_fits(h, m->size)) {
 			*out = h;
+			*base_out = m->base;
 			return 0;
 		}
 		holds = m->holds; /* the producer grew the file since we mapped it: same file, same holds */
@@ -610,6 +633,7 @@ int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t
 	struct ts_segment *seg = f->s.seg;
 	struct ts_batch_meta m;
 	const struct ts_feed_hdr *h;
+	const char *base;
 	unsigned writer;
 	uint64_t pub = atomic_load_explicit(&seg->ring.pub_seq, memory_order_acquire);
 	uint32_t d = seg->st.depth;
@@ -632,7 +656,7 @@ int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t
 	if (pub == 0)
 		return 0;
 	if ((ret = ts_ring_slot_meta(seg, pub - 1, &m, &writer)) ||
-	    (ret = peer_file(f, writer, m.tag, (uint32_t)((pub - 1) % d), pub - 1, &h)) ||
+	    (ret = peer_file(f, writer, m.tag, (uint32_t)((pub - 1) % d), pub - 1, &h, &base)) ||
 	    (ret = hdr_matches(h, &m)))
 		return ret;
 	*epoch = h->stream_epoch;
@@ -659,10 +683,10 @@ int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t
 	/* The ledger lags the ring by at most a batch: add what the ring still holds. */
 	for (uint64_t s = pub > d ? pub - d : 0; s < pub; s++) {
 		if (ts_ring_slot_meta(seg, s, &m, &writer) ||
-		    peer_file(f, writer, m.tag, (uint32_t)(s % d), s, &h) || hdr_matches(h, &m) ||
+		    peer_file(f, writer, m.tag, (uint32_t)(s % d), s, &h, &base) || hdr_matches(h, &m) ||
 		    h->stream_epoch != *epoch)
 			continue;
-		const int64_t *idx = (const int64_t *)((const char *)h + h->index_off);
+		const int64_t *idx = (const int64_t *)(base + h->index_off); /* 8-aligned, in the file */
 		for (uint64_t i = 0; i < h->nsamples; i++)
 			if ((uint64_t)idx[i] < f->nindex)
 				bits[(uint64_t)idx[i] / 64] |= 1ull << ((uint64_t)idx[i] % 64);
@@ -740,13 +764,14 @@ int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *ou
 {
 	struct ts_batch_meta m;
 	const struct ts_feed_hdr *h;
+	const char *base;
 	unsigned writer;
 	int ret;
 
 	if (!f->attached)
 		return -ENOTCONN;
 	if ((ret = ts_ring_wait_next(f->s.seg, &f->r, timeout_ns, &m, &writer)) ||
-	    (ret = peer_file(f, writer, m.tag, (uint32_t)(f->r.seq % f->s.seg->st.depth), f->r.seq, &h)) ||
+	    (ret = peer_file(f, writer, m.tag, (uint32_t)(f->r.seq % f->s.seg->st.depth), f->r.seq, &h, &base)) ||
 	    (ret = hdr_matches(h, &m)))
 		return ret;
 	out->npos = m.npos;
@@ -773,6 +798,7 @@ static int copy_ranges(struct ts_feed *f, const struct ts_read *rd, void *const 
 	for (uint32_t k = 0; k < rd->nranges; k++) {
 		const struct ts_range *r0 = &rd->r[0][k];
 		const struct ts_feed_hdr *h;
+		const char *base;
 		struct ts_batch_meta m;
 		unsigned writer;
 		int ret;
@@ -781,17 +807,17 @@ static int copy_ranges(struct ts_feed *f, const struct ts_read *rd, void *const 
 			return ret == -EAGAIN ? -ESTALE : ret;
 		if (writer != r0->writer || m.tag != r0->tag)
 			return -ESTALE;
-		if ((ret = peer_file(f, r0->writer, r0->tag, r0->slot, r0->seq, &h)) ||
+		if ((ret = peer_file(f, r0->writer, r0->tag, r0->slot, r0->seq, &h, &base)) ||
 		    (ret = hdr_matches(h, &m)))
 			return ret;
 		if (f->schema_hash && h->schema_hash != f->schema_hash)
 			return -EPROTO;
 		for (uint32_t p = 0; p < rd->npos; p++) {
 			const struct ts_range *r = &rd->r[p][k];
-			if (r->off + r->len > h->len[p])
+			if (r->off > h->len[p] || r->len > h->len[p] - r->off)
 				return -EBADMSG;
 			if (dst && dst[p])
-				memcpy((char *)dst[p] + at[p], (const char *)h + h->off[p] + r->off, r->len);
+				memcpy((char *)dst[p] + at[p], base + h->off[p] + r->off, r->len);
 			at[p] += r->len;
 		}
 	}
@@ -869,7 +895,8 @@ static struct ts_feed_view *free_view(struct ts_feed *f)
 }
 
 /* The one slot a request lies in, validated; -EXDEV when it spans more. */
-static int view_slot(struct ts_feed *f, const struct ts_read *rd, const uint64_t *want, const struct ts_feed_hdr **hp)
+static int view_slot(struct ts_feed *f, const struct ts_read *rd, const uint64_t *want, const struct ts_feed_hdr **hp,
+		     const char **base)
 {
 	const struct ts_range *r0 = &rd->r[0][0];
 	struct ts_batch_meta m;
@@ -881,12 +908,12 @@ static int view_slot(struct ts_feed *f, const struct ts_read *rd, const uint64_t
 		return ret == -EAGAIN ? -ESTALE : ret;
 	if (writer != r0->writer || m.tag != r0->tag)
 		return -ESTALE;
-	if ((ret = peer_file(f, r0->writer, r0->tag, r0->slot, r0->seq, hp)) || (ret = hdr_matches(*hp, &m)))
+	if ((ret = peer_file(f, r0->writer, r0->tag, r0->slot, r0->seq, hp, base)) || (ret = hdr_matches(*hp, &m)))
 		return ret;
 	if (f->schema_hash && (*hp)->schema_hash != f->schema_hash)
 		return -EPROTO;
 	for (uint32_t p = 0; p < rd->npos; p++)
-		if (rd->r[p][0].off + rd->r[p][0].len > (*hp)->len[p])
+		if (rd->r[p][0].off > (*hp)->len[p] || rd->r[p][0].len > (*hp)->len[p] - rd->r[p][0].off)
 			return -EBADMSG;
 	return 0;
 }
@@ -896,6 +923,7 @@ int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, vo
 {
 	static _Atomic uint64_t serial; /* ids unique in the process: a stale id never matches */
 	const struct ts_feed_hdr *h;
+	const char *shared;
 	struct ts_feed_view *v;
 	struct ts_read *rd;
 	int ret;
@@ -910,12 +938,12 @@ int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, vo
 		return -EXDEV;
 	if (!(rd = malloc(sizeof(*rd))))
 		return -ENOMEM;
-	if ((ret = ts_ring_peek(f->s.seg, &f->r, npos, want, rd, timeout_ns)) || (ret = view_slot(f, rd, want, &h)))
+	if ((ret = ts_ring_peek(f->s.seg, &f->r, npos, want, rd, timeout_ns)) || (ret = view_slot(f, rd, want, &h, &shared)))
 		goto out;
 	uint32_t slot = rd->r[0][0].slot;
 	struct ts_feed_map *m = &f->peer[slot];
 	/* Hold first (the producer reads it after its claim), then map, then advance. */
-	__atomic_fetch_or((uint64_t *)&h->holders, 1ull << f->s.self, __ATOMIC_SEQ_CST);
+	__atomic_fetch_or(&((struct ts_feed_hdr *)(uintptr_t)shared)->holders, 1ull << f->s.self, __ATOMIC_SEQ_CST);
 	m->holds++;
 	void *base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, m->fd, 0);
 	if (base == MAP_FAILED) {

@@ -66,6 +66,7 @@ struct ts_feed_view {
 #define TS_FEED_MAX_VIEWS 64
 
 struct ts_feed_ledger;
+struct ts_feed_hdr;
 
 struct ts_feed {
 	struct ts_session s;
@@ -87,6 +88,7 @@ struct ts_feed {
 	uint64_t schema_hash;          /* what this reader expects; 0: learn from the next slot */
 	struct ts_feed_map peer[TS_MAX_DEPTH];
 	struct ts_feed_view views[TS_FEED_MAX_VIEWS];
+	struct ts_feed_hdr *hdr_snap;  /* private copy of the slot header being read */
 };
 
 /* What the slot at a reader's position holds. */

@@ -250,9 +250,11 @@ static void snapshot(const struct ts_view *v, struct snap *s)
 	s->samples_produced = LOAD(&c->samples_produced);
 	s->produce_cpu_ns = LOAD(&c->produce_cpu_ns);
 	s->feed_flags = LOAD(&seg->feed_flags);
-	if (s->samples_produced)
-		s->feed_cpu_ns_saved = (uint64_t)((double)s->samples_served * (double)s->produce_cpu_ns /
-						  (double)s->samples_produced);
+	if (s->samples_produced) {
+		/* counters a peer scribbled over may not fit: converting such a double is undefined */
+		double saved = (double)s->samples_served * (double)s->produce_cpu_ns / (double)s->samples_produced;
+		s->feed_cpu_ns_saved = saved < 18446744073709551616.0 ? (uint64_t)saved : UINT64_MAX;
+	}
 	s->cpu_ns_saved += s->feed_cpu_ns_saved;
 }
 
