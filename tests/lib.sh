@@ -35,7 +35,7 @@ cleanup() {
 	for p in "${T_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
 	wait 2>/dev/null
 	rm -f /dev/shm/tsshim."$(id -u)".t-"$$"-* 2>/dev/null
-	rm -rf "$T_TMP"
+	[ -n "${T_KEEP:-}" ] && cp -r "$T_TMP" "$T_KEEP" 2>/dev/null; rm -rf "$T_TMP"
 }
 trap cleanup EXIT
 
