@@ -1,10 +1,14 @@
 # tsshim: shared data loading for collocated training jobs.
 #
 #   make          build/libtsshim.so, build/tsshim-inspect, tools
-#   make test     install missing packages, build, run every test
+#   make test     install missing packages, build, run every test (+ tsan, fuzz replay, lint)
+#   make fuzz     libFuzzer targets (tests/fuzz), FUZZ_SECONDS each
 #   make asan     the same build and tests with ASan+UBSan (build-asan/)
+#   make tsan     the core and its unit suites with ThreadSanitizer (build-tsan/)
+#   make lint     cppcheck and clang-tidy (.cppcheck-suppressions, .clang-tidy)
 #   make demo     the main job on a built-in default
 #   make bench    the benchmarks (scripts/bench.sh: with vs without the shim)
+#   make stress   fault injection: 30 rounds of PyTorch jobs hit by signals (tests/stress.py)
 #
 # CUDA_HOME points at the CUDA toolkit (headers only: nothing links CUDA).
 
@@ -12,6 +16,7 @@ CUDA_HOME ?= /usr/local/cuda
 CC        ?= cc
 BUILD     ?= build
 SAN       ?=
+TSAN      ?=
 
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
            -Wno-unused-parameter -Wno-format-truncation
@@ -20,10 +25,13 @@ OPT     := -O2
 ifneq ($(SAN),)
 OPT     := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
+ifneq ($(TSAN),)
+OPT     := -O1 -fsanitize=thread -fno-omit-frame-pointer
+endif
 CFLAGS  ?=
 CFLAGS  += -std=gnu11 -g $(OPT) $(WARN) -fPIC -fvisibility=hidden -ftls-model=initial-exec \
            -pthread -MMD -MP
-LDFLAGS += -pthread $(if $(SAN),-fsanitize=address$(comma)undefined)
+LDFLAGS += -pthread $(if $(SAN),-fsanitize=address$(comma)undefined) $(if $(TSAN),-fsanitize=thread)
 comma   := ,
 
 CORE_SRC   := $(wildcard core/*.c)
@@ -42,7 +50,7 @@ UNITS    := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 HELPERS  := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/%)
 PY_OUT   := $(PY_SRC:shim/python/%=$(BUILD)/python/%)
 
-.PHONY: all test asan demo bench deps clean check-build test-run
+.PHONY: all test asan tsan tsan-run lint demo bench deps clean check-build test-run
 # Keep objects of tools and tests: they are not throw-away intermediates.
 .SECONDARY:
 all: $(SHIM_LIB) $(TOOLS) $(PY_OUT)
@@ -78,9 +86,22 @@ $(BUILD)/python/%.py: shim/python/%.py
 	cp $< $@
 	-@python3 -m compileall -q $@ >/dev/null 2>&1
 
-$(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(CORE_LIB)
+# Criterion cannot start under ThreadSanitizer (Snaipe/Criterion#274): the
+# TSan build compiles the suites against tests/tsan/criterion/criterion.h, a
+# small compatible harness (tests/tsan/harness.c), instead.
+ifneq ($(TSAN),)
+UNIT_RUNNER := $(BUILD)/obj/tests/tsan/harness.o
+UNIT_LIBS   := -lm
+$(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -isystem tests/tsan
+$(BUILD)/obj/tests/tsan/%.o: CPPFLAGS += -isystem tests/tsan
+else
+UNIT_RUNNER :=
+UNIT_LIBS   := -lcriterion
+endif
+
+$(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(CORE_LIB) $(UNIT_RUNNER)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $^ $(LDFLAGS) -lcriterion $(LIBS_test_$*)
+	$(CC) -o $@ $^ $(LDFLAGS) $(UNIT_LIBS) $(LIBS_test_$*)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/helpers/%.o $(CORE_LIB)
 	@mkdir -p $(@D)
@@ -124,12 +145,34 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check-build
 	@BUILD=$(BUILD) tests/run.sh
+	@$(MAKE) --no-print-directory BUILD=build-tsan TSAN=1 tsan-run
+	@$(MAKE) --no-print-directory fuzz-replay
+	@$(MAKE) --no-print-directory lint
 
 test-run: check-build
 	@BUILD=$(BUILD) tests/run.sh
 
 asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 test-run
+
+# ThreadSanitizer: the core library and the Criterion unit suites that drive
+# it from several threads and processes (the shim is preloaded into programs
+# not built with TSan, so the scenarios do not apply). Any report fails.
+tsan: deps
+	@$(MAKE) --no-print-directory BUILD=build-tsan TSAN=1 tsan-run
+
+# No suppressions; tests/tsan/skip lists the few tests TSan cannot follow,
+# with reasons. die_after_fork=0: suites fork children while a heartbeat
+# thread runs; the children that then start threads are in tests/tsan/skip.
+tsan-run: $(UNITS)
+	@BUILD=$(BUILD) TESTS=unit TSH_SKIP_FILE=$(CURDIR)/tests/tsan/skip \
+	    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 die_after_fork=0 $${TSAN_OPTIONS:-}" \
+	    tests/run.sh
+
+# Static analysis: cppcheck and clang-tidy over core/, shim/, tools/ with the
+# checked-in configurations; any finding fails (tests/static.sh).
+lint: deps
+	@LINT_CPPFLAGS='$(CPPFLAGS)' JOBS=$${JOBS:-$$(nproc)} tests/static.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory all $(HELPERS)
@@ -138,7 +181,79 @@ demo: deps
 bench: deps
 	@BUILD=$(BUILD) scripts/bench.sh
 
+# The short form (3 rounds) runs in make test as tests/scenarios/stress.sh.
+stress: deps
+	@$(MAKE) --no-print-directory all
+	@STRESS_ROUNDS=$${STRESS_ROUNDS:-30} BUILD=$(BUILD) bash tests/scenarios/stress.sh
+
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-tsan build-fuzz
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# ---- fuzzing (tests/fuzz/) ---------------------------------------------------
+#   make fuzz          libFuzzer targets (clang, ASan+UBSan) in build-fuzz/, each
+#                      run FUZZ_SECONDS (default 60) from tests/fuzz/corpus/<target>;
+#                      new inputs go to build-fuzz/corpus/<target>, findings to
+#                      build-fuzz/crash-<target>-*
+#   make fuzz-replay   the same binaries, every checked-in corpus input run once
+#                      (a few seconds: a regression test)
+#   make fuzz-seeds    rewrite the generated seeds (tests/fuzz/mkseeds.c)
+# Needs clang and libFuzzer (Debian: clang-14, libclang-rt-14-dev).
+FUZZ_CC      ?= clang
+FUZZ_BUILD   := build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := segment config ring feed
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_CFLAGS  := -std=gnu11 -g -O1 -fno-omit-frame-pointer -pthread $(filter-out -Werror -Wno-format-truncation,$(WARN)) \
+                -Wno-unused-function -MMD -MP $(FUZZ_SAN)
+FUZZ_OBJ     := $(CORE_SRC:%.c=$(FUZZ_BUILD)/obj/%.o)
+FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
+FUZZ_MAXLEN_segment := 65536
+FUZZ_MAXLEN_config  := 8192
+FUZZ_MAXLEN_ring    := 4096
+FUZZ_MAXLEN_feed    := 1024
+
+.PHONY: fuzz fuzz-build fuzz-replay fuzz-seeds fuzz-clean
+
+$(FUZZ_BUILD)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_BUILD)/libtscore.a: $(FUZZ_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_BUILD)/libtscore.a
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libtscore.a
+
+fuzz-build: $(FUZZ_BINS)
+
+fuzz: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+	    echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	    $(FUZZ_BUILD)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=$(FUZZ_MAXLEN_$$t) \
+	        -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crash-$$t- \
+	        $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t 2>$(FUZZ_BUILD)/fuzz-$$t.log \
+	        || { tail -n 60 $(FUZZ_BUILD)/fuzz-$$t.log; echo "fuzz: $$t FAILED (log $(FUZZ_BUILD)/fuzz-$$t.log)"; exit 1; }; \
+	    grep -E '^stat::number_of_executed_units|DONE' $(FUZZ_BUILD)/fuzz-$$t.log; \
+	done
+
+fuzz-replay: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	    $(FUZZ_BUILD)/fuzz_$$t tests/fuzz/corpus/$$t/* >$(FUZZ_BUILD)/replay-$$t.log 2>&1 \
+	        || { tail -n 60 $(FUZZ_BUILD)/replay-$$t.log; echo "fuzz-replay: $$t FAILED"; exit 1; }; \
+	    echo "fuzz-replay: $$t: $$(ls tests/fuzz/corpus/$$t | wc -l) inputs pass"; \
+	done
+
+fuzz-seeds: $(CORE_LIB)
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(CPPFLAGS) -std=gnu11 -g -O1 $(WARN) -pthread -o $(BUILD)/tests/fuzz-mkseeds tests/fuzz/mkseeds.c \
+	    $(CORE_LIB) $(LDFLAGS)
+	$(BUILD)/tests/fuzz-mkseeds tests/fuzz/corpus
+
+fuzz-clean:
+	rm -rf $(FUZZ_BUILD)
+
+-include $(shell find $(FUZZ_BUILD) -name '*.d' 2>/dev/null)

@@ -581,15 +581,15 @@ static int peer_file(struct ts_feed *f, uint32_t writer, uint64_t tag, uint32_t 
 				return ret;
 			int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
 			if (fd < 0)
-				return errno == ENOENT ? -ESTALE : -errno;
+				return errno == ENOENT ? -ESTALE : ts_neg_errno();
 			struct stat sb;
-			if (fstat(fd, &sb) || (ret = ts_shm_file_ours(&sb)) != 0 || (uint64_t)sb.st_size < HDR_SIZE) {
+			if (fstat(fd, &sb) || ts_shm_file_ours(&sb) != 0 || (uint64_t)sb.st_size < HDR_SIZE) {
 				close(fd);
 				return -EBADMSG;
 			}
 			void *base = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 			if (base == MAP_FAILED) {
-				ret = -errno;
+				ret = ts_neg_errno();
 				close(fd);
 				return ret;
 			}

@@ -589,6 +589,7 @@ static int uring_init(struct pf_uring *u, struct pf_ctx *c)
 	u->free_slots = calloc(d, sizeof(*u->free_slots));
 	/* a file in use holds a slot, except the one just opened: d + 1 */
 	u->files = calloc(d + 1, sizeof(*u->files));
+	/* NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers */
 	u->free_files = calloc(d + 1, sizeof(*u->free_files));
 	u->pool = pool_map(u->pool_len);
 	if (!u->slots || !u->free_slots || !u->files || !u->free_files || !u->pool) {

@@ -7,6 +7,7 @@
 #ifndef TSSHIM_CORE_PRIM_H
 #define TSSHIM_CORE_PRIM_H
 
+#include <errno.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -26,6 +27,14 @@ struct ts_prim_ops {
 extern struct ts_prim_ops ts_prim;
 
 static inline uint64_t ts_now_ns(void) { return ts_prim.now_ns(); }
+
+/* -errno after a failed call: never 0, visibly so for the static analyser. */
+static inline int ts_neg_errno(void)
+{
+	int r = -errno;
+	/* cppcheck-suppress knownConditionTrueFalse ; it is, but clang-analyzer cannot tell */
+	return r ? r : -EIO;
+}
 
 uint64_t ts_prim_monotonic_ns(void);
 uint64_t ts_prim_realtime_ns(void);

@@ -218,19 +218,28 @@ fail:
 	return ret;
 }
 
+/*
+ * 0 and *map, *size set, or a negative error. The failures return their
+ * error themselves, not fail()'s result: the analyser does not follow the
+ * variadic fail() and would take 0 for possible.
+ */
 static int map_checked(int fd, int prot, void **map, size_t *size, char *why, size_t whylen)
 {
 	struct stat sb;
 	if (fstat(fd, &sb) != 0)
-		return -errno;
+		return ts_neg_errno();
 	int ret = ts_shm_file_ours(&sb);
-	if (ret)
-		return fail(why, whylen, ret, "refused: not a 0600 file owned by uid %u", (unsigned)getuid());
-	if ((size_t)sb.st_size < sizeof(struct ts_static))
-		return fail(why, whylen, -EBADMSG, "truncated: %lld bytes", (long long)sb.st_size);
+	if (ret) {
+		fail(why, whylen, ret, "refused: not a 0600 file owned by uid %u", (unsigned)getuid());
+		return ret;
+	}
+	if ((size_t)sb.st_size < sizeof(struct ts_static)) {
+		fail(why, whylen, -EBADMSG, "truncated: %lld bytes", (long long)sb.st_size);
+		return -EBADMSG;
+	}
 	void *m = mmap(NULL, (size_t)sb.st_size, prot, MAP_SHARED, fd, 0);
 	if (m == MAP_FAILED)
-		return -errno;
+		return ts_neg_errno();
 	ret = ts_segment_validate(m, (size_t)sb.st_size, getuid(), why, whylen);
 	if (ret) {
 		munmap(m, (size_t)sb.st_size);
@@ -648,6 +657,7 @@ int ts_clean_temp_files(void)
 	struct dirent *e;
 	while ((e = readdir(d)) != NULL) {
 		unsigned pid;
+		/* NOLINTNEXTLINE(cert-err34-c): names we wrote with %u: never out of range */
 		if (strncmp(e->d_name, prefix, (size_t)plen) != 0 || sscanf(e->d_name + plen, "%u.", &pid) != 1)
 			continue;
 		uint64_t st;

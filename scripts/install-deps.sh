@@ -17,6 +17,9 @@ PACKAGES=(
 	python3-pil                # Pillow: the JPEG decodes the shim serves
 	procps                     # ps/pkill in scenarios
 	valgrind                   # memcheck scenario
+	util-linux                 # setpriv: the isolation scenario's second user
+	cppcheck clang-tidy        # make lint (part of make test)
+	clang libclang-rt-14-dev   # libFuzzer targets: make fuzz, corpus replay in make test
 )
 
 # scripts/bench.sh also draws its plot.

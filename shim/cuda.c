@@ -112,8 +112,9 @@ enum export_id {
 #define X(name, kind) static __typeof__(name) ts_##name;
 HOOKED(X)
 #undef X
+/* name is a declarator: it cannot take parentheses */
 #define EXPORT_AS(name) \
-	extern __typeof__(name) name __attribute__((alias("ts_" #name), visibility("default")));
+	extern __typeof__(name) name __attribute__((alias("ts_" #name), visibility("default"))); /* NOLINT(bugprone-macro-parentheses) */
 
 static struct {
 	const char *name;

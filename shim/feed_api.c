@@ -29,9 +29,9 @@ static struct ts_feed *feeds[MAX_FEEDS];
 #define FEED_CALL(h, f, expr)                                           \
 	({                                                              \
 		int saved_errno_ = errno, prev_ = ts_in_hook, ret_;     \
-		struct ts_feed *f = feed_of(h);                         \
+		struct ts_feed *f = feed_of(h); /* NOLINT(bugprone-macro-parentheses): a declarator */ \
 		ts_in_hook = 1;                                         \
-		ret_ = f ? (expr) : -EBADF;                             \
+		ret_ = f ? (expr) : -EBADF; /* NOLINT(bugprone-macro-parentheses) */ \
 		ts_in_hook = prev_;                                     \
 		errno = saved_errno_;                                   \
 		ret_;                                                   \

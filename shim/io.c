@@ -391,7 +391,7 @@ ssize_t __pread64_chk(int fd, void *buf, size_t count, off_t off, size_t buflen)
 		if (__OPEN_NEEDS_MODE(flags)) {                 \
 			va_list ap;                             \
 			va_start(ap, flags);                    \
-			mode = va_arg(ap, mode_t);              \
+			(mode) = va_arg(ap, mode_t);            \
 			va_end(ap);                             \
 		}                                               \
 	} while (0)

@@ -26,13 +26,17 @@ void *ts_real_dlsym(void *handle, const char *name);
 /* The next definition of `name` after ours (RTLD_NEXT). */
 void *ts_real_next(const char *name);
 
-#define TS_REAL(ret, name, params) static ret(*_Atomic real_##name) params
+/* real_NAME_fn, the plain pointer type, for the cast below (a cast to the
+ * _Atomic type is an error for clang). */
+#define TS_REAL(ret, name, params)                                                  \
+	typedef ret(*real_##name##_fn) params; /* NOLINT(bugprone-macro-parentheses) */ \
+	static real_##name##_fn _Atomic real_##name
 
 /* Benign race: every thread resolves the same pointer; store is atomic. */
 #define TS_RESOLVE(name)                                                          \
 	(atomic_load_explicit(&real_##name, memory_order_relaxed)                 \
 		 ? 1                                                              \
-		 : (atomic_store_explicit(&real_##name, (__typeof__(real_##name))ts_real_next(#name), \
+		 : (atomic_store_explicit(&real_##name, (real_##name##_fn)ts_real_next(#name), \
 					  memory_order_relaxed),                  \
 		    atomic_load_explicit(&real_##name, memory_order_relaxed) != NULL))
 

@@ -1471,6 +1471,7 @@ static int pool_run(struct pool *p, unsigned threads)
 		}
 	}
 	for (unsigned i = 0; i < started; i++)
+		/* cppcheck-suppress uninitvar ; tid[0..started) were set by pthread_create */
 		pthread_join(tid[i], NULL);
 	if (p->tty && atomic_load(&p->done))
 		fputc('\n', stderr);
@@ -1968,7 +1969,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		const char *name;
 		unsigned long long lo, hi;
 	} lim[] = {
-		[O_CLASSES - O_CLASSES] = {"--classes", 1, MAX_CLASSES},
+		/* cppcheck-suppress duplicateExpression ; index 0, named like the rows below */
+		[O_CLASSES - O_CLASSES] = {"--classes", 1, MAX_CLASSES}, /* NOLINT(misc-redundant-expression) */
 		[O_TRAIN - O_CLASSES] = {"--train", 0, MAX_PER_CLASS},
 		[O_VAL - O_CLASSES] = {"--val", 0, MAX_PER_CLASS},
 		[O_SEED - O_CLASSES] = {"--seed", 0, UINT64_MAX},

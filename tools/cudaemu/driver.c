@@ -489,6 +489,7 @@ static int mem_insert(struct mem *m)
 {
 	if (G.nmem == G.capmem) {
 		size_t cap = G.capmem ? G.capmem * 2 : 64;
+		/* NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers */
 		struct mem **a = realloc(G.mems, cap * sizeof *a);
 		if (!a)
 			return -1;
@@ -496,6 +497,7 @@ static int mem_insert(struct mem *m)
 		G.capmem = cap;
 	}
 	size_t i = mem_upper(m->base);
+	/* NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers */
 	memmove(G.mems + i + 1, G.mems + i, (G.nmem - i) * sizeof *G.mems);
 	G.mems[i] = m;
 	G.nmem++;
@@ -506,6 +508,7 @@ static void mem_remove(struct mem *m)
 {
 	for (size_t i = 0; i < G.nmem; i++)
 		if (G.mems[i] == m) {
+			/* NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers */
 			memmove(G.mems + i, G.mems + i + 1, (G.nmem - i - 1) * sizeof *G.mems);
 			G.nmem--;
 			return;
@@ -842,6 +845,7 @@ static void ptds_release(void *arg)
 static struct stream *ptds_of(struct ctx *c)
 {
 	if (!tls_ptds) {
+		/* NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers */
 		tls_ptds = calloc(MAXDEV, sizeof *tls_ptds);
 		if (!tls_ptds)
 			return NULL;
@@ -1529,7 +1533,8 @@ static CUresult copy_common(struct side *dst, struct side *src, size_t n, CUstre
 		if (r != CUDA_SUCCESS) {
 			if (r != CUDA_ERROR_DEINITIALIZED)
 				op_free(o);
-			return r;
+			/* after the driver's teardown o's memory may be gone: o is left alone */
+			return r; /* NOLINT(clang-analyzer-unix.Malloc) */
 		}
 		blocks = 1;
 		if (n <= STAGE_MAX && (o->staging = malloc(n))) {
@@ -1746,7 +1751,7 @@ API CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext,
 static CUresult memset_api(CUdeviceptr dst, unsigned char v, size_t n, CUstream h, int ptds)
 {
 	pthread_mutex_lock(&G.mu);
-	struct side d;
+	struct side d = { 0 };
 	struct stream *s;
 	CUresult r = stream_get(h, ptds, &s);
 	if (r == CUDA_SUCCESS && n)
@@ -2107,6 +2112,7 @@ static struct event *event_new(unsigned flags)
 static struct evsh *evsh_map(int fd)
 {
 	void *p = mmap(NULL, page_round(sizeof(struct evsh)), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	/* cppcheck-suppress memleak ; MAP_FAILED is no mapping, p is returned otherwise */
 	return p == MAP_FAILED ? NULL : p;
 }
 
@@ -2545,8 +2551,8 @@ struct proc {
 	void *fn;
 };
 
-#define PR(base, ver, fn) {#base, ver, 0, #fn, (void *)fn}
-#define PT(base, ver, fn) {#base, ver, 1, #fn, (void *)fn}
+#define PR(base, ver, fn) {#base, ver, 0, #fn, (void *)(fn)}
+#define PT(base, ver, fn) {#base, ver, 1, #fn, (void *)(fn)}
 
 static const struct proc procs[] = {
 	PR(cuInit, 2000, cuInit),

@@ -37,7 +37,7 @@
 #define TLS __thread __attribute__((tls_model("global-dynamic")))
 #define MAXDEV 16
 
-#define X(cu, rt, msg) _Static_assert((int)cu == (int)rt, #cu " and " #rt " differ");
+#define X(cu, rt, msg) _Static_assert((int)(cu) == (int)(rt), #cu " and " #rt " differ");
 TSEMU_ERRORS(X)
 #undef X
 _Static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(CUipcMemHandle), "IPC handle sizes differ");
