@@ -33,7 +33,6 @@ Prints a line per round and a last line
 and exits 1 if any failure (0 otherwise).
 """
 import argparse
-import json
 import os
 import random
 import signal
@@ -101,6 +100,60 @@ def checksum(text):
     return None
 
 
+SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "int": signal.SIGINT, "term": signal.SIGTERM}
+
+
+def inject(jobs, faults, timeout, failures, missed):
+    """Send each fault at its time (from now), SIGCONT stopped jobs after their
+    pause, wait for every job; a job still running after `timeout` s hung.
+    missed(j): the job's work is done, a fault now would hit nothing."""
+    t0 = time.monotonic()
+    pending = sorted(faults, key=lambda f: f[2])
+    stopped = []
+    while time.monotonic() < t0 + timeout:
+        now = time.monotonic() - t0
+        while pending and pending[0][2] <= now:
+            j, kind, _, stop_s = pending.pop(0)
+            p = jobs[j]["p"]
+            if p.poll() is not None or missed(j):
+                continue  # it finished first: the fault missed
+            jobs[j]["fault"] = kind
+            p.send_signal(SIGNALS[kind])
+            if kind == "stop":
+                stopped.append((j, now + stop_s))
+        for j, until in list(stopped):
+            if now >= until:
+                jobs[j]["p"].send_signal(signal.SIGCONT)
+                stopped.remove((j, until))
+        if not pending and not stopped and all(job["p"].poll() is not None for job in jobs):
+            break
+        time.sleep(0.01)
+    for j, job in enumerate(jobs):
+        if job["p"].poll() is None:
+            failures.append("job %d (%s) hung: still running after %d s" % (j, job["desc"], timeout))
+            job["p"].kill()
+            job["p"].wait()
+        job["err"].close()
+
+
+def check_left(session, failures):
+    """Nothing of the session may be left in /dev/shm once every job is gone."""
+    time.sleep(0.2)
+    left = leftovers(session)
+    if left:
+        failures.append("left in /dev/shm: %s" % " ".join(left[:4]))
+        for n in left:
+            try:
+                os.unlink(os.path.join(SHM, n))
+            except OSError:
+                pass
+
+
+def describe(faults):
+    return ", ".join("%s job %d at %.1fs%s" % (k, j, at, " for %.1fs" % st if k == "stop" else "")
+                     for j, k, at, st in faults)
+
+
 def run_round(args, rnd, rng, tmp):
     if args.train:
         return run_train_round(args, rnd, rng, tmp)
@@ -130,36 +183,8 @@ def run_round(args, rnd, rng, tmp):
         if any(job["p"].poll() is not None for job in jobs):
             break
         time.sleep(0.02)
-    t0 = time.monotonic()
-    pending = sorted(faults, key=lambda f: f[2])
-    stopped = []
-    deadline = t0 + args.round_timeout
-    while time.monotonic() < deadline:
-        now = time.monotonic() - t0
-        while pending and pending[0][2] <= now:
-            j, kind, _, stop_s = pending.pop(0)
-            p = jobs[j]["p"]
-            if p.poll() is not None or finished(os.path.join(d, "%d.jsonl" % j)):
-                continue  # it finished first: the fault missed
-            jobs[j]["fault"] = kind
-            sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "int": signal.SIGINT,
-                   "term": signal.SIGTERM}[kind]
-            p.send_signal(sig)
-            if kind == "stop":
-                stopped.append((j, now + stop_s))
-        for j, until in list(stopped):
-            if now >= until:
-                jobs[j]["p"].send_signal(signal.SIGCONT)
-                stopped.remove((j, until))
-        if not pending and not stopped and all(job["p"].poll() is not None for job in jobs):
-            break
-        time.sleep(0.01)
-    for j, job in enumerate(jobs):
-        if job["p"].poll() is None:
-            failures.append("job %d (%s) hung: still running after %d s" % (j, job["desc"], args.round_timeout))
-            job["p"].kill()
-            job["p"].wait()
-        job["err"].close()
+    inject(jobs, faults, args.round_timeout, failures,
+           missed=lambda j: finished(os.path.join(d, "%d.jsonl" % j)))
     injected = sum(1 for job in jobs if job["fault"])
     survived = 0
     for j, job in enumerate(jobs):
@@ -179,18 +204,8 @@ def run_round(args, rnd, rng, tmp):
                        capture_output=True, text=True)
     if v.returncode != 0:
         failures.append("verifier: " + " | ".join(l for l in v.stdout.splitlines() if not l.startswith("note"))[:900])
-    time.sleep(0.2)
-    left = leftovers(session)
-    if left:
-        failures.append("left in /dev/shm: %s" % " ".join(left[:4]))
-        for n in left:
-            try:
-                os.unlink(os.path.join(SHM, n))
-            except OSError:
-                pass
-    desc = ", ".join("%s job %d at %.1fs%s" % (k, j, at, " for %.1fs" % st if k == "stop" else "")
-                     for j, k, at, st in faults)
-    return njobs, injected, survived, failures, desc, [job["desc"] for job in jobs]
+    check_left(session, failures)
+    return njobs, injected, survived, failures, describe(faults), [job["desc"] for job in jobs]
 
 
 def run_train_round(args, rnd, rng, tmp):
@@ -208,36 +223,8 @@ def run_train_round(args, rnd, rng, tmp):
         jobs.append({"p": subprocess.Popen(train_cmd(args), env=env, stdout=out, stderr=subprocess.STDOUT),
                      "err": out, "desc": "tsshim-train", "fault": None})
     faults = plan(rng, njobs)
-    t0 = time.monotonic()
-    pending = sorted(faults, key=lambda f: f[2])
-    stopped = []
-    deadline = t0 + args.round_timeout
-    while time.monotonic() < deadline:
-        now = time.monotonic() - t0
-        while pending and pending[0][2] <= now:
-            j, kind, _, stop_s = pending.pop(0)
-            p = jobs[j]["p"]
-            if p.poll() is not None:
-                continue
-            jobs[j]["fault"] = kind
-            p.send_signal({"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "int": signal.SIGINT,
-                           "term": signal.SIGTERM}[kind])
-            if kind == "stop":
-                stopped.append((j, now + stop_s))
-        for j, until in list(stopped):
-            if now >= until:
-                jobs[j]["p"].send_signal(signal.SIGCONT)
-                stopped.remove((j, until))
-        if not pending and not stopped and all(job["p"].poll() is not None for job in jobs):
-            break
-        time.sleep(0.01)
     failures = []
-    for j, job in enumerate(jobs):
-        if job["p"].poll() is None:
-            failures.append("job %d hung: still running after %d s" % (j, args.round_timeout))
-            job["p"].kill()
-            job["p"].wait()
-        job["err"].close()
+    inject(jobs, faults, args.round_timeout, failures, missed=lambda j: False)
     survived = 0
     for j, job in enumerate(jobs):
         rc, kind = job["p"].returncode, job["fault"]
@@ -253,18 +240,8 @@ def run_train_round(args, rnd, rng, tmp):
                                 % (j, kind, got, args.reference))
             elif kind or any(job2["fault"] in ("kill", "int", "term") for job2 in jobs):
                 survived += 1
-    time.sleep(0.2)
-    left = leftovers(session)
-    if left:
-        failures.append("left in /dev/shm: %s" % " ".join(left[:4]))
-        for n in left:
-            try:
-                os.unlink(os.path.join(SHM, n))
-            except OSError:
-                pass
-    desc = ", ".join("%s job %d at %.1fs%s" % (k, j, at, " for %.1fs" % st if k == "stop" else "")
-                     for j, k, at, st in faults)
-    return njobs, sum(1 for job in jobs if job["fault"]), survived, failures, desc, ["tsshim-train"] * njobs
+    check_left(session, failures)
+    return njobs, sum(1 for job in jobs if job["fault"]), survived, failures, describe(faults), ["tsshim-train"] * njobs
 
 
 def kind_any(jobs, kinds):
