@@ -96,34 +96,42 @@ check "seq counts every batch of the job from 0" \
 
 train seq --workers 2 --shuffle 0 --size 32 --batch 7 --epochs 2 "$D/train"
 want=$(seq 0 $((N - 1)) | tr '\n' ',')
-check "--shuffle 0: sample ids in dataset order, every epoch" \
+in_order() {
 	[ "$(lines seq | grep 'epoch=0 ' | field ids | tr '\n' ',')" = "$want" ] &&
-	[ "$(lines seq | grep 'epoch=1 ' | field ids | tr '\n' ',')" = "$want" ]
+		[ "$(lines seq | grep 'epoch=1 ' | field ids | tr '\n' ',')" = "$want" ]
+}
+check "--shuffle 0: sample ids in dataset order, every epoch" in_order
 check "--batch 7: 7 batches per epoch, the last of 6" \
 	[ "$(lines seq | grep 'epoch=0 ' | field n | tr '\n' ' ')" = "7 7 7 7 7 7 6 " ]
 
 train lim --workers 2 --limit 17 --size 32 --batch 5 "$D/train"
-check "--limit 17: batches of 5 5 5 2 over ids 0..16" \
+limited() {
 	[ "$(lines lim | field n | tr '\n' ' ')" = "5 5 5 2 " ] &&
-	[ "$(lines lim | field ids | tr ',' '\n' | sort -n | tr '\n' ' ')" = "$(seq 0 16 | tr '\n' ' ')" ]
+		[ "$(lines lim | field ids | tr ',' '\n' | sort -n | tr '\n' ' ')" = "$(seq 0 16 | tr '\n' ' ')" ]
+}
+check "--limit 17: batches of 5 5 5 2 over ids 0..16" limited
 
 # --break-after: K batches per epoch, same with workers (non-persistent and persistent) as without
 train brk0 --workers 0 --break-after 3 --size 32 --batch 5 --epochs 3 --seed 11 "$D/train"
-check "--break-after 3: 3 batches in each of 3 epochs" \
+broke_off() {
 	[ "$(lines brk0 | field epoch | tr '\n' ' ')" = "0 0 0 1 1 1 2 2 2 " ] && grep -q 'batches=9 samples=45 ' "$T_TMP/brk0.out"
+}
+check "--break-after 3: 3 batches in each of 3 epochs" broke_off
 train brk1 --workers 3 --break-after 3 --size 32 --batch 5 --epochs 3 --seed 11 "$D/train"
 train brk2 --workers 3 --persistent-workers --pin --break-after 3 --size 32 --batch 5 --epochs 3 --seed 11 "$D/train"
 check "--break-after with workers (restarted or persistent): same records" \
-	cmp -s "$T_TMP/brk0.rec" "$T_TMP/brk1.rec" && cmp -s "$T_TMP/brk0.rec" "$T_TMP/brk2.rec"
+	cond 'cmp -s "$T_TMP/brk0.rec" "$T_TMP/brk1.rec" && cmp -s "$T_TMP/brk0.rec" "$T_TMP/brk2.rec"'
 check "--break-after: each epoch starts the sampler's permutation of its epoch" \
 	[ "$(lines brk0 | grep 'epoch=1 ' | head -1 | field ids)" = "$(lines ref | grep 'phase=train epoch=1 ' | head -1 | field ids)" ]
 
 # --- validation ------------------------------------------------------------------------
 # 2 epochs x 10 batches, --val-every 4: after job batches 4, 8, 12, 16 and
 # at both epoch ends (batch 20 is an epoch's last: no extra pass) = 6 passes.
-check "--val-every 4: 6 validation passes of 4 batches (5 5 5 1)" \
+val_passes() {
 	[ "$(lines ref | grep phase=val | field pass | uniq | tr '\n' ' ')" = "0 1 2 3 4 5 " ] &&
-	[ "$(lines ref | grep 'phase=val' | field n | tr '\n' ' ')" = "$(for p in 1 2 3 4 5 6; do printf '5 5 5 1 '; done)" ]
+		[ "$(lines ref | grep 'phase=val' | field n | tr '\n' ' ')" = "$(for p in 1 2 3 4 5 6; do printf '5 5 5 1 '; done)" ]
+}
+check "--val-every 4: 6 validation passes of 4 batches (5 5 5 1)" val_passes
 check "validation runs after job batches 4, 8, 12, 16 and each epoch end" \
 	[ "$(lines ref | awk '/phase=train/ {t++} /phase=val/ && /iter=0 / {printf "%d ", t}')" = "4 8 10 12 16 20 " ]
 check "validation is never shuffled" \
@@ -332,19 +340,19 @@ head -c 3000 "$B/train/c001/$victim" >"$B/t" && mv "$B/t" "$B/train/c001/$victim
 for w in 0 2; do
 	"$TRAIN" --workers $w --size 32 --shuffle 0 "$B/train" >/dev/null 2>"$T_TMP/bad$w.err"; rc=$?
 	check "truncated JPEG, --workers $w: exit 1 naming the file" \
-		[ "$rc" = 1 ] && grep -q "$B/train/c001/$victim: corrupt or unsupported JPEG: Premature end" "$T_TMP/bad$w.err"
+		cond '[ "$rc" = 1 ] && grep -q "$B/train/c001/$victim: corrupt or unsupported JPEG: Premature end" "$T_TMP/bad$w.err"'
 done
 echo "not a jpeg" >"$B/train/c000/00000.jpg"
 "$TRAIN" --workers 2 --start spawn --size 32 --shuffle 0 "$B/train" >/dev/null 2>"$T_TMP/bad.err"; rc=$?
 check "not a JPEG at all, spawned workers: exit 1 naming the file" \
-	[ "$rc" = 1 ] && grep -q "$B/train/c000/00000.jpg: corrupt or unsupported JPEG: Not a JPEG file" "$T_TMP/bad.err"
+	cond '[ "$rc" = 1 ] && grep -q "$B/train/c000/00000.jpg: corrupt or unsupported JPEG: Not a JPEG file" "$T_TMP/bad.err"'
 "$TRAIN" --size 32 "$T_TMP/nonexistent" >/dev/null 2>"$T_TMP/nodir.err"; rc=$?
 check "missing dataset: exit 1 naming it" \
 	cond '[ "$rc" = 1 ] && grep -q "$T_TMP/nonexistent: cannot open directory: No such file" "$T_TMP/nodir.err"'
 
 "$TRAIN" --device cuda --cudart "$T_TMP/no/libcudart.so.13" --size 32 "$D/train" >/dev/null 2>"$T_TMP/cuda.err"; rc=$?
 check "--device cuda without a CUDA runtime: exit 1, 'no CUDA runtime found'" \
-	[ "$rc" = 1 ] && grep -q "no CUDA runtime found" "$T_TMP/cuda.err"
+	cond '[ "$rc" = 1 ] && grep -q "no CUDA runtime found" "$T_TMP/cuda.err"'
 
 # --- memcheck ------------------------------------------------------------------------------
 if command -v valgrind >/dev/null && ! ldd "$TRAIN" | grep -q libasan; then
