@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Dataset files that are not what they seem (issue 7, bad input), with the
+# shim in exact mode against the same job without it (tsshim-train): a file
+# rewritten between two jobs that share the decode cache (the second must
+# train on the new bytes), a JPEG reached through a symlink, a corrupt JPEG
+# and a file the job may not read (same error, same exit), a file deleted
+# while a cache holder keeps the old decode.
+set -u
+cd "$(dirname "$0")/../.."
+. tests/lib.sh
+TRAIN="$PWD/$BUILD/tsshim-train"
+MKDATA="$PWD/$BUILD/tsshim-mkdata"
+CACHETOOL="$PWD/$BUILD/tests/ts-cachetool"
+[ -x "$TRAIN" ] && [ -x "$MKDATA" ] && [ -x "$CACHETOOL" ] || { echo "needs tsshim-train, tsshim-mkdata, ts-cachetool"; exit 77; }
+"$MKDATA" --classes 2 --train 6 --val 1 --seed 31 "$T_TMP/d" >/dev/null 2>&1 || exit 1
+D=$T_TMP/d/train
+ARGS=(--batch 4 --size 32 --epochs 1 --seed 2 --workers 2)
+sum() { sed -n 's/.*trained_checksum=\([0-9a-f]*\).*/\1/p' "$1"; }
+plain() { "$TRAIN" "${ARGS[@]}" "$@" >"$T_TMP/plain.out" 2>"$T_TMP/plain.err"; echo $? >"$T_TMP/plain.rc"; }
+shim() { TSSHIM_MODE=exact TSSHIM_SESSION=$S LD_PRELOAD="$TS_PRELOAD" "$TRAIN" "${ARGS[@]}" "$@" \
+	>"$T_TMP/shim.out" 2>"$T_TMP/shim.err"; echo $? >"$T_TMP/shim.rc"; }
+errors() { # the job's error lines: not the shim's, not the timing line, pids masked
+	grep -v -e '^tsshim\[' -e '^tsshim-train: wall ' "$1" | sed 's/pid [0-9]*/pid N/g'
+}
+same_run() { # the two runs: same exit, same checksum (if any), same error lines (the shim's own lines aside)
+	[ "$(cat "$T_TMP/plain.rc")" = "$(cat "$T_TMP/shim.rc")" ] && [ "$(sum "$T_TMP/plain.out")" = "$(sum "$T_TMP/shim.out")" ] &&
+		diff <(errors "$T_TMP/plain.err") <(errors "$T_TMP/shim.err") >/dev/null
+}
+
+# A holder keeps the session's decode cache alive between the jobs.
+S=$(session_name bad)
+mkfifo "$T_TMP/hold"
+"$CACHETOOL" hold "$S" --budget-mb 64 <"$T_TMP/hold" >/dev/null 2>&1 &
+exec 9>"$T_TMP/hold"
+
+# 1. A file rewritten (same name, other bytes) after a job filled the cache.
+plain "$D"; shim "$D"
+check "a first shared run trains as without the shim ($(sum "$T_TMP/shim.out"))" same_run
+cp "$T_TMP/plain.out" "$T_TMP/first.out"
+victim=$(ls "$D/c001" | LC_ALL=C sort | sed -n 2p)
+other=$(ls "$D/c000" | LC_ALL=C sort | sed -n 1p)
+cp "$D/c000/$other" "$T_TMP/new.jpg" && mv "$T_TMP/new.jpg" "$D/c001/$victim" # new inode, other image
+hits() { "$CACHETOOL" stats "$S" | sed -n 's/.* hits=\([0-9]*\).*/\1/p'; }
+h0=$(hits)
+plain "$D"; shim "$D"
+check "after $victim was rewritten, the next job trains on its new bytes, not the cached decode" same_run
+check "... while the other images came from the cache (hits $h0 -> $(hits))" [ "$(hits)" -gt "${h0:-0}" ]
+check "... which changed what it trains on" [ "$(sum "$T_TMP/plain.out")" != "$(sum "$T_TMP/first.out")" ]
+
+# 2. A file rewritten in place (same inode), then its mtime moved on.
+cat "$D/c000/$other" >"$D/c001/$(ls "$D/c001" | LC_ALL=C sort | sed -n 3p)"
+plain "$D"; shim "$D"
+check "a file rewritten in place (same inode, new size and mtime): the new bytes" same_run
+
+# 3. A JPEG reached through a symlink to a file outside the dataset.
+mkdir -p "$T_TMP/outside"
+mv "$D/c000/$other" "$T_TMP/outside/$other"
+ln -s "$T_TMP/outside/$other" "$D/c000/$other"
+plain "$D"; shim "$D"
+check "a JPEG reached through a symlink: trained on as without the shim" same_run
+
+# 4. A corrupt JPEG: the same libjpeg error and exit.
+bad=$(ls "$D/c000" | LC_ALL=C sort | sed -n 3p)
+head -c 2000 "$D/c000/$bad" >"$T_TMP/t" && mv "$T_TMP/t" "$D/c000/$bad"
+plain "$D"; shim "$D"
+check "a truncated JPEG: the same error and exit ($(cat "$T_TMP/shim.rc")) as without the shim" same_run
+check "... naming the file" grep -q "$bad" "$T_TMP/shim.err"
+rm -f "$D/c000/$bad"
+
+# 5. A file the job may not read (as another user: root reads everything).
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+	chmod -R a+rX "$T_TMP"
+	unread=$(ls "$D/c001" | LC_ALL=C sort | sed -n 1p)
+	chmod 000 "$D/c001/$unread"
+	as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+	W=$(mktemp -d /tmp/tsshim-bad.XXXXXX); chmod 755 "$W"
+	cp "$TRAIN" "$BUILD/libtsshim.so" "$W/"
+	as_nobody "$W/tsshim-train" "${ARGS[@]}" "$D" >"$T_TMP/plain.out" 2>"$T_TMP/plain.err"; echo $? >"$T_TMP/plain.rc"
+	as_nobody env TSSHIM_MODE=exact TSSHIM_SESSION="$S-n" LD_PRELOAD="$W/libtsshim.so" "$W/tsshim-train" "${ARGS[@]}" "$D" \
+		>"$T_TMP/shim.out" 2>"$T_TMP/shim.err"; echo $? >"$T_TMP/shim.rc"
+	check "an unreadable file: the same error and exit ($(cat "$T_TMP/shim.rc")) as without the shim" same_run
+	chmod 644 "$D/c001/$unread"
+	rm -rf "$W"
+	rm -f /dev/shm/tsshim*.65534."$S"-n*
+else
+	echo "# not root: the unreadable-file case is skipped"
+fi
+
+exec 9>&-
+wait
+check "nothing of the session left in /dev/shm" [ -z "$(ls /dev/shm | grep -F ".$S")" ]
+finish badfiles
