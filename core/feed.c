@@ -353,7 +353,6 @@ static int writer_ready(struct ts_feed *f)
 	return 0;
 }
 
-/* Our file for slot `slot`, at least `need` bytes, mapped read-write. */
 /*
  * Does a live member hold views into this file? Read after our claim of the
  * slot: a consumer sets its bit before it advances past the slot (seq_cst
@@ -371,6 +370,7 @@ static int held_by_live(const struct ts_feed *f, const struct ts_feed_hdr *h)
 	return 0;
 }
 
+/* Our file for slot `slot`, at least `need` bytes, mapped read-write. */
 static int own_file(struct ts_feed *f, unsigned slot, uint64_t need)
 {
 	struct ts_feed_map *m = &f->own[slot];
@@ -539,13 +539,6 @@ int ts_feed_evict_laggards(struct ts_feed *f)
 
 /* ---- reading slot files ---------------------------------------------------- */
 
-/* The mapped file of (writer, epoch, slot), validated for ring seq `seq`. */
-/*
- * The mapped file of (writer, tag's epoch and generation, slot), validated
- * for ring seq `seq`. Mapped read-write only for the holders word: we never
- * write its data. A map we drop for another file drops its holds too: that
- * file was replaced (or is an old producer's), nobody writes it again.
- */
 /* The header's fields lie within a file of `size` bytes (no arithmetic that can wrap). */
 static int hdr_fits(const struct ts_feed_hdr *h, uint64_t size)
 {
@@ -559,9 +552,12 @@ static int hdr_fits(const struct ts_feed_hdr *h, uint64_t size)
 
 /*
  * The mapped file of (writer, tag's epoch and generation, slot), validated
- * for ring seq `seq`. *out is a private snapshot of its header, taken once
- * and validated (a writer cannot change what we checked after we checked
- * it); *base the shared mapping, for the data at the snapshot's offsets.
+ * for ring seq `seq`. *out is a private snapshot of its header's fixed part,
+ * taken once and validated (a writer cannot change what we checked after we
+ * checked it); *base the shared mapping, for the data at the snapshot's
+ * offsets. Mapped read-write only for the holders word: we never write its
+ * data. A map we drop for another file drops its holds too: that file was
+ * replaced (or is an old producer's), nobody writes it again.
  */
 static int peer_file(struct ts_feed *f, uint32_t writer, uint64_t tag, uint32_t slot, uint64_t seq,
 		     const struct ts_feed_hdr **out, const char **base_out)
@@ -597,7 +593,7 @@ static int peer_file(struct ts_feed *f, uint32_t writer, uint64_t tag, uint32_t 
 						   .epoch = epoch, .gen = gen, .ino = (uint64_t)sb.st_ino, .holds = holds };
 		}
 		struct ts_feed_hdr *h = f->hdr_snap;
-		memcpy(h, m->base, sizeof(*h));
+		memcpy(h, m->base, offsetof(struct ts_feed_hdr, schema)); /* not the 8 KiB schema: per read */
 		if (h->magic != FEED_MAGIC || h->version != FEED_VERSION || h->hdr_size != HDR_SIZE ||
 		    h->seq != seq || h->npos < 1 || h->npos > TS_MAX_POSITIONS || h->schema_len > TS_FEED_SCHEMA_MAX ||
 		    h->nsamples == 0 || h->nsamples > TS_FEED_MAX_SAMPLES || h->index_off < HDR_SIZE ||
@@ -779,7 +775,7 @@ int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *ou
 	out->stream_epoch = h->stream_epoch;
 	out->schema_hash = h->schema_hash;
 	out->schema_len = h->schema_len;
-	memcpy(out->schema, h->schema, h->schema_len);
+	memcpy(out->schema, base + offsetof(struct ts_feed_hdr, schema), h->schema_len); /* length checked */
 	memset(out->sample_bytes, 0, sizeof(out->sample_bytes));
 	for (uint32_t p = 0; p < m.npos; p++)
 		out->sample_bytes[p] = m.len[p] / m.nsamples;
@@ -791,31 +787,46 @@ int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *ou
 }
 
 /* Copy one peek's ranges out. */
+/*
+ * The slot file range k of a peek lies in, validated against the ring's
+ * meta row (the range carries only a part of it), the schema we expect and
+ * the bounds of every position's part.
+ */
+static int range_slot(struct ts_feed *f, const struct ts_read *rd, uint32_t k, const struct ts_feed_hdr **h,
+		      const char **base)
+{
+	const struct ts_range *r0 = &rd->r[0][k];
+	struct ts_batch_meta m;
+	unsigned writer;
+	int ret;
+	if ((ret = ts_ring_slot_meta(f->s.seg, r0->seq, &m, &writer)))
+		return ret == -EAGAIN ? -ESTALE : ret;
+	if (writer != r0->writer || m.tag != r0->tag)
+		return -ESTALE;
+	if ((ret = peer_file(f, r0->writer, r0->tag, r0->slot, r0->seq, h, base)) || (ret = hdr_matches(*h, &m)))
+		return ret;
+	if (f->schema_hash && (*h)->schema_hash != f->schema_hash)
+		return -EPROTO;
+	for (uint32_t p = 0; p < rd->npos; p++) {
+		const struct ts_range *r = &rd->r[p][k];
+		if (r->off > (*h)->len[p] || r->len > (*h)->len[p] - r->off)
+			return -EBADMSG;
+	}
+	return 0;
+}
+
 static int copy_ranges(struct ts_feed *f, const struct ts_read *rd, void *const *dst, const uint64_t *got)
 {
 	uint64_t at[TS_MAX_POSITIONS];
 	memcpy(at, got, rd->npos * sizeof(*at));
 	for (uint32_t k = 0; k < rd->nranges; k++) {
-		const struct ts_range *r0 = &rd->r[0][k];
 		const struct ts_feed_hdr *h;
 		const char *base;
-		struct ts_batch_meta m;
-		unsigned writer;
-		int ret;
-		/* the meta row again, for hdr_matches: the range carries only a part of it */
-		if ((ret = ts_ring_slot_meta(f->s.seg, r0->seq, &m, &writer)))
-			return ret == -EAGAIN ? -ESTALE : ret;
-		if (writer != r0->writer || m.tag != r0->tag)
-			return -ESTALE;
-		if ((ret = peer_file(f, r0->writer, r0->tag, r0->slot, r0->seq, &h, &base)) ||
-		    (ret = hdr_matches(h, &m)))
+		int ret = range_slot(f, rd, k, &h, &base);
+		if (ret)
 			return ret;
-		if (f->schema_hash && h->schema_hash != f->schema_hash)
-			return -EPROTO;
 		for (uint32_t p = 0; p < rd->npos; p++) {
 			const struct ts_range *r = &rd->r[p][k];
-			if (r->off > h->len[p] || r->len > h->len[p] - r->off)
-				return -EBADMSG;
 			if (dst && dst[p])
 				memcpy((char *)dst[p] + at[p], base + h->off[p] + r->off, r->len);
 			at[p] += r->len;
@@ -894,30 +905,6 @@ static struct ts_feed_view *free_view(struct ts_feed *f)
 	return free;
 }
 
-/* The one slot a request lies in, validated; -EXDEV when it spans more. */
-static int view_slot(struct ts_feed *f, const struct ts_read *rd, const uint64_t *want, const struct ts_feed_hdr **hp,
-		     const char **base)
-{
-	const struct ts_range *r0 = &rd->r[0][0];
-	struct ts_batch_meta m;
-	unsigned writer;
-	int ret;
-	if (rd->nranges != 1 || (rd->got[0] < want[0] && !rd->end_of_epoch))
-		return -EXDEV;
-	if ((ret = ts_ring_slot_meta(f->s.seg, r0->seq, &m, &writer)))
-		return ret == -EAGAIN ? -ESTALE : ret;
-	if (writer != r0->writer || m.tag != r0->tag)
-		return -ESTALE;
-	if ((ret = peer_file(f, r0->writer, r0->tag, r0->slot, r0->seq, hp, base)) || (ret = hdr_matches(*hp, &m)))
-		return ret;
-	if (f->schema_hash && (*hp)->schema_hash != f->schema_hash)
-		return -EPROTO;
-	for (uint32_t p = 0; p < rd->npos; p++)
-		if (rd->r[p][0].off > (*hp)->len[p] || rd->r[p][0].len > (*hp)->len[p] - rd->r[p][0].off)
-			return -EBADMSG;
-	return 0;
-}
-
 int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, void **ptr, uint64_t *got, int *eoe,
 		      uint64_t *id, uint64_t timeout_ns)
 {
@@ -938,7 +925,14 @@ int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, vo
 		return -EXDEV;
 	if (!(rd = malloc(sizeof(*rd))))
 		return -ENOMEM;
-	if ((ret = ts_ring_peek(f->s.seg, &f->r, npos, want, rd, timeout_ns)) || (ret = view_slot(f, rd, want, &h, &shared)))
+	if ((ret = ts_ring_peek(f->s.seg, &f->r, npos, want, rd, timeout_ns)))
+		goto out;
+	/* one slot, or the request is not a view (the epoch's end may cut it short) */
+	if (rd->nranges != 1 || (rd->got[0] < want[0] && !rd->end_of_epoch)) {
+		ret = -EXDEV;
+		goto out;
+	}
+	if ((ret = range_slot(f, rd, 0, &h, &shared)))
 		goto out;
 	uint32_t slot = rd->r[0][0].slot;
 	struct ts_feed_map *m = &f->peer[slot];
@@ -947,7 +941,7 @@ int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, vo
 	m->holds++;
 	void *base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, m->fd, 0);
 	if (base == MAP_FAILED) {
-		ret = -errno;
+		ret = ts_neg_errno();
 		unhold(f, slot, m->ino);
 		goto out;
 	}

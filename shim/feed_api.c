@@ -134,6 +134,12 @@ TS_EXPORT int tsshim_feed_timeout_ms(int h)
 	return FEED_CALL(h, f, (int)f->s.seg->st.timeout_ms);
 }
 
+/* How long to wait on a consumer that does not read before evicting it (ts_stall_ns). */
+TS_EXPORT int tsshim_feed_stall_ms(int h)
+{
+	return FEED_CALL(h, f, (int)(ts_stall_ns(f->s.seg) / 1000000ull));
+}
+
 TS_EXPORT int tsshim_feed_take_idle(int h)
 {
 	return FEED_CALL(h, f, ts_session_take_idle(&f->s, ms_ns(f->s.seg->st.timeout_ms)));

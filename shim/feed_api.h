@@ -13,6 +13,7 @@ int tsshim_feed_open(const char *key, const char *label, uint64_t nindex);
 void tsshim_feed_close(int h);
 int tsshim_feed_role(int h);
 int tsshim_feed_timeout_ms(int h);
+int tsshim_feed_stall_ms(int h);
 int tsshim_feed_take_idle(int h);
 int tsshim_feed_set_idle(int h, int idle);
 int tsshim_feed_flags(int h);

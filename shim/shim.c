@@ -188,11 +188,14 @@ __attribute__((destructor)) static void ts_shim_fini(void)
 	}
 	/*
 	 * Members that die (SIGKILL, a DataLoader worker's _exit) cannot remove
-	 * the session; if every member is gone now, we do, whether or not we
-	 * were one: the last process of a job is often not a member itself.
+	 * the session. A job that shared a DataLoader is often not a member of
+	 * its session itself (its workers are): if every member is gone now, it
+	 * removes the session on its way out. Other processes (every program a
+	 * job starts) pay nothing here.
 	 */
 	char path[TS_PATH_MAX];
-	if (!atomic_load(&ts_is_fork_child) && ts_segment_path(path, sizeof(path), getuid(), ts_cfg.session) == 0)
+	if (atomic_load(&ts_feed_active) && !atomic_load(&ts_is_fork_child) &&
+	    ts_segment_path(path, sizeof(path), getuid(), ts_cfg.session) == 0)
 		ts_session_remove_if_stale(path);
 }
 

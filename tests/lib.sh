@@ -17,9 +17,9 @@ not_ok() { T_FAILED=$((T_FAILED + 1)); echo "not ok - $*"; }
 # `check D a && b` would test only a).
 cond() { eval "$1"; }
 
-check() { # description, command...
+check() { # description, command...; returns the command's verdict (check ... || show details)
 	local d=$1; shift
-	if "$@"; then ok "$d"; else not_ok "$d"; fi
+	if "$@"; then ok "$d"; else not_ok "$d"; return 1; fi
 }
 
 finish() { # scenario name

@@ -72,7 +72,8 @@ def _bind():
     pu64, pi32, pu32 = ctypes.POINTER(u64), ctypes.POINTER(i32), ctypes.POINTER(u32)
     sig = {
         "open": (i32, [cp, cp, u64]), "close": (None, [i32]), "role": (i32, [i32]),
-        "timeout_ms": (i32, [i32]), "take_idle": (i32, [i32]), "set_idle": (i32, [i32, i32]),
+        "timeout_ms": (i32, [i32]), "stall_ms": (i32, [i32]),
+        "take_idle": (i32, [i32]), "set_idle": (i32, [i32, i32]),
         "flags": (i32, [i32]), "set_unshareable": (i32, [i32]),
         "publish": (i32, [i32, u32, u32, u64, pu64, ctypes.POINTER(vp), vp, u64, cp, u32, u64, u32]),
         "evict_laggards": (i32, [i32]),
@@ -104,6 +105,8 @@ class _Feed:
         if self.h < 0:
             raise Fallback("cannot open feed %s: %s" % (key, _err(self.h)))
         self.timeout_ms = max(10, lib.tsshim_feed_timeout_ms(self.h))
+        # how long we wait on a consumer that does not read: the ring's own rule
+        self.stall_ms = max(self.timeout_ms, lib.tsshim_feed_stall_ms(self.h))
         self.busy = False   # an iterator of ours is running on it
         self.attached = False
         self.broke_off = False  # we left an epoch half-way: next time, on from the head
@@ -332,7 +335,7 @@ class _Epoch:
             if ret != -errno.ETIMEDOUT:
                 break
             waited += SLICE_MS
-            if waited >= self.stall_ms():
+            if waited >= self.feed.stall_ms:
                 self.lib.tsshim_feed_evict_laggards(self.h)
                 waited = 0
         if ret == -errno.EPERM:
@@ -340,9 +343,6 @@ class _Epoch:
         if ret:
             raise Fallback("cannot read the stream's state: %s" % _err(ret))
         return e.value, bool(ended.value), rest[:nrest.value], npub.value
-
-    def stall_ms(self):
-        return max(10 * self.feed.timeout_ms, 5000)
 
     def publish(self, batch, indices, eoe, cpu_ns):
         schema, leaves, n = describe_batch(batch, self.torch)
@@ -357,7 +357,6 @@ class _Epoch:
         if idx is not None and idx.numel() != n:
             idx = None
         waited = 0
-        stall_ms = self.stall_ms()
         while True:
             ret = self.lib.tsshim_feed_publish(self.h, npos, EOE if eoe else 0, n, lens, srcs,
                                               idx.data_ptr() if idx is not None else None,
@@ -365,7 +364,7 @@ class _Epoch:
             if ret != -errno.ETIMEDOUT:
                 break
             waited += SLICE_MS
-            if waited >= stall_ms:  # a consumer stopped reading: it loses its place, not us our job
+            if waited >= self.feed.stall_ms:  # a consumer stopped reading: it loses its place, not us our job
                 self.lib.tsshim_feed_evict_laggards(self.h)
                 waited = 0
         if ret == -errno.EPERM:
@@ -466,46 +465,48 @@ class _Epoch:
         while True:
             got = (ctypes.c_uint64 * npos)()
             eoe = ctypes.c_int()
-            if not pin:  # no copy when the batch lies in one slot of the feed
-                leaves = self.read_view(npos, want, got, eoe, nodes, dtypes, sample_bytes)
-                if leaves is not None:
-                    self.waited_ms = 0
-                    n = got[0] // sample_bytes[0]
-                    if n and (n == bs or not loader.drop_last):
-                        self.yielded += 1
-                        self.viewed += 1
-                        self.lib.tsshim_feed_served(self.h, 1, n)
-                        yield _build(node, leaves)
-                    del leaves
-                    if eoe.value:
-                        self.done_clean = True
-                        return
-                    continue
-            outs = [torch.empty([bs] + n["shape"], dtype=dt, pin_memory=pin) for n, dt in zip(nodes, dtypes)]
-            dst = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in outs])
-            while True:
-                ret = self.lib.tsshim_feed_read(self.h, npos, want, dst, got, ctypes.byref(eoe), SLICE_MS)
-                if ret == 0:
-                    break
-                if ret == -errno.ETIMEDOUT:
-                    self.on_wait()
-                    continue
-                if ret == -errno.ESTALE:  # evicted while we were away: on from the head
-                    hook.log("info", "feed %s: evicted (too slow); continuing at the head" % self.feed.key)
-                    self.attach()
-                    continue
-                raise Fallback("reading the feed failed: %s" % _err(ret))
+            # no copy when the batch lies in one slot of the feed (pinned batches are copied)
+            leaves = None if pin else self.read_view(npos, want, got, eoe, nodes, dtypes, sample_bytes)
+            viewed = leaves is not None
+            if not viewed:
+                outs = [torch.empty([bs] + n["shape"], dtype=dt, pin_memory=pin) for n, dt in zip(nodes, dtypes)]
+                dst = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in outs])
+                self.retry(lambda: self.lib.tsshim_feed_read(self.h, npos, want, dst, got, ctypes.byref(eoe),
+                                                             SLICE_MS))
+                n = got[0] // sample_bytes[0]
+                leaves = [t[:n] if n < bs else t for t in outs]
             self.waited_ms = 0
             n = got[0] // sample_bytes[0]
             if n and (n == bs or not loader.drop_last):
-                leaves = [t[:n] if n < bs else t for t in outs]
                 self.yielded += 1
-                self.copied += 1
+                if viewed:
+                    self.viewed += 1
+                else:
+                    self.copied += 1
                 self.lib.tsshim_feed_served(self.h, 1, n)
                 yield _build(node, leaves)
+            del leaves
             if eoe.value:
                 self.done_clean = True
                 return
+
+    def retry(self, call):
+        """A feed call made in slices: waits serve on_wait (takeover, Ctrl-C), an
+        eviction continues at the head; any other result is returned, errors but
+        -EXDEV raise Fallback."""
+        while True:
+            ret = call()
+            if ret == -errno.ETIMEDOUT:
+                self.on_wait()
+            elif ret == -errno.ESTALE:  # evicted while we were away: on from the head
+                hook.log("info", "feed %s: evicted (too slow); continuing at the head" % self.feed.key)
+                self.attach()
+            elif ret == -errno.ENOTCONN:
+                self.attach()
+            elif ret in (0, -errno.EXDEV):
+                return ret
+            else:
+                raise Fallback("reading the feed failed: %s" % _err(ret))
 
     def read_view(self, npos, want, got, eoe, nodes, dtypes, sample_bytes):
         """The next batch as tensors over a private mapping of the slot it lies in
@@ -514,21 +515,9 @@ class _Epoch:
         torch = self.torch
         ptr = (ctypes.c_void_p * npos)()
         vid = ctypes.c_uint64()
-        while True:
-            ret = self.lib.tsshim_feed_read_view(self.h, npos, want, ptr, got, ctypes.byref(eoe),
-                                                 ctypes.byref(vid), SLICE_MS)
-            if ret == 0:
-                break
-            if ret == -errno.EXDEV:
-                return None
-            if ret == -errno.ETIMEDOUT:
-                self.on_wait()
-                continue
-            if ret == -errno.ESTALE:
-                hook.log("info", "feed %s: evicted (too slow); continuing at the head" % self.feed.key)
-                self.attach()
-                continue
-            raise Fallback("reading the feed failed: %s" % _err(ret))
+        if self.retry(lambda: self.lib.tsshim_feed_read_view(self.h, npos, want, ptr, got, ctypes.byref(eoe),
+                                                             ctypes.byref(vid), SLICE_MS)):
+            return None  # -EXDEV
         n = got[0] // sample_bytes[0]
         lo = min(ptr[p] for p in range(npos))
         hi = max(ptr[p] + got[p] for p in range(npos))
@@ -547,18 +536,8 @@ class _Epoch:
         sb = (ctypes.c_uint64 * MAX_POS)()
         buf = ctypes.create_string_buffer(SCHEMA_MAX)
         slen = ctypes.c_uint32()
-        while True:
-            ret = self.lib.tsshim_feed_next(self.h, SLICE_MS, ctypes.byref(npos), ctypes.byref(ns),
-                                            ctypes.byref(se), sb, buf, ctypes.byref(slen))
-            if ret == 0:
-                break
-            if ret == -errno.ETIMEDOUT:
-                self.on_wait()
-                continue
-            if ret in (-errno.ESTALE, -errno.ENOTCONN):
-                self.attach()
-                continue
-            raise Fallback("reading the feed failed: %s" % _err(ret))
+        self.retry(lambda: self.lib.tsshim_feed_next(self.h, SLICE_MS, ctypes.byref(npos), ctypes.byref(ns),
+                                                     ctypes.byref(se), sb, buf, ctypes.byref(slen)))
         try:
             node = json.loads(buf.raw[:slen.value].decode())
         except ValueError:
