@@ -1,0 +1,330 @@
+/* SPDX-License-Identifier: MIT */
+/* The GPU ring's shared bookkeeping (see gpuring.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "feed.h"
+#include "gpuring.h"
+#include "prim.h"
+#include "session.h"
+
+#define UNIQ_CLAIMING 1ull
+
+static size_t table_bytes(void)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	size_t p = page > 0 ? (size_t)page : 4096;
+	return (sizeof(struct ts_gpu_table) + p - 1) / p * p;
+}
+
+int ts_gpuring_path(char *buf, size_t n, const char *session, uint64_t incarnation)
+{
+	int len = snprintf(buf, n, "%s/" TS_FEED_PREFIX "%u.%s.%llx.gpu", ts_shm_dir(), (unsigned)getuid(), session,
+			   (unsigned long long)incarnation);
+	return len < 0 || (size_t)len >= n ? -ENAMETOOLONG : 0;
+}
+
+int ts_gpuring_valid(const struct ts_gpu_table *t, size_t size, uint32_t uid)
+{
+	if (size < sizeof(*t) || t->magic != TS_GPU_MAGIC || t->version != TS_GPU_VERSION)
+		return -EPROTO;
+	if (t->size != size || t->uid != uid || t->depth < 1 || t->depth > TS_MAX_DEPTH ||
+	    t->nbufs != TS_GPU_MAX_BUFS)
+		return -EBADMSG;
+	return 0;
+}
+
+static int map_fd(struct ts_gpuring *g, int fd)
+{
+	struct stat sb;
+	if (fstat(fd, &sb))
+		return ts_neg_errno();
+	int ret = ts_shm_file_ours(&sb);
+	if (ret)
+		return ret;
+	if ((uint64_t)sb.st_size != table_bytes())
+		return -EPROTO;
+	void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED)
+		return ts_neg_errno();
+	if ((ret = ts_gpuring_valid(m, (size_t)sb.st_size, (uint32_t)getuid()))) {
+		munmap(m, (size_t)sb.st_size);
+		return ret;
+	}
+	g->t = m;
+	g->size = (size_t)sb.st_size;
+	return 0;
+}
+
+/* Created under a temporary name and linked into place: nobody maps a half-made table. */
+static int create(const char *path, uint32_t depth)
+{
+	char tmp[TS_PATH_MAX + 32];
+	size_t size = table_bytes();
+	snprintf(tmp, sizeof(tmp), "%s.tmp%u", path, (unsigned)getpid());
+	int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return ts_neg_errno();
+	int ret = posix_fallocate(fd, 0, (off_t)size);
+	if (ret == EOPNOTSUPP || ret == EINVAL)
+		ret = ftruncate(fd, (off_t)size) ? errno : 0;
+	ret = -ret;
+	struct ts_gpu_table *t = ret ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (t != MAP_FAILED) {
+		t->magic = TS_GPU_MAGIC;
+		t->version = TS_GPU_VERSION;
+		t->depth = depth;
+		t->size = size;
+		t->uid = (uint32_t)getuid();
+		t->nbufs = TS_GPU_MAX_BUFS;
+		munmap(t, size);
+		ret = link(tmp, path) && errno != EEXIST ? ts_neg_errno() : 0;
+	} else if (!ret) {
+		ret = ts_neg_errno();
+	}
+	unlink(tmp);
+	close(fd);
+	return ret;
+}
+
+int ts_gpuring_open(struct ts_gpuring *g, const char *path, uint32_t depth)
+{
+	memset(g, 0, sizeof(*g));
+	if (depth < 1 || depth > TS_MAX_DEPTH)
+		return -EINVAL;
+	for (int tries = 0; tries < 4; tries++) {
+		int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+		if (fd >= 0) {
+			int ret = map_fd(g, fd);
+			close(fd);
+			return ret;
+		}
+		if (errno != ENOENT)
+			return ts_neg_errno();
+		int ret = create(path, depth);
+		if (ret)
+			return ret;
+	}
+	return -EAGAIN;
+}
+
+void ts_gpuring_close(struct ts_gpuring *g)
+{
+	if (g->t)
+		munmap(g->t, g->size);
+	memset(g, 0, sizeof(*g));
+}
+
+/* ---- holds ------------------------------------------------------------------------------ */
+
+static inline uint64_t bit(unsigned buf)
+{
+	return 1ull << (buf % 64);
+}
+
+/* A member whose holds count: present and not dead (a stopped one may still copy when it wakes). */
+static int holder_counts(const struct ts_segment *seg, unsigned m)
+{
+	enum ts_member_health h = ts_member_health(seg, m, ts_now_ns());
+	return h == TS_MEMBER_LIVE || h == TS_MEMBER_STALE;
+}
+
+int ts_gpuring_buf_held(const struct ts_gpuring *g, const struct ts_segment *seg, unsigned buf, int self)
+{
+	if (buf >= TS_GPU_MAX_BUFS)
+		return 0;
+	for (unsigned m = 0; m < TS_MAX_MEMBERS; m++) {
+		if ((int)m == self)
+			continue;
+		/* seq_cst: pairs with the consumer's hold-then-recheck (header comment) */
+		if ((atomic_load(&g->t->held[m][buf / 64]) & bit(buf)) && holder_counts(seg, m))
+			return 1;
+	}
+	return 0;
+}
+
+void ts_gpuring_unhold(struct ts_gpuring *g, int self, unsigned buf)
+{
+	if (self < 0 || self >= (int)TS_MAX_MEMBERS || buf >= TS_GPU_MAX_BUFS)
+		return;
+	atomic_fetch_and_explicit(&g->t->held[self][buf / 64], ~bit(buf), memory_order_release);
+}
+
+void ts_gpuring_unhold_all(struct ts_gpuring *g, int self)
+{
+	if (self < 0 || self >= (int)TS_MAX_MEMBERS)
+		return;
+	for (unsigned i = 0; i < TS_GPU_MAX_BUFS / 64; i++)
+		atomic_store_explicit(&g->t->held[self][i], 0, memory_order_release);
+}
+
+/* ---- buffer records ------------------------------------------------------------------------ */
+
+static uint64_t next_uniq(void)
+{
+	static _Atomic uint64_t counter;
+	/* unique across processes: pid, a per-process counter, the time */
+	uint64_t u = (uint64_t)getpid() << 40 ^ (atomic_fetch_add(&counter, 1) + 1) << 20 ^ ts_prim_realtime_ns();
+	return u > UNIQ_CLAIMING ? u : u + 2;
+}
+
+/* A record another process left behind: its owner is gone and no live member holds it. */
+static int reclaimable(const struct ts_gpuring *g, const struct ts_segment *seg, unsigned b)
+{
+	const struct ts_gpu_buf *r = &g->t->bufs[b];
+	uint64_t u = atomic_load_explicit(&r->uniq, memory_order_acquire);
+	if (u <= UNIQ_CLAIMING)
+		return 0;
+	if (ts_proc_liveness(r->owner_pid, r->owner_start) == TS_PROC_ALIVE)
+		return 0;
+	return !ts_gpuring_buf_held(g, seg, b, -1);
+}
+
+int ts_gpuring_buf_add(struct ts_gpuring *g, const struct ts_segment *seg, unsigned owner, uint32_t device,
+		       uint64_t size, const void *mem, const void *event, uint64_t *uniq)
+{
+	struct ts_ident me;
+	int ret = ts_self_ident(&me);
+	if (ret)
+		return ret;
+	if (owner >= TS_MAX_MEMBERS || device >= TS_GPU_MAX_DEVICE || size == 0)
+		return -EINVAL;
+	for (int pass = 0; pass < 2; pass++) {
+		for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++) {
+			struct ts_gpu_buf *r = &g->t->bufs[b];
+			uint64_t expected = atomic_load_explicit(&r->uniq, memory_order_acquire);
+			if (expected != 0 && !(pass == 1 && reclaimable(g, seg, b)))
+				continue;
+			if (!atomic_compare_exchange_strong(&r->uniq, &expected, UNIQ_CLAIMING))
+				continue;
+			r->owner = owner;
+			r->owner_pid = me.pid;
+			r->owner_start = me.start_time;
+			r->device = device;
+			r->size = size;
+			memcpy(r->mem, mem, TS_GPU_HANDLE);
+			memcpy(r->event, event, TS_GPU_HANDLE);
+			*uniq = next_uniq();
+			atomic_store_explicit(&r->uniq, *uniq, memory_order_release);
+			atomic_fetch_add_explicit(&g->t->counters.buffers_live, 1, memory_order_relaxed);
+			atomic_fetch_add_explicit(&g->t->counters.buffer_bytes, size, memory_order_relaxed);
+			return (int)b;
+		}
+	}
+	return -ENOSPC;
+}
+
+void ts_gpuring_buf_remove(struct ts_gpuring *g, unsigned buf, uint64_t uniq)
+{
+	if (buf >= TS_GPU_MAX_BUFS)
+		return;
+	struct ts_gpu_buf *r = &g->t->bufs[buf];
+	uint64_t size = r->size;
+	if (atomic_compare_exchange_strong(&r->uniq, &uniq, 0)) {
+		atomic_fetch_sub_explicit(&g->t->counters.buffers_live, 1, memory_order_relaxed);
+		atomic_fetch_sub_explicit(&g->t->counters.buffer_bytes, size, memory_order_relaxed);
+	}
+}
+
+int ts_gpuring_buf_current(const struct ts_gpuring *g, unsigned buf, uint64_t uniq)
+{
+	return buf < TS_GPU_MAX_BUFS && atomic_load_explicit(&g->t->bufs[buf].uniq, memory_order_acquire) == uniq;
+}
+
+/* ---- slots ------------------------------------------------------------------------------------- */
+
+void ts_gpuring_slot_begin(struct ts_gpuring *g, unsigned slot, unsigned writer, uint64_t seq, unsigned buf)
+{
+	if (slot >= g->t->depth)
+		return;
+	/* seq_cst: the caller checks holds of `buf` only after this is visible */
+	atomic_store(&g->t->slots[slot].word, ts_gpu_slot_word(TS_GPU_WRITING, writer, buf, seq));
+}
+
+int ts_gpuring_slot_ready(struct ts_gpuring *g, unsigned slot, uint64_t uniq, uint32_t npos, const uint64_t *off,
+			  const uint64_t *len)
+{
+	if (slot >= g->t->depth || npos < 1 || npos > TS_MAX_POSITIONS)
+		return -EINVAL;
+	struct ts_gpu_slot *s = &g->t->slots[slot];
+	uint64_t w = atomic_load_explicit(&s->word, memory_order_relaxed);
+	unsigned b = ts_gpu_slot_buf(w);
+	if (ts_gpu_slot_state(w) != TS_GPU_WRITING || b >= TS_GPU_MAX_BUFS || !ts_gpuring_buf_current(g, b, uniq))
+		return -EINVAL;
+	uint64_t size = g->t->bufs[b].size;
+	for (uint32_t p = 0; p < npos; p++)
+		if (off[p] > size || len[p] > size - off[p])
+			return -EINVAL;
+	s->uniq = uniq;
+	s->npos = npos;
+	memcpy(s->off, off, npos * sizeof(*off));
+	memcpy(s->len, len, npos * sizeof(*len));
+	/* release: the fields above (and the event recorded before) come first */
+	atomic_store_explicit(&s->word,
+			      ts_gpu_slot_word(TS_GPU_READY, (unsigned)ts_gpu_slot_writer(w), b, ts_gpu_slot_seq(w)),
+			      memory_order_release);
+	return 0;
+}
+
+void ts_gpuring_slot_drop(struct ts_gpuring *g, unsigned slot)
+{
+	if (slot < g->t->depth)
+		atomic_store(&g->t->slots[slot].word, ts_gpu_slot_word(TS_GPU_FREE, 0, 0, 0));
+}
+
+/* The snapshot `out` of a READY slot and its buffer, checked against itself. */
+static int snapshot(const struct ts_gpuring *g, const struct ts_gpu_slot *s, unsigned b, struct ts_gpu_held *out)
+{
+	const struct ts_gpu_buf *r = &g->t->bufs[b];
+	out->buf = b;
+	out->uniq = s->uniq;
+	out->npos = s->npos;
+	if (out->npos < 1 || out->npos > TS_MAX_POSITIONS)
+		return -EBADMSG;
+	memcpy(out->off, s->off, sizeof(out->off));
+	memcpy(out->len, s->len, sizeof(out->len));
+	if (atomic_load_explicit(&r->uniq, memory_order_acquire) != out->uniq)
+		return -ESTALE;
+	out->device = r->device;
+	out->owner_pid = r->owner_pid;
+	out->size = r->size;
+	memcpy(out->mem, r->mem, TS_GPU_HANDLE);
+	memcpy(out->event, r->event, TS_GPU_HANDLE);
+	if (out->device >= TS_GPU_MAX_DEVICE || out->size == 0)
+		return -EBADMSG;
+	for (uint32_t p = 0; p < out->npos; p++)
+		if (out->off[p] > out->size || out->len[p] > out->size - out->off[p])
+			return -EBADMSG;
+	return 0;
+}
+
+int ts_gpuring_hold(struct ts_gpuring *g, int self, uint64_t seq, int writer, struct ts_gpu_held *out)
+{
+	if (self < 0 || self >= (int)TS_MAX_MEMBERS)
+		return -EINVAL;
+	struct ts_gpu_slot *s = &g->t->slots[seq % g->t->depth];
+	uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
+	if (ts_gpu_slot_seq(w) != (seq & ((1ULL << 46) - 1)) || ts_gpu_slot_writer(w) != writer)
+		return ts_gpu_slot_seq(w) > seq ? -ESTALE : -EAGAIN;
+	if (ts_gpu_slot_state(w) != TS_GPU_READY)
+		return -EAGAIN;
+	unsigned b = ts_gpu_slot_buf(w);
+	if (b >= TS_GPU_MAX_BUFS)
+		return -EBADMSG;
+	int ret = snapshot(g, s, b, out);
+	if (ret)
+		return ret;
+	/* seq_cst hold, then seq_cst recheck: see the protocol in gpuring.h */
+	atomic_fetch_or(&g->t->held[self][b / 64], bit(b));
+	if (atomic_load(&s->word) != w || !ts_gpuring_buf_current(g, b, out->uniq)) {
+		ts_gpuring_unhold(g, self, b);
+		return -ESTALE;
+	}
+	return 0;
+}
