@@ -835,6 +835,17 @@ static int copy_ranges(struct ts_feed *f, const struct ts_read *rd, void *const 
 	return 0;
 }
 
+static void report_ranges(struct ts_feed *f, const struct ts_read *rd, const uint64_t *got)
+{
+	for (uint32_t p = 0; p < rd->npos; p++) {
+		uint64_t at = got[p];
+		for (uint32_t k = 0; k < rd->nranges; k++) {
+			f->on_range(f->on_range_arg, p, &rd->r[p][k], at);
+			at += rd->r[p][k].len;
+		}
+	}
+}
+
 int ts_feed_read(struct ts_feed *f, uint32_t npos, const uint64_t *want, void *const *dst, uint64_t *got,
 		 int *eoe, uint64_t timeout_ns)
 {
@@ -864,6 +875,8 @@ int ts_feed_read(struct ts_feed *f, uint32_t npos, const uint64_t *want, void *c
 		/* only an advance that finds us still attached makes the copy valid */
 		if ((ret = ts_ring_advance(f->s.seg, &f->r, rd, rd->got)))
 			break;
+		if (f->on_range)
+			report_ranges(f, rd, got);
 		for (uint32_t p = 0; p < npos; p++)
 			got[p] += rd->got[p];
 		if (rd->end_of_epoch) {

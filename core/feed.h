@@ -89,6 +89,13 @@ struct ts_feed {
 	struct ts_feed_map peer[TS_MAX_DEPTH];
 	struct ts_feed_view views[TS_FEED_MAX_VIEWS];
 	struct ts_feed_hdr *hdr_snap;  /* private copy of the slot header being read */
+	/*
+	 * Optional: told of every range ts_feed_read copied (after the advance
+	 * that makes it valid): position p's bytes [r->off, r->off + r->len)
+	 * of ring seq r->seq went to dst[p] + at.
+	 */
+	void (*on_range)(void *arg, uint32_t p, const struct ts_range *r, uint64_t at);
+	void *on_range_arg;
 };
 
 /* What the slot at a reader's position holds. */

@@ -186,6 +186,19 @@ static int reclaimable(const struct ts_gpuring *g, const struct ts_segment *seg,
 	return !ts_gpuring_buf_held(g, seg, b, -1);
 }
 
+int ts_gpuring_reclaim_dead(struct ts_gpuring *g, const struct ts_segment *seg)
+{
+	int n = 0;
+	for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++) {
+		uint64_t u = atomic_load_explicit(&g->t->bufs[b].uniq, memory_order_acquire);
+		if (u > UNIQ_CLAIMING && reclaimable(g, seg, b)) {
+			ts_gpuring_buf_remove(g, b, u);
+			n++;
+		}
+	}
+	return n;
+}
+
 int ts_gpuring_buf_add(struct ts_gpuring *g, const struct ts_segment *seg, unsigned owner, uint32_t device,
 		       uint64_t size, const void *mem, const void *event, uint64_t *uniq)
 {
@@ -304,7 +317,7 @@ static int snapshot(const struct ts_gpuring *g, const struct ts_gpu_slot *s, uns
 	return 0;
 }
 
-int ts_gpuring_hold(struct ts_gpuring *g, int self, uint64_t seq, int writer, struct ts_gpu_held *out)
+static int hold(struct ts_gpuring *g, int self, uint64_t seq, int writer, struct ts_gpu_held *out, int keep)
 {
 	if (self < 0 || self >= (int)TS_MAX_MEMBERS)
 		return -EINVAL;
@@ -323,8 +336,19 @@ int ts_gpuring_hold(struct ts_gpuring *g, int self, uint64_t seq, int writer, st
 	/* seq_cst hold, then seq_cst recheck: see the protocol in gpuring.h */
 	atomic_fetch_or(&g->t->held[self][b / 64], bit(b));
 	if (atomic_load(&s->word) != w || !ts_gpuring_buf_current(g, b, out->uniq)) {
-		ts_gpuring_unhold(g, self, b);
+		if (!keep)
+			ts_gpuring_unhold(g, self, b);
 		return -ESTALE;
 	}
 	return 0;
+}
+
+int ts_gpuring_hold(struct ts_gpuring *g, int self, uint64_t seq, int writer, struct ts_gpu_held *out)
+{
+	return hold(g, self, seq, writer, out, 0);
+}
+
+int ts_gpuring_hold_again(struct ts_gpuring *g, int self, uint64_t seq, int writer, struct ts_gpu_held *out)
+{
+	return hold(g, self, seq, writer, out, 1);
 }

@@ -151,6 +151,8 @@ int ts_gpuring_buf_add(struct ts_gpuring *g, const struct ts_segment *seg, unsig
 		       uint64_t size, const void *mem, const void *event, uint64_t *uniq);
 /* Forget a record we own (after freeing the allocation). */
 void ts_gpuring_buf_remove(struct ts_gpuring *g, unsigned buf, uint64_t uniq);
+/* Forget records whose owner is dead and that no live member holds; returns how many. */
+int ts_gpuring_reclaim_dead(struct ts_gpuring *g, const struct ts_segment *seg);
 /* Does a live member other than `self` hold buffer `buf`? (Dead members' holds do not count.) */
 int ts_gpuring_buf_held(const struct ts_gpuring *g, const struct ts_segment *seg, unsigned buf, int self);
 
@@ -170,6 +172,8 @@ void ts_gpuring_slot_drop(struct ts_gpuring *g, unsigned slot);
  * (WRITING, or an older seq); -ESTALE overwritten since; -EBADMSG invalid.
  */
 int ts_gpuring_hold(struct ts_gpuring *g, int self, uint64_t seq, int writer, struct ts_gpu_held *out);
+/* The same, for a caller that may already hold the buffer (a copy in flight): a failure leaves its bit set. */
+int ts_gpuring_hold_again(struct ts_gpuring *g, int self, uint64_t seq, int writer, struct ts_gpu_held *out);
 void ts_gpuring_unhold(struct ts_gpuring *g, int self, unsigned buf);
 /* Clear every hold of member `self` (a new process in a reused member slot, or leaving). */
 void ts_gpuring_unhold_all(struct ts_gpuring *g, int self);

@@ -59,6 +59,7 @@
 #include "log.h"
 #include "real.h"
 #include "shim.h"
+#include "stream.h"
 
 #define TS_EXPORT __attribute__((visibility("default")))
 #define CALLER() __builtin_return_address(0)
@@ -184,14 +185,8 @@ static inline void copy_leave(void)
 	cu_depth = 0;
 }
 
-int ts_cuda_batch_lookup(const void *src, size_t len)
-{
-	(void)src, (void)len;
-	return 0; /* items 3-5: registered stream ranges, loader batches */
-}
-
-/* Count one copy; a host-to-device one is offered to the batch lookup. */
-static inline void copy_seen(enum path path, enum dir dir, const void *src, size_t n)
+/* Count one copy. */
+static inline void copy_seen(enum path path, enum dir dir, size_t n)
 {
 	if (path == PATH_RUNTIME)
 		ADD(runtime, 1);
@@ -200,14 +195,82 @@ static inline void copy_seen(enum path path, enum dir dir, const void *src, size
 	if (dir == DIR_H2D) {
 		ADD(h2d, 1);
 		ADD(h2d_bytes, n);
-		(void)ts_cuda_batch_lookup(src, n); /* not a batch: pass through */
 	} else if (dir == DIR_UNKNOWN) {
 		/* cudaMemcpyDefault / unified cuMemcpy: telling the direction
-		 * costs a pointer-attribute query per copy; left to the batch
-		 * layer, which only needs it for a source it already knows. */
+		 * costs a pointer-attribute query per copy; only a registered
+		 * host source (a stream range) is looked at further. */
 		ADD(unknown, 1);
 	}
 }
+
+/*
+ * Is this copy an upload of a stream range (stream.h)? Only host-to-device
+ * and direction-unknown copies can be; one atomic load when nothing is
+ * registered.
+ */
+static inline enum ts_hit_kind batch_hit(enum dir dir, const void *src, size_t n, struct ts_stream_hit *hit)
+{
+	if (dir == DIR_OTHER || !atomic_load_explicit(&ts_stream_nspans, memory_order_relaxed))
+		return TS_HIT_NONE;
+	return ts_stream_find(src, n, hit);
+}
+
+/*
+ * The stream our own copies go on. A copy on the default stream (handle 0,
+ * which is the legacy or the per-thread stream depending on how the caller
+ * was compiled: a wrapper cannot tell) or a synchronous copy: the legacy
+ * stream, and we wait for our copy, which orders it before anything the
+ * caller does next on any stream. Otherwise the caller's stream, async.
+ */
+static inline CUstream our_stream(CUstream s, int *sync)
+{
+	if (!s || *sync) {
+		*sync = 1;
+		return CU_STREAM_LEGACY;
+	}
+	return s;
+}
+
+/* Consumer: 1 when the upload was served from the GPU ring. */
+static int batch_serve(const struct ts_stream_hit *hit, const void *dst, CUstream s, int sync)
+{
+	CUstream os = our_stream(s, &sync);
+	if (!ts_gpu_serve(hit->gpu, hit->piece, hit->npieces, (CUdeviceptr)(uintptr_t)dst, os, sync))
+		return 0;
+	ADD(replaced, 1);
+	return 1;
+}
+
+/* Producer, after its real upload succeeded: keep it in the ring. */
+static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstream s, int sync)
+{
+	CUstream os = our_stream(s, &sync);
+	ts_gpu_keep(hit->gpu, hit->seq, hit->npos, hit->len, hit->pos, hit->off, (CUdeviceptr)(uintptr_t)dst,
+		    hit->n, os);
+}
+
+/*
+ * One body for every copy hook: count, serve or keep a stream range,
+ * otherwise pass through. CALL is the real call's expression; OK its
+ * success value.
+ */
+#define COPY_BODY(path, dir, dst, src, n, stream, sync, CALL, OK)                                   \
+	do {                                                                                       \
+		struct ts_stream_hit hit_;                                                        \
+		if (!copy_enter())                                                                 \
+			return CALL;                                                               \
+		copy_seen(path, dir, n);                                                           \
+		enum ts_hit_kind k_ = batch_hit(dir, src, n, &hit_);                               \
+		if (k_ == TS_HIT_CONSUMER && batch_serve(&hit_, dst, stream, sync)) {              \
+			copy_leave();                                                              \
+			return OK;                                                                 \
+		}                                                                                  \
+		__typeof__(CALL) r_ = CALL;                                                        \
+		if (k_ == TS_HIT_PRODUCER && r_ == OK)                                             \
+			batch_keep(&hit_, dst, stream, sync);                                      \
+		copy_leave();                                                                      \
+		return r_;                                                                         \
+	} while (0)
 
 static inline enum dir rt_dir(enum cudaMemcpyKind kind)
 {
@@ -217,64 +280,37 @@ static inline enum dir rt_dir(enum cudaMemcpyKind kind)
 static inline cudaError_t rt_memcpy(rt_memcpy_fn real, void *dst, const void *src, size_t n,
 				    enum cudaMemcpyKind kind)
 {
-	if (!copy_enter())
-		return real(dst, src, n, kind);
-	copy_seen(PATH_RUNTIME, rt_dir(kind), src, n);
-	cudaError_t r = real(dst, src, n, kind);
-	copy_leave();
-	return r;
+	COPY_BODY(PATH_RUNTIME, rt_dir(kind), dst, src, n, (CUstream)0, 1, real(dst, src, n, kind), cudaSuccess);
 }
 
 static inline cudaError_t rt_memcpy_async(rt_memcpy_async_fn real, void *dst, const void *src, size_t n,
 					  enum cudaMemcpyKind kind, cudaStream_t s)
 {
-	if (!copy_enter())
-		return real(dst, src, n, kind, s);
-	copy_seen(PATH_RUNTIME, rt_dir(kind), src, n);
-	cudaError_t r = real(dst, src, n, kind, s);
-	copy_leave();
-	return r;
+	COPY_BODY(PATH_RUNTIME, rt_dir(kind), dst, src, n, (CUstream)s, 0, real(dst, src, n, kind, s), cudaSuccess);
 }
 
 static inline CUresult drv_htod(htod_fn real, CUdeviceptr dst, const void *src, size_t n)
 {
-	if (!copy_enter())
-		return real(dst, src, n);
-	copy_seen(PATH_DRIVER, DIR_H2D, src, n);
-	CUresult r = real(dst, src, n);
-	copy_leave();
-	return r;
+	COPY_BODY(PATH_DRIVER, DIR_H2D, (void *)(uintptr_t)dst, src, n, (CUstream)0, 1, real(dst, src, n),
+		  CUDA_SUCCESS);
 }
 
 static inline CUresult drv_htod_async(htod_async_fn real, CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
-	if (!copy_enter())
-		return real(dst, src, n, s);
-	copy_seen(PATH_DRIVER, DIR_H2D, src, n);
-	CUresult r = real(dst, src, n, s);
-	copy_leave();
-	return r;
+	COPY_BODY(PATH_DRIVER, DIR_H2D, (void *)(uintptr_t)dst, src, n, s, 0, real(dst, src, n, s), CUDA_SUCCESS);
 }
 
 static inline CUresult drv_memcpy(memcpy_fn real, CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-	if (!copy_enter())
-		return real(dst, src, n);
-	copy_seen(PATH_DRIVER, DIR_UNKNOWN, (const void *)(uintptr_t)src, n);
-	CUresult r = real(dst, src, n);
-	copy_leave();
-	return r;
+	COPY_BODY(PATH_DRIVER, DIR_UNKNOWN, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, (CUstream)0, 1,
+		  real(dst, src, n), CUDA_SUCCESS);
 }
 
 static inline CUresult drv_memcpy_async(memcpy_async_fn real, CUdeviceptr dst, CUdeviceptr src, size_t n,
 					CUstream s)
 {
-	if (!copy_enter())
-		return real(dst, src, n, s);
-	copy_seen(PATH_DRIVER, DIR_UNKNOWN, (const void *)(uintptr_t)src, n);
-	CUresult r = real(dst, src, n, s);
-	copy_leave();
-	return r;
+	COPY_BODY(PATH_DRIVER, DIR_UNKNOWN, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, s, 0,
+		  real(dst, src, n, s), CUDA_SUCCESS);
 }
 
 static CUresult getproc_do(void *real, int v2, const char *symbol, void **pfn, int version, cuuint64_t flags,

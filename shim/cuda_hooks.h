@@ -6,25 +6,16 @@
  * path, so a shim/cuda.h would shadow <cuda.h> everywhere.)
  *
  * Every host copy the program makes through the hooked entry points is
- * classified once (runtime or driver path, host-to-device or not) and then
- * passed to the real function. Host-to-device copies are offered to
- * ts_cuda_batch_lookup() first: the hook point where issue 5 items 3-5
- * recognise a shared batch upload and serve or publish it.
+ * classified once (runtime or driver path, host-to-device or not). An
+ * upload of a registered stream range (shim/stream.h) is then served from
+ * the GPU ring (consumer) or kept in it after the real copy (producer);
+ * everything else goes to the real function untouched.
  */
 #ifndef TSSHIM_SHIM_CUDA_HOOKS_H
 #define TSSHIM_SHIM_CUDA_HOOKS_H
 
 #include <stddef.h>
 #include <stdint.h>
-
-/*
- * Is the host range [src, src+len), about to be copied to the device, a
- * batch the shim can prove? 1: yes, 0: not a batch (pass the copy through).
- * Called only for host-to-device copies, on the copying thread, inside the
- * hook (nested CUDA calls pass straight through). Must not block, allocate
- * or change errno. Today: always 0.
- */
-int ts_cuda_batch_lookup(const void *src, size_t len);
 
 /*
  * Counters of this process (internal, for tests and `TSSHIM_LOG=debug`):

@@ -8,6 +8,7 @@
  * shim alone creates nothing, starts no thread and touches no file.
  */
 #include "shim.h"
+#include "stream.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -181,6 +182,7 @@ __attribute__((destructor)) static void ts_shim_fini(void)
 	if (!atomic_compare_exchange_strong(&ts_init_state, &expected, TS_FINI))
 		return;
 	ts_feed_api_fini();
+	ts_stream_fini();
 	if (owns_membership()) {
 		ts_heartbeat_stop(&member.heartbeat);
 		stop_prefetch();

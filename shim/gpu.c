@@ -1,0 +1,551 @@
+/* SPDX-License-Identifier: MIT */
+/* The GPU side of a feed: keep the producer's uploads, serve consumers' (gpu.h). */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "feed.h"
+#include "gpu.h"
+#include "gpuring.h"
+#include "log.h"
+#include "real.h"
+
+/* ---- the driver functions we use, from the loaded libcuda ------------------------- */
+
+static struct {
+	CUresult (*CtxGetCurrent)(CUcontext *);
+	CUresult (*CtxGetDevice)(CUdevice *);
+	CUresult (*PointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
+	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+	CUresult (*MemFree)(CUdeviceptr);
+	CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+	CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+	CUresult (*IpcCloseMemHandle)(CUdeviceptr);
+	CUresult (*EventCreate)(CUevent *, unsigned int);
+	CUresult (*EventDestroy)(CUevent);
+	CUresult (*EventRecord)(CUevent, CUstream);
+	CUresult (*EventQuery)(CUevent);
+	CUresult (*EventSynchronize)(CUevent);
+	CUresult (*IpcGetEventHandle)(CUipcEventHandle *, CUevent);
+	CUresult (*IpcOpenEventHandle)(CUevent *, CUipcEventHandle);
+	CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int);
+	CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+} drv;
+
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+static int drv_ok;
+
+static void drv_resolve(void)
+{
+	static const struct {
+		size_t off;
+		const char *name;
+	} names[] = {
+#define F(field, sym) {offsetof(__typeof__(drv), field), sym}
+		F(CtxGetCurrent, "cuCtxGetCurrent"), F(CtxGetDevice, "cuCtxGetDevice"),
+		F(PointerGetAttribute, "cuPointerGetAttribute"), F(MemAlloc, "cuMemAlloc_v2"),
+		F(MemFree, "cuMemFree_v2"), F(IpcGetMemHandle, "cuIpcGetMemHandle"),
+		F(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2"), F(IpcCloseMemHandle, "cuIpcCloseMemHandle"),
+		F(EventCreate, "cuEventCreate"), F(EventDestroy, "cuEventDestroy_v2"), F(EventRecord, "cuEventRecord"),
+		F(EventQuery, "cuEventQuery"), F(EventSynchronize, "cuEventSynchronize"),
+		F(IpcGetEventHandle, "cuIpcGetEventHandle"), F(IpcOpenEventHandle, "cuIpcOpenEventHandle"),
+		F(StreamWaitEvent, "cuStreamWaitEvent"), F(MemcpyAsync, "cuMemcpyAsync"),
+#undef F
+	};
+	/* Only a driver the process has loaded itself: we never load CUDA. */
+	void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+	if (!h)
+		return;
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		void *p = ts_real_dlsym(h, names[i].name);
+		if (!p) {
+			ts_info("gpu: the CUDA driver lacks %s: uploads are not shared on the GPU", names[i].name);
+			dlclose(h);
+			return;
+		}
+		memcpy((char *)&drv + names[i].off, &p, sizeof(p));
+	}
+	dlclose(h); /* NOLOAD took a reference; the driver stays loaded */
+	drv_ok = 1;
+}
+
+static int drv_ready(void)
+{
+	pthread_once(&drv_once, drv_resolve);
+	return drv_ok;
+}
+
+/* ---- per-process state -------------------------------------------------------------- */
+
+#define MAX_OWN     (2 * TS_MAX_DEPTH + 8)
+#define MAX_PENDING 64
+
+struct own_buf {                 /* an allocation of ours in the ring */
+	int rec;                 /* its record; -1: entry unused */
+	uint64_t uniq;
+	CUdeviceptr ptr;
+	CUevent ev;
+	uint64_t size;
+	CUcontext ctx;
+	int slot;                /* the slot it serves; -1: retired, freed once unheld */
+};
+
+struct peer_buf {                /* a record of another process, opened here */
+	uint64_t uniq;           /* 0: not open */
+	CUdeviceptr ptr;
+	CUevent ev;
+	CUcontext ctx;
+	unsigned copies;         /* our copies from it in flight */
+};
+
+struct pending {                 /* one served upload in flight */
+	CUevent done;
+	unsigned nbuf;
+	unsigned buf[8];
+};
+
+struct ts_gpu {
+	struct ts_feed *f;
+	struct ts_gpuring ring;
+	int ring_state;          /* 0 not tried, 1 open, -1 failed */
+	pthread_mutex_t mu;
+	/* producer */
+	struct own_buf own[MAX_OWN];
+	int slot_own[TS_MAX_DEPTH];
+	struct {
+		int active;
+		uint64_t seq;
+		unsigned slot;
+		int own;
+		uint32_t npos;
+		CUstream stream;
+		uint64_t len[TS_MAX_POSITIONS], off[TS_MAX_POSITIONS], done[TS_MAX_POSITIONS];
+	} k;
+	/* consumer */
+	struct peer_buf peer[TS_GPU_MAX_BUFS];
+	struct pending pend[MAX_PENDING];
+	unsigned npend;
+};
+
+static struct {
+	_Atomic uint64_t kept, kept_bytes, served, served_bytes, passed, passed_bytes;
+} stats;
+
+void ts_gpu_stats_get(struct ts_gpu_stats *out)
+{
+	out->kept = atomic_load(&stats.kept);
+	out->kept_bytes = atomic_load(&stats.kept_bytes);
+	out->served = atomic_load(&stats.served);
+	out->served_bytes = atomic_load(&stats.served_bytes);
+	out->passed = atomic_load(&stats.passed);
+	out->passed_bytes = atomic_load(&stats.passed_bytes);
+}
+
+struct ts_gpu *ts_gpu_new(struct ts_feed *f)
+{
+	struct ts_gpu *g = calloc(1, sizeof(*g));
+	if (!g)
+		return NULL;
+	g->f = f;
+	pthread_mutex_init(&g->mu, NULL);
+	for (unsigned i = 0; i < MAX_OWN; i++)
+		g->own[i].rec = -1;
+	for (unsigned i = 0; i < TS_MAX_DEPTH; i++)
+		g->slot_own[i] = -1;
+	return g;
+}
+
+static int ring_open(struct ts_gpu *g)
+{
+	if (g->ring_state)
+		return g->ring_state > 0 ? 0 : -1;
+	char path[TS_PATH_MAX];
+	int ret = ts_gpuring_path(path, sizeof(path), g->f->s.name, g->f->incarnation);
+	if (!ret)
+		ret = ts_gpuring_open(&g->ring, path, g->f->s.seg->st.depth);
+	if (ret) {
+		ts_info("gpu: cannot open the GPU ring of '%s' (%s): uploads go from the host", g->f->s.name,
+			strerror(-ret));
+		g->ring_state = -1;
+		return -1;
+	}
+	/* a member slot reused from a dead process: its holds are not ours */
+	ts_gpuring_unhold_all(&g->ring, g->f->s.self);
+	ts_gpuring_reclaim_dead(&g->ring, g->f->s.seg);
+	g->ring_state = 1;
+	return 0;
+}
+
+/* ---- producer ------------------------------------------------------------------------- */
+
+static void own_free(struct ts_gpu *g, int i)
+{
+	struct own_buf *o = &g->own[i];
+	ts_gpuring_buf_remove(&g->ring, (unsigned)o->rec, o->uniq);
+	drv.EventDestroy(o->ev);
+	drv.MemFree(o->ptr);
+	o->rec = -1;
+}
+
+/* Free retired buffers nobody live reads any more. */
+static void own_reap(struct ts_gpu *g)
+{
+	for (int i = 0; i < (int)MAX_OWN; i++)
+		if (g->own[i].rec >= 0 && g->own[i].slot < 0 &&
+		    !ts_gpuring_buf_held(&g->ring, g->f->s.seg, (unsigned)g->own[i].rec, g->f->s.self))
+			own_free(g, i);
+}
+
+/* A fresh exported allocation for `slot`, in the current context. */
+static int own_alloc(struct ts_gpu *g, unsigned slot, uint64_t size)
+{
+	int i;
+	for (i = 0; i < (int)MAX_OWN && g->own[i].rec >= 0; i++)
+		;
+	if (i == (int)MAX_OWN)
+		return -1;
+	struct own_buf *o = &g->own[i];
+	CUipcMemHandle mh;
+	CUipcEventHandle eh;
+	CUdevice dev;
+	memset(o, 0, sizeof(*o));
+	o->rec = -1;
+	if (drv.CtxGetCurrent(&o->ctx) != CUDA_SUCCESS || !o->ctx || drv.CtxGetDevice(&dev) != CUDA_SUCCESS)
+		return -1;
+	if (drv.MemAlloc(&o->ptr, size) != CUDA_SUCCESS)
+		return -1;
+	if (drv.EventCreate(&o->ev, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+		drv.MemFree(o->ptr);
+		return -1;
+	}
+	if (drv.IpcGetMemHandle(&mh, o->ptr) != CUDA_SUCCESS || drv.IpcGetEventHandle(&eh, o->ev) != CUDA_SUCCESS)
+		goto fail;
+	int rec = ts_gpuring_buf_add(&g->ring, g->f->s.seg, (unsigned)g->f->s.self, (uint32_t)dev, size, mh.reserved,
+				     eh.reserved, &o->uniq);
+	if (rec < 0)
+		goto fail;
+	o->rec = rec;
+	o->size = size;
+	o->slot = (int)slot;
+	return i;
+fail:
+	drv.EventDestroy(o->ev);
+	drv.MemFree(o->ptr);
+	return -1;
+}
+
+/* The buffer slot `slot` writes into for a batch of `size` bytes: its own if
+ * big enough and unheld (after the slot word says WRITING), else a fresh one. */
+static int slot_buffer(struct ts_gpu *g, unsigned slot, uint64_t seq, uint64_t size)
+{
+	int i = g->slot_own[slot];
+	CUcontext ctx = NULL;
+	drv.CtxGetCurrent(&ctx);
+	if (i >= 0) {
+		struct own_buf *o = &g->own[i];
+		ts_gpuring_slot_begin(&g->ring, slot, (unsigned)g->f->s.self, seq, (unsigned)o->rec);
+		if (o->size >= size && o->ctx == ctx &&
+		    !ts_gpuring_buf_held(&g->ring, g->f->s.seg, (unsigned)o->rec, g->f->s.self))
+			return i;
+		if (o->size >= size && o->ctx == ctx)
+			atomic_fetch_add_explicit(&g->ring.t->counters.replaced, 1, memory_order_relaxed);
+		o->slot = -1; /* retired: freed once unheld */
+		g->slot_own[slot] = -1;
+	}
+	own_reap(g);
+	if ((i = own_alloc(g, slot, size)) < 0) {
+		ts_gpuring_slot_drop(&g->ring, slot);
+		return -1;
+	}
+	g->slot_own[slot] = i;
+	ts_gpuring_slot_begin(&g->ring, slot, (unsigned)g->f->s.self, seq, (unsigned)g->own[i].rec);
+	return i;
+}
+
+void ts_gpu_keep_end(struct ts_gpu *g)
+{
+	pthread_mutex_lock(&g->mu);
+	if (g->k.active && g->ring_state > 0)
+		ts_gpuring_slot_drop(&g->ring, g->k.slot);
+	g->k.active = 0;
+	pthread_mutex_unlock(&g->mu);
+}
+
+static int keep_begin(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, CUstream s)
+{
+	uint64_t size = 0;
+	for (uint32_t p = 0; p < npos; p++) {
+		g->k.off[p] = size;
+		g->k.len[p] = len[p];
+		g->k.done[p] = 0;
+		size += (len[p] + TS_GPU_ALIGN - 1) / TS_GPU_ALIGN * TS_GPU_ALIGN;
+	}
+	unsigned slot = (unsigned)(seq % g->ring.t->depth);
+	int i = slot_buffer(g, slot, seq, size ? size : TS_GPU_ALIGN);
+	if (i < 0)
+		return -1;
+	g->k.active = 1;
+	g->k.seq = seq;
+	g->k.slot = slot;
+	g->k.own = i;
+	g->k.npos = npos;
+	g->k.stream = s;
+	return 0;
+}
+
+void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, uint32_t p, uint64_t off,
+		 CUdeviceptr dst, size_t n, CUstream s)
+{
+	if (!drv_ready() || npos < 1 || npos > TS_MAX_POSITIONS || p >= npos)
+		return;
+	pthread_mutex_lock(&g->mu);
+	if (ring_open(g))
+		goto out;
+	if (g->k.active && g->k.seq != seq) {
+		ts_gpuring_slot_drop(&g->ring, g->k.slot);
+		g->k.active = 0;
+	}
+	/* The ring buffer lies in the current context: keep only what is uploaded there. */
+	CUcontext ctx = NULL, dctx = NULL;
+	if (drv.CtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
+	    drv.PointerGetAttribute(&dctx, CU_POINTER_ATTRIBUTE_CONTEXT, dst) != CUDA_SUCCESS || dctx != ctx)
+		goto drop;
+	if (!g->k.active && keep_begin(g, seq, npos, len, s))
+		goto out;
+	/* one stream orders the copies before the event: positions on other streams are not kept */
+	if (g->k.stream != s || off > g->k.len[p] || n > g->k.len[p] - off)
+		goto drop;
+	struct own_buf *o = &g->own[g->k.own];
+	if (drv.MemcpyAsync(o->ptr + g->k.off[p] + off, dst, n, s) != CUDA_SUCCESS)
+		goto drop;
+	g->k.done[p] += n;
+	for (uint32_t q = 0; q < g->k.npos; q++)
+		if (g->k.done[q] < g->k.len[q])
+			goto out;
+	/* every position is in: the event, then READY (release) */
+	if (drv.EventRecord(o->ev, s) != CUDA_SUCCESS ||
+	    ts_gpuring_slot_ready(&g->ring, g->k.slot, o->uniq, g->k.npos, g->k.off, g->k.len))
+		goto drop;
+	uint64_t total = 0;
+	for (uint32_t q = 0; q < g->k.npos; q++)
+		total += g->k.len[q];
+	atomic_fetch_add_explicit(&g->ring.t->counters.batches_kept, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&g->ring.t->counters.bytes_kept, total, memory_order_relaxed);
+	atomic_fetch_add(&stats.kept, 1);
+	atomic_fetch_add(&stats.kept_bytes, total);
+	g->k.active = 0;
+	goto out;
+drop:
+	if (g->k.active)
+		ts_gpuring_slot_drop(&g->ring, g->k.slot);
+	g->k.active = 0;
+out:
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* ---- consumer --------------------------------------------------------------------------- */
+
+static void peer_close(struct ts_gpu *g, unsigned b)
+{
+	struct peer_buf *pb = &g->peer[b];
+	if (!pb->uniq)
+		return;
+	drv.IpcCloseMemHandle(pb->ptr);
+	drv.EventDestroy(pb->ev);
+	memset(pb, 0, sizeof(*pb));
+}
+
+/* Our mapping of record b (opened once, reopened when the record changed). */
+static struct peer_buf *peer_open(struct ts_gpu *g, const struct ts_gpu_held *h)
+{
+	struct peer_buf *pb = &g->peer[h->buf];
+	CUcontext ctx = NULL;
+	if (drv.CtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+		return NULL;
+	if (pb->uniq == h->uniq && pb->ctx == ctx)
+		return pb;
+	if (pb->uniq && pb->copies)
+		return NULL; /* the old mapping is still being read from */
+	peer_close(g, h->buf);
+	CUipcMemHandle mh;
+	CUipcEventHandle eh;
+	memcpy(mh.reserved, h->mem, sizeof(mh.reserved));
+	memcpy(eh.reserved, h->event, sizeof(eh.reserved));
+	if (drv.IpcOpenMemHandle(&pb->ptr, mh, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS)
+		return NULL;
+	if (drv.IpcOpenEventHandle(&pb->ev, eh) != CUDA_SUCCESS) {
+		drv.IpcCloseMemHandle(pb->ptr);
+		return NULL;
+	}
+	pb->uniq = h->uniq;
+	pb->ctx = ctx;
+	return pb;
+}
+
+/* Close our mappings of records that are gone: the last mapping closed releases the memory. */
+static void close_stale(struct ts_gpu *g)
+{
+	for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++)
+		if (g->peer[b].uniq && !g->peer[b].copies && !ts_gpuring_buf_current(&g->ring, b, g->peer[b].uniq))
+			peer_close(g, b);
+}
+
+static void release_pending(struct ts_gpu *g, struct pending *pd)
+{
+	for (unsigned j = 0; j < pd->nbuf; j++) {
+		struct peer_buf *pb = &g->peer[pd->buf[j]];
+		if (pb->copies && --pb->copies == 0)
+			ts_gpuring_unhold(&g->ring, g->f->s.self, pd->buf[j]);
+	}
+	drv.EventDestroy(pd->done);
+}
+
+/* Let go of the buffers of copies that have completed (all of them: wait). */
+static void poll_pending(struct ts_gpu *g, int wait)
+{
+	unsigned k = 0;
+	for (unsigned i = 0; i < g->npend; i++) {
+		struct pending *pd = &g->pend[i];
+		CUresult r = wait ? drv.EventSynchronize(pd->done) : drv.EventQuery(pd->done);
+		if (r == CUDA_ERROR_NOT_READY) {
+			g->pend[k++] = *pd;
+			continue;
+		}
+		release_pending(g, pd);
+	}
+	g->npend = k;
+}
+
+/* Drop holds taken for h[0..n) that no copy of ours in flight needs. */
+static void unhold_unused(struct ts_gpu *g, const struct ts_gpu_held *h, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (h[i].buf < TS_GPU_MAX_BUFS && !g->peer[h[i].buf].copies)
+			ts_gpuring_unhold(&g->ring, g->f->s.self, h[i].buf);
+}
+
+/* Hold every buffer the pieces lie in; pass through when one is not there soon. */
+static int hold_pieces(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npieces, struct ts_gpu_held *h)
+{
+	/* a producer that keeps its batches uploads right after it publishes: give it a moment */
+	int patient = atomic_load_explicit(&g->ring.t->counters.batches_kept, memory_order_relaxed) > 0;
+	for (unsigned i = 0; i < npieces; i++) {
+		int ret;
+		h[i].buf = UINT32_MAX;
+		for (int tries = 0;; tries++) {
+			ret = ts_gpuring_hold_again(&g->ring, g->f->s.self, pc[i].seq, pc[i].writer, &h[i]);
+			if (ret != -EAGAIN || !patient || tries >= 200)
+				break;
+			struct timespec ts = {0, 100000};
+			nanosleep(&ts, NULL);
+		}
+		if (ret == 0 && (pc[i].pos >= h[i].npos || pc[i].off > h[i].len[pc[i].pos] ||
+				 pc[i].len > h[i].len[pc[i].pos] - pc[i].off))
+			ret = -EBADMSG;
+		if (ret) {
+			unhold_unused(g, h, i + 1);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npieces, CUdeviceptr dst, CUstream s,
+		 int sync)
+{
+	struct ts_gpu_held h[8];
+	struct peer_buf *pb[8];
+	int served = 0;
+	if (!npieces || npieces > 8 || !drv_ready())
+		return 0;
+	pthread_mutex_lock(&g->mu);
+	if (ring_open(g))
+		goto out;
+	poll_pending(g, g->npend == MAX_PENDING);
+	close_stale(g);
+	if (hold_pieces(g, pc, npieces, h))
+		goto out;
+	unsigned i;
+	for (i = 0; i < npieces; i++)
+		if (!(pb[i] = peer_open(g, &h[i])))
+			break;
+	struct pending pd = {0};
+	if (i < npieces || drv.EventCreate(&pd.done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+		goto unhold;
+	/* wait for the producer's writes, then copy on the caller's stream */
+	for (i = 0; i < npieces; i++) {
+		if (drv.StreamWaitEvent(s, pb[i]->ev, 0) != CUDA_SUCCESS ||
+		    drv.MemcpyAsync(dst + pc[i].at, pb[i]->ptr + h[i].off[pc[i].pos] + pc[i].off, pc[i].len, s) !=
+			    CUDA_SUCCESS)
+			break;
+	}
+	if (i < npieces) {
+		/* some copies may be queued: they must finish before we let go */
+		drv.EventRecord(pd.done, s);
+		drv.EventSynchronize(pd.done);
+		drv.EventDestroy(pd.done);
+		ts_info("gpu: serving an upload failed part-way; it is done from the host");
+		goto unhold;
+	}
+	drv.EventRecord(pd.done, s);
+	for (i = 0; i < npieces; i++) {
+		unsigned j;
+		for (j = 0; j < pd.nbuf && pd.buf[j] != h[i].buf; j++)
+			;
+		if (j == pd.nbuf) {
+			pd.buf[pd.nbuf++] = h[i].buf;
+			pb[i]->copies++;
+		}
+	}
+	g->pend[g->npend++] = pd;
+	if (sync)
+		poll_pending(g, 1);
+	served = 1;
+	goto out;
+unhold:
+	unhold_unused(g, h, npieces);
+out:
+	pthread_mutex_unlock(&g->mu);
+	return served;
+}
+
+void ts_gpu_free(struct ts_gpu *g, int exiting)
+{
+	if (!g)
+		return;
+	pthread_mutex_lock(&g->mu);
+	if (g->ring_state > 0) {
+		/*
+		 * At exit the driver may be finalised already (it was dlopen()ed
+		 * after us, so its destructors ran first): no CUDA call then. Our
+		 * copies die with the process; our allocations go with its context.
+		 */
+		if (!exiting && drv_ok) {
+			poll_pending(g, 1);
+			for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++)
+				peer_close(g, b);
+		}
+		ts_gpuring_unhold_all(&g->ring, g->f->s.self);
+		if (g->k.active)
+			ts_gpuring_slot_drop(&g->ring, g->k.slot);
+		for (int i = 0; i < (int)MAX_OWN; i++) {
+			if (g->own[i].rec < 0)
+				continue;
+			for (unsigned sl = 0; sl < g->ring.t->depth; sl++)
+				if (g->slot_own[sl] == i)
+					ts_gpuring_slot_drop(&g->ring, sl);
+			if (exiting)
+				ts_gpuring_buf_remove(&g->ring, (unsigned)g->own[i].rec, g->own[i].uniq);
+			else if (!ts_gpuring_buf_held(&g->ring, g->f->s.seg, (unsigned)g->own[i].rec, g->f->s.self))
+				own_free(g, i);
+		}
+		ts_gpuring_close(&g->ring);
+	}
+	pthread_mutex_unlock(&g->mu);
+	pthread_mutex_destroy(&g->mu);
+	free(g);
+}

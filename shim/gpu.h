@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The GPU side of a feed (socket mode): the producer keeps its uploads of
+ * stream ranges in device buffers of the GPU ring (core/gpuring.h); a
+ * consumer's upload of stream ranges is served from them, device to device
+ * (or peer), after waiting on the producer's interprocess event.
+ *
+ * Everything here goes through the CUDA driver API of the libcuda the
+ * process has already loaded (never loaded by us); a process where it is
+ * missing, or a call that fails, keeps nothing and serves nothing: the
+ * upload is then done from the host, which holds the same bytes.
+ */
+#ifndef TSSHIM_SHIM_GPU_H
+#define TSSHIM_SHIM_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+struct ts_feed;
+struct ts_gpu;
+
+/* A part of an upload that comes from ring seq `seq` (published by `writer`). */
+struct ts_gpu_piece {
+	uint64_t seq;
+	int writer;
+	uint32_t pos;
+	uint64_t off;   /* offset within the position's bytes of that seq */
+	uint64_t len;
+	uint64_t at;    /* offset within the upload's destination */
+};
+
+struct ts_gpu *ts_gpu_new(struct ts_feed *f);
+/*
+ * Wait for our copies, let go of every hold, free what we allocated and
+ * nobody holds. exiting: the process is exiting: no CUDA call, only the
+ * shared table is tidied.
+ */
+void ts_gpu_free(struct ts_gpu *g, int exiting);
+
+/*
+ * Producer, after the real upload of bytes [off, off + n) of position p of
+ * ring seq `seq` (npos positions of len[] bytes) to dst on stream s: copy
+ * them into the ring buffer of that seq; once every position is complete,
+ * record the buffer's event and mark the slot READY.
+ */
+void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, uint32_t p, uint64_t off,
+		 CUdeviceptr dst, size_t n, CUstream s);
+/* Producer: the batch being kept is over (a new one was registered); an unfinished one is dropped. */
+void ts_gpu_keep_end(struct ts_gpu *g);
+
+/*
+ * Consumer: serve an upload to dst made of npieces pieces from the ring,
+ * on stream s (sync: the caller's copy was synchronous: wait for ours).
+ * 1: served (dst gets the bytes); 0: not (nothing was enqueued; upload from the host).
+ */
+int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npieces, CUdeviceptr dst, CUstream s,
+		 int sync);
+
+/* Counters of this process (for tests and the exit line). */
+struct ts_gpu_stats {
+	uint64_t kept, kept_bytes, served, served_bytes, passed, passed_bytes;
+};
+void ts_gpu_stats_get(struct ts_gpu_stats *out);
+
+#endif
