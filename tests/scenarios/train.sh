@@ -39,7 +39,7 @@ field() { # the value of KEY in each line on stdin
 check "--help exits 0" [ $? = 0 ]
 missing=
 for o in val limit val-limit size batch val-batch workers start persistent-workers prefetch shm timeout pin \
-	seed shuffle epochs device cudart step-ms val-step-ms step-spin val-every break-after readback record help; do
+	seed shuffle epochs device cudart step-ms val-step-ms step-spin val-every break-after readback tsshim record help; do
 	grep -q -- "--$o" "$T_TMP/help" || missing="$missing --$o"
 done
 check "--help explains every option${missing:+ (missing:$missing)}" [ -z "$missing" ]
@@ -79,6 +79,35 @@ train seed2 --workers 2 --size 32 --batch 5 --epochs 2 --seed 12 --val "$D/val" 
 check "another seed: another trained_checksum" cond '[ -n "$(checksum seed2)" ] && [ "$(checksum seed2)" != "$(checksum ref)" ]'
 check "another seed: another sample order" \
 	[ "$(lines ref | grep phase=train | field ids)" != "$(lines seed2 | grep phase=train | field ids)" ]
+
+# --- --tsshim without the shim --------------------------------------------------------
+# tsshim_batch is a weak reference: NULL here, so every batch stays the
+# job's own and only the record gains fields.
+if command -v nm >/dev/null; then
+	check "tsshim_batch is a dynamic weak reference" cond 'nm -D "$TRAIN" | grep -qE "^ +w tsshim_batch$"'
+fi
+train ts --tsshim --readback --workers 2 --pin "${COMMON[@]}"
+check "--tsshim without the shim: same trained_checksum" cond '[ "$RC" = 0 ] && [ "$(checksum ts)" = "$(checksum ref)" ]'
+check "--tsshim: share=own on every batch line (train and val)" \
+	cond '[ "$(lines ts | wc -l)" = 44 ] && [ "$(lines ts | grep -vc " share=own sh=")" = 0 ]'
+sh_ok() { # every line: sh= holds n hashes of 16 hex digits; dsh= equals it
+	lines ts | awk '{ n = sh = dsh = ""
+		for (i = 1; i <= NF; i++) {
+			if ($i ~ /^n=/) n = substr($i, 3)
+			if ($i ~ /^sh=/) sh = substr($i, 4)
+			if ($i ~ /^dsh=/) dsh = substr($i, 5)
+		}
+		k = split(sh, h, ",")
+		for (j = 1; j <= k; j++) if (length(h[j]) != 16 || h[j] ~ /[^0-9a-f]/) bad++
+		if (k != n || dsh != sh) bad++ }
+		END { exit bad > 0 }'
+}
+check "--tsshim: sh= has n per-sample hashes; with --readback dsh= equals sh=" sh_ok
+train rb --readback --workers 2 --pin "${COMMON[@]}"
+check "--tsshim: the other fields are unchanged" \
+	[ "$(lines ts | sed 's/ share=.*//')" = "$(lines rb)" ]
+check "--tsshim: the header names the loader (train.<fingerprint>.<size>)" \
+	grep -qE '^# tsshim_loader=train\.[0-9a-f]{16}\.32$' "$T_TMP/ts.rec"
 
 # --- batching and sampling ---------------------------------------------------------
 ok_epochs=1
