@@ -2,7 +2,9 @@
 /*
  * tsshim-train: the reference *unmodified* training program that tsshim
  * must serve. It is built the way a PyTorch DataLoader job is built and
- * knows nothing about tsshim (it neither includes nor calls anything of it):
+ * knows nothing about tsshim (it calls nothing of it), except with --tsshim:
+ * then each training batch goes through tsshim_batch() (include/tsshim.h, a
+ * weak reference: NULL without the shim) right before its upload.
  *
  *   main process                         worker processes (--workers N)
  *   ------------                         ------------------------------
@@ -51,6 +53,7 @@
 
 #include "train_hash.h"
 #include "train_image.h"
+#include "tsshim.h"
 
 #define PROG "tsshim-train"
 #define MAX_BATCH 8192
@@ -66,7 +69,7 @@ static struct options {
 	const char *root, *val_root, *record, *cudart;
 	uint64_t limit, val_limit, seed, epochs, val_every, break_after;
 	unsigned batch, val_batch, size, prefetch;
-	int workers, start, shm, shuffle, persistent, pin, device, step_spin, readback;
+	int workers, start, shm, shuffle, persistent, pin, device, step_spin, readback, tsshim;
 	double step_ms, val_step_ms, timeout_s;
 } opt = {
 	.seed = 0, .epochs = 1, .batch = 32, .size = 224, .prefetch = 2, .workers = 2,
@@ -1503,6 +1506,8 @@ static struct {
 	uint64_t seq; /* job-relative batch number, train and val */
 	uint64_t train_batches, train_samples, val_batches, val_samples, val_passes;
 	struct xxh64_state trained, device;
+	char share_loader[64]; /* --tsshim: "train.<dataset fingerprint>.<size>" */
+	int64_t *share_ids;    /* --tsshim: a batch's ids as tsshim_batch takes them */
 } J;
 
 static int step(double ms)
@@ -1533,49 +1538,112 @@ static int step(double ms)
 	}
 }
 
+enum { SHARE_OWN, SHARE_PUB, SHARE_SERVED };
+static const char *const share_name[] = {"own", "pub", "served"};
+
+/*
+ * --tsshim: hand a training batch to the shim right before its upload
+ * (include/tsshim.h). On SERVED the shim has replaced the bytes of img and
+ * lbl with the stream's: the caller uploads and records those. Without the
+ * shim (tsshim_batch NULL), and for validation, the batch stays the job's.
+ */
+static int share_batch(const struct loader *L, const struct batch *b, void *img, void *lbl, uint64_t iter,
+		       struct tsshim_where *at)
+{
+	if (!opt.tsshim || !L->train || !tsshim_batch)
+		return SHARE_OWN;
+	void *data[2] = {img, lbl};
+	size_t bytes[2] = {b->img_bytes, b->lbl_bytes};
+	unsigned flags = (iter == 0 ? TSSHIM_BATCH_FIRST : 0) | (iter + 1 == L->nbatches ? TSSHIM_BATCH_LAST : 0);
+	for (uint32_t i = 0; i < b->n; i++)
+		J.share_ids[i] = (int64_t)b->ids[i];
+	int r = tsshim_batch(J.share_loader, 2, data, bytes, b->n, J.share_ids, L->ds.n, flags, at);
+	if (r == TSSHIM_BATCH_PUBLISHED)
+		return SHARE_PUB;
+	return r == TSSHIM_BATCH_SERVED ? SHARE_SERVED : SHARE_OWN;
+}
+
+/* " KEY=H1,H2,..": per sample, XXH64 of its image bytes then its label
+ * bytes, so that a verifier can follow single samples across jobs that
+ * batch them differently. */
+static void record_sample_hashes(FILE *f, const char *key, const struct batch *b, const void *img, const void *lbl)
+{
+	size_t ib = b->img_bytes / b->n, lb = b->lbl_bytes / b->n;
+	fprintf(f, " %s=", key);
+	for (uint32_t i = 0; i < b->n; i++) {
+		struct xxh64_state h;
+		xxh64_init(&h, 0);
+		xxh64_update(&h, (const char *)img + i * ib, ib);
+		xxh64_update(&h, (const char *)lbl + i * lb, lb);
+		fprintf(f, i ? ",%016" PRIx64 : "%016" PRIx64, xxh64_digest(&h));
+	}
+}
+
+/* What one batch line records besides the loader's batch. */
+struct rec_batch {
+	uint64_t epoch, pass, iter;
+	const void *img, *lbl, *dimg, *dlbl; /* uploaded, and read back (--readback) */
+	uint64_t h_img, h_lbl, d_img, d_lbl;
+	int share;
+	struct tsshim_where at;
+};
+
+static void record_batch(const struct loader *L, const struct batch *b, const struct rec_batch *r)
+{
+	FILE *f = J.rec;
+	fprintf(f, "seq=%" PRIu64 " phase=%s epoch=%" PRIu64 " pass=%" PRIu64 " iter=%" PRIu64 " n=%u ids=", J.seq,
+		L->name, r->epoch, r->pass, r->iter, b->n);
+	for (uint32_t i = 0; i < b->n; i++)
+		fprintf(f, i ? ",%" PRIu64 : "%" PRIu64, b->ids[i]);
+	fputs(" labels=", f);
+	for (uint32_t i = 0; i < b->n; i++) {
+		int64_t v;
+		memcpy(&v, (const char *)r->lbl + i * sizeof v, sizeof v);
+		fprintf(f, i ? ",%" PRId64 : "%" PRId64, v);
+	}
+	fprintf(f, " img=%016" PRIx64 " lbl=%016" PRIx64, r->h_img, r->h_lbl);
+	if (opt.readback)
+		fprintf(f, " dimg=%016" PRIx64 " dlbl=%016" PRIx64, r->d_img, r->d_lbl);
+	if (opt.tsshim) {
+		fprintf(f, " share=%s", share_name[r->share]);
+		if (r->share != SHARE_OWN)
+			fprintf(f, " fseq=%" PRIu64 " fsamp=%" PRIu64, r->at.seq, r->at.sample);
+		record_sample_hashes(f, "sh", b, r->img, r->lbl);
+		if (opt.readback)
+			record_sample_hashes(f, "dsh", b, r->dimg, r->dlbl);
+	}
+	fputc('\n', f);
+	fflush(f);
+}
+
 /* Upload, checksum, record and step one batch. */
 static int consume(struct loader *L, struct batch *b, uint64_t epoch, uint64_t pass, uint64_t iter)
 {
-	const void *img = b->pin ? b->pin->img : b->img;
-	const void *lbl = b->pin ? b->pin->lbl : b->lbl;
+	void *img = b->pin ? b->pin->img : b->img;
+	void *lbl = b->pin ? b->pin->lbl : b->lbl;
+	struct rec_batch r = {.epoch = epoch, .pass = pass, .iter = iter, .img = img, .lbl = lbl};
+	r.share = share_batch(L, b, img, lbl, iter, &r.at);
 	if (upload(img, b->img_bytes, lbl, b->lbl_bytes, b->pin != NULL) < 0)
 		return -1;
 	/* What was handed to the copy is what was uploaded. */
-	uint64_t h_img = xxh64(img, b->img_bytes, 0), h_lbl = xxh64(lbl, b->lbl_bytes, 0);
-	uint64_t d_img = 0, d_lbl = 0;
+	r.h_img = xxh64(img, b->img_bytes, 0);
+	r.h_lbl = xxh64(lbl, b->lbl_bytes, 0);
 	if (L->train) {
 		xxh64_update(&J.trained, img, b->img_bytes);
 		xxh64_update(&J.trained, lbl, b->lbl_bytes);
 	}
 	if (opt.readback) {
-		const void *ri, *rl;
-		if (readback(b->img_bytes, b->lbl_bytes, &ri, &rl) < 0)
+		if (readback(b->img_bytes, b->lbl_bytes, &r.dimg, &r.dlbl) < 0)
 			return -1;
-		d_img = xxh64(ri, b->img_bytes, 0);
-		d_lbl = xxh64(rl, b->lbl_bytes, 0);
+		r.d_img = xxh64(r.dimg, b->img_bytes, 0);
+		r.d_lbl = xxh64(r.dlbl, b->lbl_bytes, 0);
 		if (L->train) {
-			xxh64_update(&J.device, ri, b->img_bytes);
-			xxh64_update(&J.device, rl, b->lbl_bytes);
+			xxh64_update(&J.device, r.dimg, b->img_bytes);
+			xxh64_update(&J.device, r.dlbl, b->lbl_bytes);
 		}
 	}
-	if (J.rec) {
-		FILE *f = J.rec;
-		fprintf(f, "seq=%" PRIu64 " phase=%s epoch=%" PRIu64 " pass=%" PRIu64 " iter=%" PRIu64 " n=%u ids=",
-			J.seq, L->name, epoch, pass, iter, b->n);
-		for (uint32_t i = 0; i < b->n; i++)
-			fprintf(f, i ? ",%" PRIu64 : "%" PRIu64, b->ids[i]);
-		fputs(" labels=", f);
-		for (uint32_t i = 0; i < b->n; i++) {
-			int64_t v;
-			memcpy(&v, (const char *)lbl + i * sizeof v, sizeof v);
-			fprintf(f, i ? ",%" PRId64 : "%" PRId64, v);
-		}
-		fprintf(f, " img=%016" PRIx64 " lbl=%016" PRIx64, h_img, h_lbl);
-		if (opt.readback)
-			fprintf(f, " dimg=%016" PRIx64 " dlbl=%016" PRIx64, d_img, d_lbl);
-		fputc('\n', f);
-		fflush(f);
-	}
+	if (J.rec)
+		record_batch(L, b, &r);
 	J.seq++;
 	if (L->train) {
 		J.train_batches++;
@@ -1709,6 +1777,14 @@ static void usage(FILE *f)
 "                        loop over the loader (default 0: never)\n"
 "  --readback            copy each uploaded batch back from the device and record\n"
 "                        its checksums too (dimg=, dlbl=, device_checksum=)\n"
+"  --tsshim              hand every training batch to the shim right before its\n"
+"                        upload: tsshim_batch() of include/tsshim.h, loader\n"
+"                        \"train.<dataset fingerprint>.<size>\". The shim may\n"
+"                        publish the batch, or replace its bytes with the\n"
+"                        session's stream (then those are uploaded, checksummed\n"
+"                        and recorded). Validation batches stay the job's own.\n"
+"                        Without the shim (the symbol is weak) nothing changes\n"
+"                        but the record's extra fields (share=own).\n"
 "\n"
 "Output\n"
 "  --record FILE         write one line per batch (train and validation):\n"
@@ -1722,9 +1798,22 @@ static void usage(FILE *f)
 "                        the uploaded label tensor; img, lbl: XXH64 (seed 0) of\n"
 "                        the uploaded bytes of the images (float32 [N,3,S,S],\n"
 "                        normalised, CHW) and of the labels (int64 [N]), both\n"
-"                        little-endian, 16 hex digits. Lines starting with '#'\n"
-"                        are comments: a header with the options that change the\n"
-"                        data, and a final '# end ...' line on success.\n"
+"                        little-endian, 16 hex digits.\n"
+"      with --tsshim also: share=own|pub|served [fseq=F fsamp=K] sh=H1,H2,..\n"
+"      [dsh=H1,H2,..]\n"
+"                        share: own (the job's batch: no shim, a validation\n"
+"                        batch, or the shim kept out), pub (published into the\n"
+"                        stream), served (the stream's samples replaced it);\n"
+"                        fseq, fsamp (pub and served): the stream batch and the\n"
+"                        index within it of the first sample; sh: per sample,\n"
+"                        XXH64 (seed 0) of its image bytes then its 8 label\n"
+"                        bytes as uploaded; dsh (with --readback): the same of\n"
+"                        the bytes read back from the device. tsshim-verify\n"
+"                        checks such records of the jobs of one session.\n"
+"                        Lines starting with '#' are comments: a header with the\n"
+"                        options that change the data (with --tsshim also\n"
+"                        tsshim_loader=NAME), and a final '# end ...' line on\n"
+"                        success.\n"
 "  --help                this text\n"
 "\n"
 "At the end, on stdout:\n"
@@ -1800,7 +1889,7 @@ static void parse_args(int argc, char **argv)
 	enum {
 		O_VAL = 256, O_LIMIT, O_VAL_LIMIT, O_SIZE, O_BATCH, O_VAL_BATCH, O_WORKERS, O_START, O_PERSIST,
 		O_PREFETCH, O_SHM, O_TIMEOUT, O_PIN, O_SEED, O_SHUFFLE, O_EPOCHS, O_DEVICE, O_CUDART, O_STEP,
-		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_READBACK, O_RECORD, O_HELP, O_WORKER_FD,
+		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_READBACK, O_TSSHIM, O_RECORD, O_HELP, O_WORKER_FD,
 	};
 	static const struct option lo[] = {
 		{"val", required_argument, 0, O_VAL},
@@ -1827,6 +1916,7 @@ static void parse_args(int argc, char **argv)
 		{"val-every", required_argument, 0, O_VAL_EVERY},
 		{"break-after", required_argument, 0, O_BREAK},
 		{"readback", no_argument, 0, O_READBACK},
+		{"tsshim", no_argument, 0, O_TSSHIM},
 		{"record", required_argument, 0, O_RECORD},
 		{"help", no_argument, 0, O_HELP},
 		{"worker-fd", required_argument, 0, O_WORKER_FD},
@@ -1861,6 +1951,7 @@ static void parse_args(int argc, char **argv)
 		case O_VAL_EVERY: opt.val_every = parse_u64("val-every", a, 0, UINT64_MAX / 2); break;
 		case O_BREAK: opt.break_after = parse_u64("break-after", a, 0, UINT64_MAX / 2); break;
 		case O_READBACK: opt.readback = 1; break;
+		case O_TSSHIM: opt.tsshim = 1; break;
 		case O_RECORD: opt.record = a; break;
 		case O_HELP: usage(stdout); exit(0);
 		case O_WORKER_FD: bad_usage("--worker-fd is internal: it is how spawned workers start");
@@ -1906,6 +1997,19 @@ static int loader_setup(struct loader *L, const char *name, const char *root, ui
 	return 0;
 }
 
+/* --tsshim: the loader name (the dataset and the transforms: jobs that
+ * name the same loader share one stream) and the ids buffer. */
+static int share_setup(void)
+{
+	snprintf(J.share_loader, sizeof J.share_loader, "train.%016" PRIx64 ".%u", J.train.ds.fp, opt.size);
+	J.share_ids = malloc(opt.batch * sizeof *J.share_ids);
+	if (!J.share_ids) {
+		fprintf(stderr, PROG ": out of memory\n");
+		return -1;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && !strcmp(argv[1], "--worker-fd"))
@@ -1946,6 +2050,8 @@ int main(int argc, char **argv)
 		goto out;
 	if (opt.pin && pin_start(maxb * per, maxb * sizeof(int64_t)) < 0)
 		goto out;
+	if (opt.tsshim && share_setup() < 0)
+		goto out;
 	if (opt.record) {
 		J.rec = fopen(opt.record, "we");
 		if (!J.rec) {
@@ -1961,6 +2067,8 @@ int main(int argc, char **argv)
 			" limit=%" PRIu64 " val_limit=%" PRIu64 " val_every=%" PRIu64 " break_after=%" PRIu64 "\n",
 			opt.size, opt.batch, opt.val_batch, opt.seed, opt.shuffle, opt.epochs, opt.limit,
 			opt.val_limit, opt.val_every, opt.break_after);
+		if (opt.tsshim)
+			fprintf(J.rec, "# tsshim_loader=%s\n", J.share_loader);
 		fflush(J.rec);
 	}
 	xxh64_init(&J.trained, 0);
@@ -1977,6 +2085,7 @@ out:
 		rc = 1; /* a persistent worker died on its own */
 	pin_stop();
 	device_free();
+	free(J.share_ids);
 	if (g_signal) {
 		fprintf(stderr, PROG ": interrupted by signal %d (%s); workers stopped\n", (int)g_signal,
 			strsignal(g_signal));
