@@ -89,7 +89,7 @@ check "--quiet: nothing on stdout when all holds" cond '[ $RC = 0 ] && [ ! -s "$
 # bad NAME PATTERN FILE SED: the good set with FILE edited by SED must exit
 # 1 with PATTERN in the report.
 bad() {
-	local name=$1 pat=$2 file=$3 expr=$4 d=$T_TMP/$1 f
+	local name=$1 pat=$2 file=$3 expr=$4 d=$T_TMP/$1
 	mkdir -p "$d"
 	cp "${GOOD[@]}" "$d/"
 	sed -i -e "$expr" "$d/$file"
