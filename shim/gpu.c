@@ -502,6 +502,14 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 		}
 	}
 	g->pend[g->npend++] = pd;
+	uint64_t total = 0;
+	for (i = 0; i < npieces; i++)
+		total += pc[i].len;
+	atomic_fetch_add_explicit(&g->ring.t->counters.uploads_served, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&g->ring.t->counters.bytes_served, total, memory_order_relaxed);
+	atomic_fetch_add_explicit(&g->f->s.seg->counters.bytes_not_copied, total, memory_order_relaxed);
+	atomic_fetch_add(&stats.served, 1);
+	atomic_fetch_add(&stats.served_bytes, total);
 	if (sync)
 		poll_pending(g, 1);
 	served = 1;

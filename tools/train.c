@@ -69,7 +69,7 @@ static struct options {
 	const char *root, *val_root, *record, *cudart;
 	uint64_t limit, val_limit, seed, epochs, val_every, break_after;
 	unsigned batch, val_batch, size, prefetch;
-	int workers, start, shm, shuffle, persistent, pin, device, step_spin, readback, tsshim;
+	int workers, start, shm, shuffle, persistent, pin, device, step_spin, readback, tsshim, gpu;
 	double step_ms, val_step_ms, timeout_s;
 } opt = {
 	.seed = 0, .epochs = 1, .batch = 32, .size = 224, .prefetch = 2, .workers = 2,
@@ -605,6 +605,7 @@ out:
 
 static struct {
 	void *lib;
+	__typeof__(cudaSetDevice) *SetDevice;
 	__typeof__(cudaMalloc) *Malloc;
 	__typeof__(cudaFree) *Free;
 	__typeof__(cudaMemcpy) *Memcpy;
@@ -655,6 +656,7 @@ static int cuda_open(void)
 		void **p;
 		const char *name;
 	} syms[] = {
+		{(void **)&cu.SetDevice, "cudaSetDevice"},
 		{(void **)&cu.Malloc, "cudaMalloc"},
 		{(void **)&cu.Free, "cudaFree"},
 		{(void **)&cu.Memcpy, "cudaMemcpy"},
@@ -699,6 +701,8 @@ static int device_init(size_t img_cap, size_t lbl_cap)
 		return 0;
 	}
 	if (cuda_open() < 0)
+		return -1;
+	if (opt.gpu && cuda_ok(cu.SetDevice(opt.gpu), "cudaSetDevice (--gpu)") < 0)
 		return -1;
 	if (cuda_ok(cu.Malloc(&dev.img, img_cap), "cudaMalloc (images)") < 0 ||
 	    cuda_ok(cu.Malloc(&dev.lbl, lbl_cap), "cudaMalloc (labels)") < 0)
@@ -1775,6 +1779,7 @@ static void usage(FILE *f)
 "                        batch (default 0: only at epoch ends; needs --val)\n"
 "  --break-after K       leave each epoch after K batches, like `break` in the\n"
 "                        loop over the loader (default 0: never)\n"
+"  --gpu N               with --device cuda: the CUDA device to use (default 0)\n"
 "  --readback            copy each uploaded batch back from the device and record\n"
 "                        its checksums too (dimg=, dlbl=, device_checksum=)\n"
 "  --tsshim              hand every training batch to the shim right before its\n"
@@ -1889,7 +1894,7 @@ static void parse_args(int argc, char **argv)
 	enum {
 		O_VAL = 256, O_LIMIT, O_VAL_LIMIT, O_SIZE, O_BATCH, O_VAL_BATCH, O_WORKERS, O_START, O_PERSIST,
 		O_PREFETCH, O_SHM, O_TIMEOUT, O_PIN, O_SEED, O_SHUFFLE, O_EPOCHS, O_DEVICE, O_CUDART, O_STEP,
-		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_READBACK, O_TSSHIM, O_RECORD, O_HELP, O_WORKER_FD,
+		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_GPU, O_READBACK, O_TSSHIM, O_RECORD, O_HELP, O_WORKER_FD,
 	};
 	static const struct option lo[] = {
 		{"val", required_argument, 0, O_VAL},
@@ -1915,6 +1920,7 @@ static void parse_args(int argc, char **argv)
 		{"step-spin", no_argument, 0, O_SPIN},
 		{"val-every", required_argument, 0, O_VAL_EVERY},
 		{"break-after", required_argument, 0, O_BREAK},
+		{"gpu", required_argument, 0, O_GPU},
 		{"readback", no_argument, 0, O_READBACK},
 		{"tsshim", no_argument, 0, O_TSSHIM},
 		{"record", required_argument, 0, O_RECORD},
@@ -1950,6 +1956,7 @@ static void parse_args(int argc, char **argv)
 		case O_SPIN: opt.step_spin = 1; break;
 		case O_VAL_EVERY: opt.val_every = parse_u64("val-every", a, 0, UINT64_MAX / 2); break;
 		case O_BREAK: opt.break_after = parse_u64("break-after", a, 0, UINT64_MAX / 2); break;
+		case O_GPU: opt.gpu = (int)parse_u64("--gpu", a, 0, 63); break;
 		case O_READBACK: opt.readback = 1; break;
 		case O_TSSHIM: opt.tsshim = 1; break;
 		case O_RECORD: opt.record = a; break;
