@@ -64,7 +64,12 @@
  *       "samples_produced": int, "samples_served": int,  served: to consumers
  *       "produce_cpu_ns": int,           CPU the producers spent on their batches
  *       "cpu_ns_saved": int,             samples_served x produce_cpu_ns / samples_produced
- *       "shareable": bool}}}             false: the producer met batches it cannot carry
+ *       "shareable": bool},              false: the producer met batches it cannot carry
+ *     "gpu": {                           the feed's GPU ring (socket mode), else null
+ *       "batches_kept": int, "bytes_kept": int,        producer uploads placed in it
+ *       "uploads_served": int, "bytes_served": int,    consumer uploads served from it
+ *       "buffers": int, "buffer_bytes": int,           device buffers it names now
+ *       "replaced": int}}}               slots given a fresh buffer (theirs was being read)
  *
  * Clean (--clean):
  *   {"schema": 1, "clean": {"removed": [str, ...],
@@ -74,10 +79,14 @@
  * line on stderr.
  */
 #include "cache.h"
+#include "gpuring.h"
 #include "ring.h"
 #include "session.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <setjmp.h>
@@ -145,6 +154,8 @@ struct snap {
 	int has_cache;                  /* the session's decoded-image cache (exact mode) */
 	char cache_path[TS_PATH_MAX];
 	struct ts_cache_stats cache;
+	int has_gpu;                    /* the feed's GPU ring */
+	uint64_t gpu_kept, gpu_kept_bytes, gpu_served, gpu_served_bytes, gpu_bufs, gpu_buf_bytes, gpu_replaced;
 };
 
 #define LOAD(p) atomic_load_explicit((p), memory_order_relaxed)
@@ -519,6 +530,19 @@ static void text_counters(const struct snap *s)
 	}
 }
 
+static void text_gpu(const struct snap *s)
+{
+	char a[64], b[64];
+	if (!s->has_gpu)
+		return;
+	printf("\ngpu ring\n");
+	printf("  batches kept      %" PRIu64 ", %s\n", s->gpu_kept, fmt_bytes(a, sizeof(a), s->gpu_kept_bytes));
+	printf("  uploads served    %" PRIu64 ", %s not copied host-to-device\n", s->gpu_served,
+	       fmt_bytes(b, sizeof(b), s->gpu_served_bytes));
+	printf("  device buffers    %" PRIu64 ", %s; %" PRIu64 " replaced while being read\n", s->gpu_bufs,
+	       fmt_bytes(a, sizeof(a), s->gpu_buf_bytes), s->gpu_replaced);
+}
+
 static void text_cache(const struct snap *s)
 {
 	char b1[64], b2[64];
@@ -543,6 +567,7 @@ static void text_session(const struct snap *s)
 		text_members(s);
 		text_ring(s);
 		text_counters(s);
+		text_gpu(s);
 	} else {
 		printf("session   %s (no members: only its decoded-image cache exists)\n", s->name);
 	}
@@ -755,6 +780,23 @@ static void json_feed(struct jw *j, const struct snap *s)
 	j_close(j, '}');
 }
 
+static void json_gpu(struct jw *j, const struct snap *s)
+{
+	if (!s->has_gpu) {
+		j_null(j, "gpu");
+		return;
+	}
+	j_open(j, "gpu", '{');
+	j_u64(j, "batches_kept", s->gpu_kept);
+	j_u64(j, "bytes_kept", s->gpu_kept_bytes);
+	j_u64(j, "uploads_served", s->gpu_served);
+	j_u64(j, "bytes_served", s->gpu_served_bytes);
+	j_u64(j, "buffers", s->gpu_bufs);
+	j_u64(j, "buffer_bytes", s->gpu_buf_bytes);
+	j_u64(j, "replaced", s->gpu_replaced);
+	j_close(j, '}');
+}
+
 static void json_cache(struct jw *j, const struct snap *s)
 {
 	const struct ts_cache_stats *c = &s->cache;
@@ -812,6 +854,7 @@ static void json_session(const struct snap *s)
 	json_ring(&j, s);
 	json_counters(&j, s);
 	json_feed(&j, s);
+	json_gpu(&j, s);
 	json_cache(&j, s);
 	j_close(&j, '}');
 	j_end(&j);
@@ -912,6 +955,38 @@ static void load_cache(const char *name, struct snap *s)
 	}
 }
 
+/* The feed's GPU ring, read-only: mapped, validated, its counters copied. */
+static void load_gpu(const char *name, struct snap *s)
+{
+	char path[TS_PATH_MAX];
+	struct stat sb;
+	if (!s->has_session || ts_gpuring_path(path, sizeof(path), name, s->created_unix_ns))
+		return;
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	if (fstat(fd, &sb) || ts_shm_file_ours(&sb) || (size_t)sb.st_size < sizeof(struct ts_gpu_table)) {
+		close(fd);
+		return;
+	}
+	const struct ts_gpu_table *t = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	close(fd);
+	if (t == MAP_FAILED)
+		return;
+	if (ts_gpuring_valid(t, (size_t)sb.st_size, (uint32_t)getuid()) == 0) {
+		const struct ts_gpu_counters *c = &t->counters;
+		s->has_gpu = 1;
+		s->gpu_kept = LOAD(&c->batches_kept);
+		s->gpu_kept_bytes = LOAD(&c->bytes_kept);
+		s->gpu_served = LOAD(&c->uploads_served);
+		s->gpu_served_bytes = LOAD(&c->bytes_served);
+		s->gpu_bufs = LOAD(&c->buffers_live);
+		s->gpu_buf_bytes = LOAD(&c->buffer_bytes);
+		s->gpu_replaced = LOAD(&c->replaced);
+	}
+	munmap((void *)t, (size_t)sb.st_size);
+}
+
 static int show_one(const struct opts *o)
 {
 	char path[TS_PATH_MAX], why[160] = "", shown[80];
@@ -933,6 +1008,7 @@ static int show_one(const struct opts *o)
 	int ret = load_session(path, s, why, sizeof(why));
 	s->has_session = ret == 0;
 	load_cache(o->name, s);
+	load_gpu(o->name, s);
 	if (ret == -ENOENT && s->has_cache) {
 		snprintf(s->name, sizeof(s->name), "%s", o->name);
 		ret = 0; /* exact mode with no member: the cache alone is the session */
