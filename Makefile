@@ -8,6 +8,7 @@
 #   make lint     cppcheck and clang-tidy (.cppcheck-suppressions, .clang-tidy)
 #   make demo     the main job on a built-in default
 #   make bench    the benchmarks (scripts/bench.sh: with vs without the shim)
+#   make gpu-check  the GPU scenarios against real CUDA (skips without a GPU)
 #   make stress   fault injection: 30 rounds of PyTorch jobs hit by signals (tests/stress.py)
 #
 # CUDA_HOME points at the CUDA toolkit (headers only: nothing links CUDA).
@@ -50,7 +51,7 @@ UNITS    := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 HELPERS  := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/%)
 PY_OUT   := $(PY_SRC:shim/python/%=$(BUILD)/python/%)
 
-.PHONY: all test asan tsan tsan-run lint demo bench deps clean check-build test-run
+.PHONY: all test asan tsan tsan-run lint demo bench gpu-check deps clean check-build test-run
 # Keep objects of tools and tests: they are not throw-away intermediates.
 .SECONDARY:
 all: $(SHIM_LIB) $(TOOLS) $(PY_OUT)
@@ -180,6 +181,10 @@ demo: deps
 
 bench: deps
 	@BUILD=$(BUILD) scripts/bench.sh
+
+# The GPU scenarios against real CUDA (exit 77, skipped, where there is no GPU).
+gpu-check: all
+	@BUILD=$(BUILD) scripts/gpu-check.sh
 
 # The short form (3 rounds) runs in make test as tests/scenarios/stress.sh.
 stress: deps

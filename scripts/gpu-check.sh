@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The socket-mode GPU scenarios against real CUDA (the test suite runs them
+# on tsemu, the CUDA test device). Exit 0 when all hold, 1 when one fails,
+# 77 when this machine has no usable GPU.
+#
+#   scripts/gpu-check.sh            after `make`
+#
+# Jobs: tsshim-train --device cuda --tsshim --readback with the real
+# libcudart (CUDA_HOME/lib64) and the driver's libcuda. Every record is
+# proven by tsshim-verify: each served batch's *device* bytes (read back)
+# equal the producer's stream at the right offsets, labels paired,
+# validation batches the job's own. The shim's own counters (TSSHIM_LOG=debug
+# exit line) must show consumer uploads replaced by device-to-device copies.
+# (To try the script itself without a GPU: a stand-in nvidia-smi on PATH,
+# CUDA_HOME with build/emu's libcudart in lib64, LD_LIBRARY_PATH=build/emu.)
+set -u
+cd "$(dirname "$0")/.." || exit 1
+BUILD=${BUILD:-build}
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+TRAIN=$PWD/$BUILD/tsshim-train MKDATA=$PWD/$BUILD/tsshim-mkdata VERIFY=$PWD/$BUILD/tsshim-verify
+LIB=$PWD/$BUILD/libtsshim.so
+
+skip() { echo "gpu-check: skipped: $*"; exit 77; }
+for f in "$TRAIN" "$MKDATA" "$VERIFY" "$LIB"; do [ -x "$f" ] || [ -f "$f" ] || skip "$f not built (run make)"; done
+command -v nvidia-smi >/dev/null 2>&1 || skip "no nvidia-smi: no NVIDIA driver on this machine"
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+[ "$ngpu" -ge 1 ] || skip "nvidia-smi lists no GPU"
+CUDART=$CUDA_HOME/lib64/libcudart.so.13
+[ -f "$CUDART" ] || skip "no CUDA 13 runtime at $CUDART"
+ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1' || [ -n "${LD_LIBRARY_PATH:-}" ] || skip "no libcuda.so.1"
+
+T=$(mktemp -d /tmp/tsshim-gpucheck.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+passed=0 failed=0
+ok() { passed=$((passed + 1)); echo "ok - $*"; }
+not_ok() { failed=$((failed + 1)); echo "not ok - $*"; }
+check() { local d=$1; shift; if "$@"; then ok "$d"; else not_ok "$d"; fi; }
+
+echo "gpu-check: $ngpu GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+"$MKDATA" --classes 4 --train 80 --val 8 --seed 5 "$T/data" >/dev/null 2>&1 || { echo "tsshim-mkdata failed"; exit 1; }
+
+# job NAME SESSION ARGS...: one tsshim-train job in the background under the shim
+job() {
+	local name=$1 sess=$2; shift 2
+	LD_PRELOAD=$LIB TSSHIM_SESSION=$sess TSSHIM_LOG=debug timeout 120 "$TRAIN" --device cuda \
+		--cudart "$CUDART" --tsshim --readback --size 64 --record "$T/$name.rec" "$@" "$T/data/train" \
+		>"$T/$name.out" 2>"$T/$name.err" &
+}
+replaced() { sed -n 's/.*batches replaced \([0-9]*\).*/\1/p' "$T/$1.err" | tail -n 1; }
+served_lines() { grep -c 'share=served' "$T/$1.rec" 2>/dev/null; }
+no_leftovers() { ! compgen -G "/dev/shm/tsshim*.${1}*" >/dev/null; }
+finished() { local n; for n; do grep -q 'trained_checksum' "$T/$n.out" || return 1; done; }
+
+# 1-2. one producer, two consumers at other batch sizes (same GPU; and across GPUs when there are two)
+for layout in same cross; do
+	[ "$layout" = cross ] && [ "$ngpu" -lt 2 ] && { echo "# one GPU: the cross-device case is not run"; continue; }
+	g1=0 g2=0
+	[ "$layout" = cross ] && g2=1
+	S=gc-$$-$layout
+	job p-$layout "$S" --seed 1 --batch 64 --epochs 3 --step-ms 20 --gpu 0
+	for _ in $(seq 200); do grep -q '^seq=' "$T/p-$layout.rec" 2>/dev/null && break; sleep 0.05; done
+	job c1-$layout "$S" --seed 2 --batch 32 --epochs 3 --gpu $g1 --pin
+	job c2-$layout "$S" --seed 3 --batch 100 --epochs 3 --gpu $g2
+	wait
+	for n in p c1 c2; do check "$layout: $n finishes" finished $n-$layout; done
+	check "$layout: tsshim-verify proves every served batch (device bytes)" \
+		"$VERIFY" "$T/p-$layout.rec" "$T/c1-$layout.rec" "$T/c2-$layout.rec"
+	check "$layout: consumers were served ($(served_lines c1-$layout)+$(served_lines c2-$layout) lines)" \
+		test "$(( $(served_lines c1-$layout) + $(served_lines c2-$layout) ))" -gt 0
+	check "$layout: uploads replaced by device copies ($(replaced c1-$layout)/$(replaced c2-$layout))" \
+		test "$(( $(replaced c1-$layout || echo 0) + $(replaced c2-$layout || echo 0) ))" -gt 0
+	check "$layout: nothing left in /dev/shm" no_leftovers "$S"
+done
+
+# 3. producer killed mid-run: the consumers finish, everything they trained is proven
+for r in 1 2 3 4 5; do
+	S=gc-$$-kill$r
+	job kp$r "$S" --seed 1 --batch 64 --epochs 4 --step-ms 30
+	for _ in $(seq 200); do grep -q '^seq=' "$T/kp$r.rec" 2>/dev/null && break; sleep 0.05; done
+	job kc$r "$S" --seed 2 --batch 48 --epochs 4
+	job kd$r "$S" --seed 3 --batch 64 --epochs 4
+	sleep "0.$((RANDOM % 9 + 1))"
+	pkill -KILL -f "^$TRAIN .*/kp$r\.rec" 2>/dev/null
+	wait 2>/dev/null
+	check "kill $r: both consumers finish" finished kc$r kd$r
+	check "kill $r: tsshim-verify" "$VERIFY" "$T/kp$r.rec" "$T/kc$r.rec" "$T/kd$r.rec"
+done
+
+echo "gpu-check: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
