@@ -121,6 +121,16 @@ void ts_gpuring_close(struct ts_gpuring *g)
 	memset(g, 0, sizeof(*g));
 }
 
+/*
+ * The table's depth, read once per use: ts_gpuring_valid() checked it at open,
+ * but another process may have changed it since. 0 when out of range.
+ */
+static uint32_t depth_of(const struct ts_gpuring *g)
+{
+	uint32_t d = __atomic_load_n(&g->t->depth, __ATOMIC_RELAXED);
+	return d >= 1 && d <= TS_MAX_DEPTH ? d : 0;
+}
+
 /* ---- holds ------------------------------------------------------------------------------ */
 
 static inline uint64_t bit(unsigned buf)
@@ -203,6 +213,10 @@ int ts_gpuring_buf_add(struct ts_gpuring *g, const struct ts_segment *seg, unsig
 				continue;
 			if (!atomic_compare_exchange_strong(&r->uniq, &expected, UNIQ_CLAIMING))
 				continue;
+			if (expected != 0) { /* a dead owner's record: it stops counting */
+				atomic_fetch_sub_explicit(&g->t->counters.buffers_live, 1, memory_order_relaxed);
+				atomic_fetch_sub_explicit(&g->t->counters.buffer_bytes, r->size, memory_order_relaxed);
+			}
 			r->owner = owner;
 			r->owner_pid = me.pid;
 			r->owner_start = me.start_time;
@@ -241,7 +255,7 @@ int ts_gpuring_buf_current(const struct ts_gpuring *g, unsigned buf, uint64_t un
 
 void ts_gpuring_slot_begin(struct ts_gpuring *g, unsigned slot, unsigned writer, uint64_t seq, unsigned buf)
 {
-	if (slot >= g->t->depth)
+	if (slot >= depth_of(g))
 		return;
 	/* seq_cst: the caller checks holds of `buf` only after this is visible */
 	atomic_store(&g->t->slots[slot].word, ts_gpu_slot_word(TS_GPU_WRITING, writer, buf, seq));
@@ -250,7 +264,7 @@ void ts_gpuring_slot_begin(struct ts_gpuring *g, unsigned slot, unsigned writer,
 int ts_gpuring_slot_ready(struct ts_gpuring *g, unsigned slot, uint64_t uniq, uint32_t npos, const uint64_t *off,
 			  const uint64_t *len)
 {
-	if (slot >= g->t->depth || npos < 1 || npos > TS_MAX_POSITIONS)
+	if (slot >= depth_of(g) || npos < 1 || npos > TS_MAX_POSITIONS)
 		return -EINVAL;
 	struct ts_gpu_slot *s = &g->t->slots[slot];
 	uint64_t w = atomic_load_explicit(&s->word, memory_order_relaxed);
@@ -274,7 +288,7 @@ int ts_gpuring_slot_ready(struct ts_gpuring *g, unsigned slot, uint64_t uniq, ui
 
 void ts_gpuring_slot_drop(struct ts_gpuring *g, unsigned slot)
 {
-	if (slot < g->t->depth)
+	if (slot < depth_of(g))
 		atomic_store(&g->t->slots[slot].word, ts_gpu_slot_word(TS_GPU_FREE, 0, 0, 0));
 }
 
@@ -308,7 +322,10 @@ int ts_gpuring_hold(struct ts_gpuring *g, int self, uint64_t seq, int writer, st
 {
 	if (self < 0 || self >= (int)TS_MAX_MEMBERS)
 		return -EINVAL;
-	struct ts_gpu_slot *s = &g->t->slots[seq % g->t->depth];
+	uint32_t depth = depth_of(g);
+	if (!depth)
+		return -EBADMSG;
+	struct ts_gpu_slot *s = &g->t->slots[seq % depth];
 	uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
 	if (ts_gpu_slot_seq(w) != (seq & ((1ULL << 46) - 1)) || ts_gpu_slot_writer(w) != writer)
 		return ts_gpu_slot_seq(w) > seq ? -ESTALE : -EAGAIN;
