@@ -121,6 +121,16 @@ void ts_gpuring_close(struct ts_gpuring *g)
 	memset(g, 0, sizeof(*g));
 }
 
+/*
+ * The table's depth, read once per use: ts_gpuring_valid() checked it at open,
+ * but another process may have changed it since. 0 when out of range.
+ */
+static uint32_t depth_of(const struct ts_gpuring *g)
+{
+	uint32_t d = __atomic_load_n(&g->t->depth, __ATOMIC_RELAXED);
+	return d >= 1 && d <= TS_MAX_DEPTH ? d : 0;
+}
+
 /* ---- holds ------------------------------------------------------------------------------ */
 
 static inline uint64_t bit(unsigned buf)
@@ -164,6 +174,36 @@ void ts_gpuring_unhold_all(struct ts_gpuring *g, int self)
 		atomic_store_explicit(&g->t->held[self][i], 0, memory_order_release);
 }
 
+/*
+ * Seqlock copies: the fields of records and slots are written while readers
+ * may copy them (a reader then drops its copy at the re-check), so both
+ * sides use relaxed atomic accesses, ordered by a release fence after the
+ * claim (writer) and an acquire fence before the re-check (reader).
+ */
+static void load_u64s(uint64_t *dst, const uint64_t *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+}
+
+static void store_u64s(uint64_t *dst, const uint64_t *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		__atomic_store_n(&dst[i], src[i], __ATOMIC_RELAXED);
+}
+
+static void load_bytes(unsigned char *dst, const unsigned char *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+}
+
+static void store_bytes(unsigned char *dst, const unsigned char *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		__atomic_store_n(&dst[i], src[i], __ATOMIC_RELAXED);
+}
+
 /* ---- buffer records ------------------------------------------------------------------------ */
 
 static uint64_t next_uniq(void)
@@ -181,7 +221,8 @@ static int reclaimable(const struct ts_gpuring *g, const struct ts_segment *seg,
 	uint64_t u = atomic_load_explicit(&r->uniq, memory_order_acquire);
 	if (u <= UNIQ_CLAIMING)
 		return 0;
-	if (ts_proc_liveness(r->owner_pid, r->owner_start) == TS_PROC_ALIVE)
+	if (ts_proc_liveness(__atomic_load_n(&r->owner_pid, __ATOMIC_RELAXED),
+			     __atomic_load_n(&r->owner_start, __ATOMIC_RELAXED)) == TS_PROC_ALIVE)
 		return 0;
 	return !ts_gpuring_buf_held(g, seg, b, -1);
 }
@@ -216,13 +257,20 @@ int ts_gpuring_buf_add(struct ts_gpuring *g, const struct ts_segment *seg, unsig
 				continue;
 			if (!atomic_compare_exchange_strong(&r->uniq, &expected, UNIQ_CLAIMING))
 				continue;
-			r->owner = owner;
-			r->owner_pid = me.pid;
-			r->owner_start = me.start_time;
-			r->device = device;
-			r->size = size;
-			memcpy(r->mem, mem, TS_GPU_HANDLE);
-			memcpy(r->event, event, TS_GPU_HANDLE);
+			if (expected != 0) { /* a dead owner's record: it stops counting */
+				atomic_fetch_sub_explicit(&g->t->counters.buffers_live, 1, memory_order_relaxed);
+				atomic_fetch_sub_explicit(&g->t->counters.buffer_bytes,
+							  __atomic_load_n(&r->size, __ATOMIC_RELAXED), memory_order_relaxed);
+			}
+			/* release fence: a reader whose copy sees a store below sees the claim at its re-check */
+			atomic_thread_fence(memory_order_release);
+			__atomic_store_n(&r->owner, owner, __ATOMIC_RELAXED);
+			__atomic_store_n(&r->owner_pid, me.pid, __ATOMIC_RELAXED);
+			__atomic_store_n(&r->owner_start, me.start_time, __ATOMIC_RELAXED);
+			__atomic_store_n(&r->device, device, __ATOMIC_RELAXED);
+			__atomic_store_n(&r->size, size, __ATOMIC_RELAXED);
+			store_bytes(r->mem, mem, TS_GPU_HANDLE);
+			store_bytes(r->event, event, TS_GPU_HANDLE);
 			*uniq = next_uniq();
 			atomic_store_explicit(&r->uniq, *uniq, memory_order_release);
 			atomic_fetch_add_explicit(&g->t->counters.buffers_live, 1, memory_order_relaxed);
@@ -238,7 +286,7 @@ void ts_gpuring_buf_remove(struct ts_gpuring *g, unsigned buf, uint64_t uniq)
 	if (buf >= TS_GPU_MAX_BUFS)
 		return;
 	struct ts_gpu_buf *r = &g->t->bufs[buf];
-	uint64_t size = r->size;
+	uint64_t size = __atomic_load_n(&r->size, __ATOMIC_RELAXED);
 	if (atomic_compare_exchange_strong(&r->uniq, &uniq, 0)) {
 		atomic_fetch_sub_explicit(&g->t->counters.buffers_live, 1, memory_order_relaxed);
 		atomic_fetch_sub_explicit(&g->t->counters.buffer_bytes, size, memory_order_relaxed);
@@ -254,7 +302,7 @@ int ts_gpuring_buf_current(const struct ts_gpuring *g, unsigned buf, uint64_t un
 
 void ts_gpuring_slot_begin(struct ts_gpuring *g, unsigned slot, unsigned writer, uint64_t seq, unsigned buf)
 {
-	if (slot >= g->t->depth)
+	if (slot >= depth_of(g))
 		return;
 	/* seq_cst: the caller checks holds of `buf` only after this is visible */
 	atomic_store(&g->t->slots[slot].word, ts_gpu_slot_word(TS_GPU_WRITING, writer, buf, seq));
@@ -263,21 +311,23 @@ void ts_gpuring_slot_begin(struct ts_gpuring *g, unsigned slot, unsigned writer,
 int ts_gpuring_slot_ready(struct ts_gpuring *g, unsigned slot, uint64_t uniq, uint32_t npos, const uint64_t *off,
 			  const uint64_t *len)
 {
-	if (slot >= g->t->depth || npos < 1 || npos > TS_MAX_POSITIONS)
+	if (slot >= depth_of(g) || npos < 1 || npos > TS_MAX_POSITIONS)
 		return -EINVAL;
 	struct ts_gpu_slot *s = &g->t->slots[slot];
 	uint64_t w = atomic_load_explicit(&s->word, memory_order_relaxed);
 	unsigned b = ts_gpu_slot_buf(w);
 	if (ts_gpu_slot_state(w) != TS_GPU_WRITING || b >= TS_GPU_MAX_BUFS || !ts_gpuring_buf_current(g, b, uniq))
 		return -EINVAL;
-	uint64_t size = g->t->bufs[b].size;
+	uint64_t size = __atomic_load_n(&g->t->bufs[b].size, __ATOMIC_RELAXED);
 	for (uint32_t p = 0; p < npos; p++)
 		if (off[p] > size || len[p] > size - off[p])
 			return -EINVAL;
-	s->uniq = uniq;
-	s->npos = npos;
-	memcpy(s->off, off, npos * sizeof(*off));
-	memcpy(s->len, len, npos * sizeof(*len));
+	/* release fence: a consumer whose copy sees a store below sees WRITING at its re-check */
+	atomic_thread_fence(memory_order_release);
+	__atomic_store_n(&s->uniq, uniq, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->npos, npos, __ATOMIC_RELAXED);
+	store_u64s(s->off, off, npos);
+	store_u64s(s->len, len, npos);
 	/* release: the fields above (and the event recorded before) come first */
 	atomic_store_explicit(&s->word,
 			      ts_gpu_slot_word(TS_GPU_READY, (unsigned)ts_gpu_slot_writer(w), b, ts_gpu_slot_seq(w)),
@@ -287,7 +337,7 @@ int ts_gpuring_slot_ready(struct ts_gpuring *g, unsigned slot, uint64_t uniq, ui
 
 void ts_gpuring_slot_drop(struct ts_gpuring *g, unsigned slot)
 {
-	if (slot < g->t->depth)
+	if (slot < depth_of(g))
 		atomic_store(&g->t->slots[slot].word, ts_gpu_slot_word(TS_GPU_FREE, 0, 0, 0));
 }
 
@@ -296,19 +346,19 @@ static int snapshot(const struct ts_gpuring *g, const struct ts_gpu_slot *s, uns
 {
 	const struct ts_gpu_buf *r = &g->t->bufs[b];
 	out->buf = b;
-	out->uniq = s->uniq;
-	out->npos = s->npos;
+	out->uniq = __atomic_load_n(&s->uniq, __ATOMIC_RELAXED);
+	out->npos = __atomic_load_n(&s->npos, __ATOMIC_RELAXED);
 	if (out->npos < 1 || out->npos > TS_MAX_POSITIONS)
 		return -EBADMSG;
-	memcpy(out->off, s->off, sizeof(out->off));
-	memcpy(out->len, s->len, sizeof(out->len));
+	load_u64s(out->off, s->off, TS_MAX_POSITIONS);
+	load_u64s(out->len, s->len, TS_MAX_POSITIONS);
 	if (atomic_load_explicit(&r->uniq, memory_order_acquire) != out->uniq)
 		return -ESTALE;
-	out->device = r->device;
-	out->owner_pid = r->owner_pid;
-	out->size = r->size;
-	memcpy(out->mem, r->mem, TS_GPU_HANDLE);
-	memcpy(out->event, r->event, TS_GPU_HANDLE);
+	out->device = __atomic_load_n(&r->device, __ATOMIC_RELAXED);
+	out->owner_pid = __atomic_load_n(&r->owner_pid, __ATOMIC_RELAXED);
+	out->size = __atomic_load_n(&r->size, __ATOMIC_RELAXED);
+	load_bytes(out->mem, r->mem, TS_GPU_HANDLE);
+	load_bytes(out->event, r->event, TS_GPU_HANDLE);
 	if (out->device >= TS_GPU_MAX_DEVICE || out->size == 0)
 		return -EBADMSG;
 	for (uint32_t p = 0; p < out->npos; p++)
@@ -321,7 +371,10 @@ static int hold(struct ts_gpuring *g, int self, uint64_t seq, int writer, struct
 {
 	if (self < 0 || self >= (int)TS_MAX_MEMBERS)
 		return -EINVAL;
-	struct ts_gpu_slot *s = &g->t->slots[seq % g->t->depth];
+	uint32_t depth = depth_of(g);
+	if (!depth)
+		return -EBADMSG;
+	struct ts_gpu_slot *s = &g->t->slots[seq % depth];
 	uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
 	if (ts_gpu_slot_seq(w) != (seq & ((1ULL << 46) - 1)) || ts_gpu_slot_writer(w) != writer)
 		return ts_gpu_slot_seq(w) > seq ? -ESTALE : -EAGAIN;
@@ -331,8 +384,11 @@ static int hold(struct ts_gpuring *g, int self, uint64_t seq, int writer, struct
 	if (b >= TS_GPU_MAX_BUFS)
 		return -EBADMSG;
 	int ret = snapshot(g, s, b, out);
-	if (ret)
-		return ret;
+	/* acquire fence: the copy's loads come before the re-checks (a torn copy is caught there) */
+	atomic_thread_fence(memory_order_acquire);
+	if (ret) /* a copy that tore while the slot or record was rewritten is stale, not invalid */
+		return atomic_load_explicit(&s->word, memory_order_relaxed) != w ||
+				       !ts_gpuring_buf_current(g, b, out->uniq) ? -ESTALE : ret;
 	/* seq_cst hold, then seq_cst recheck: see the protocol in gpuring.h */
 	atomic_fetch_or(&g->t->held[self][b / 64], bit(b));
 	if (atomic_load(&s->word) != w || !ts_gpuring_buf_current(g, b, out->uniq)) {
