@@ -258,15 +258,15 @@ static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstrea
 	do {                                                                                       \
 		struct ts_stream_hit hit_;                                                        \
 		if (!copy_enter())                                                                 \
-			return CALL;                                                               \
+			return (CALL);                                                             \
 		copy_seen(path, dir, n);                                                           \
 		enum ts_hit_kind k_ = batch_hit(dir, src, n, &hit_);                               \
 		if (k_ == TS_HIT_CONSUMER && batch_serve(&hit_, dst, stream, sync)) {              \
 			copy_leave();                                                              \
-			return OK;                                                                 \
+			return (OK);                                                               \
 		}                                                                                  \
-		__typeof__(CALL) r_ = CALL;                                                        \
-		if (k_ == TS_HIT_PRODUCER && r_ == OK)                                             \
+		__typeof__(CALL) r_ = (CALL);                                                      \
+		if (k_ == TS_HIT_PRODUCER && r_ == (OK))                                           \
 			batch_keep(&hit_, dst, stream, sync);                                      \
 		copy_leave();                                                                      \
 		return r_;                                                                         \

@@ -183,13 +183,15 @@ static struct loader *loader_get(const char *key, uint64_t nindex)
 	loaders[i] = L;
 	snprintf(name, sizeof(name), "%s.%s", ts_cfg.session, k);
 	struct ts_session_params p = {.depth = ts_cfg.depth, .timeout_ms = ts_cfg.timeout_ms, .label = key};
-	int ret = -ENAMETOOLONG;
-	if (!ts_session_name_valid(name) || !(L->f = malloc(sizeof(*L->f))) ||
-	    (ret = ts_feed_open(L->f, name, &p, nindex))) {
+	if (!ts_session_name_valid(name)) {
+		loader_off(L, "its name does not make a session name");
+		return L;
+	}
+	int ret = (L->f = malloc(sizeof(*L->f))) ? ts_feed_open(L->f, name, &p, nindex) : -ENOMEM;
+	if (ret) {
 		free(L->f);
 		L->f = NULL;
-		loader_off(L, ret == -ENAMETOOLONG || ret == -EINVAL ? "its name does not make a session name"
-								      : strerror(-ret));
+		loader_off(L, strerror(-ret));
 		return L;
 	}
 	L->gpu = ts_gpu_new(L->f);
