@@ -104,6 +104,9 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(CORE_LIB) $(UNIT_RUNNE
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(LDFLAGS) $(UNIT_LIBS) $(LIBS_test_$*)
 
+# test_feed's consumers are ts-feedpeer processes it starts (posix_spawn).
+$(BUILD)/tests/test_feed: | $(BUILD)/tests/ts-feedpeer
+
 $(BUILD)/tests/%: $(BUILD)/obj/tests/helpers/%.o $(CORE_LIB)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(LDFLAGS) $(LIBS_$*)

@@ -31,10 +31,23 @@ finish() { # scenario name
 }
 
 cleanup() {
-	local p
+	local p i alive
+	# TERM first: a job started as `timeout N CMD` passes it on to CMD, while
+	# KILL would end only timeout and leave CMD running. What is left after
+	# 2 s is killed.
+	for p in "${T_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+	for ((i = 0; i < 20; i++)); do
+		alive=
+		for p in "${T_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+		[ -n "$alive" ] || break
+		sleep 0.1
+	done
 	for p in "${T_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
 	wait 2>/dev/null
-	rm -f /dev/shm/tsshim."$(id -u)".t-"$$"-* 2>/dev/null
+	# This run's sessions, feeds and caches, also those of members that were
+	# killed (they cannot remove their files).
+	rm -f /dev/shm/tsshim."$(id -u)".t-"$$"-* /dev/shm/tsshim-feed."$(id -u)".t-"$$"-* \
+		/dev/shm/tsshim-cache."$(id -u)".t-"$$"-* 2>/dev/null
 	[ -n "${T_KEEP:-}" ] && cp -r "$T_TMP" "$T_KEEP" 2>/dev/null; rm -rf "$T_TMP"
 }
 trap cleanup EXIT

@@ -8,7 +8,7 @@
  *
  * Commands: basics, errors, no-host-access, nodevice, getproc, route, deny, pinned,
  * fork, fork-clean, peer, ipc-mem, ipc-event, stream-async, stream-order,
- * bandwidth h2d|d2d MIN_MS MAX_MS, stats, quick (basics errors pinned peer
+ * bandwidth h2d|d2d MIN_MS MAX_MS [ROUNDS], stats, quick (basics errors pinned peer
  * ipc-mem in one process, for valgrind). The *-child commands are the other
  * side of the IPC checks. tests/scenarios/cudaemu.sh runs them all. */
 #include <cuda.h>
@@ -1290,13 +1290,20 @@ static void t_stream_order(void)
 
 /* ---- bandwidth model and counters ------------------------------------------------------------------ */
 
+/* Each of ROUNDS copies (default 1) must take MIN_MS..MAX_MS; prints the
+ * shortest (ms=), the time the copy takes at least: on a loaded machine (or
+ * under ASan) one round can take tens of ms longer than the copy needs, and
+ * cudaemu.sh compares the copy times with and without a modelled bandwidth. */
 static void t_bandwidth(int argc, char **argv)
 {
 	if (argc < 3)
-		die("usage: bandwidth h2d|d2d MIN_MS MAX_MS");
+		die("usage: bandwidth h2d|d2d MIN_MS MAX_MS [ROUNDS]");
 	load();
 	int d2d = !strcmp(argv[0], "d2d");
-	double lo = atof(argv[1]), hi = atof(argv[2]);
+	double lo = atof(argv[1]), hi = atof(argv[2]), best = 0;
+	int rounds = argc > 3 ? atoi(argv[3]) : 1;
+	if (rounds < 1)
+		die("bandwidth: ROUNDS must be at least 1");
 	size_t sz = 64 << 20;
 	char *h = xmalloc(sz);
 	void *d, *d2;
@@ -1306,22 +1313,27 @@ static void t_bandwidth(int argc, char **argv)
 	OK(rt.Memset(d, 0, sz)); /* fault the pages in first */
 	OK(rt.Memset(d2, 0, sz));
 	OK(rt.DeviceSynchronize());
-	struct tsemu_stats a = stats();
-	double t0 = now_ms();
-	if (d2d) {
-		OK(rt.Memcpy(d2, d, sz, cudaMemcpyDeviceToDevice));
-		OK(rt.DeviceSynchronize());
-	} else {
-		OK(rt.Memcpy(d, h, sz, cudaMemcpyHostToDevice));
+	for (int r = 0; r < rounds; r++) {
+		struct tsemu_stats a = stats();
+		double t0 = now_ms();
+		if (d2d) {
+			OK(rt.Memcpy(d2, d, sz, cudaMemcpyDeviceToDevice));
+			OK(rt.DeviceSynchronize());
+		} else {
+			OK(rt.Memcpy(d, h, sz, cudaMemcpyHostToDevice));
+		}
+		double el = now_ms() - t0;
+		struct tsemu_stats b = stats();
+		CHECK(el >= lo && el <= hi, "64 MiB %s copy took %.1f ms, expected %.0f..%.0f", argv[0], el, lo, hi);
+		if (d2d)
+			EXPECT(b.d2d_bytes - a.d2d_bytes, sz);
+		else
+			EXPECT(b.h2d_bytes - a.h2d_bytes, sz);
+		printf("round %d: %.1f ms\n", r + 1, el);
+		if (r == 0 || el < best)
+			best = el;
 	}
-	double el = now_ms() - t0;
-	struct tsemu_stats b = stats();
-	CHECK(el >= lo && el <= hi, "64 MiB %s copy took %.1f ms, expected %.0f..%.0f", argv[0], el, lo, hi);
-	if (d2d)
-		EXPECT(b.d2d_bytes - a.d2d_bytes, sz);
-	else
-		EXPECT(b.h2d_bytes - a.h2d_bytes, sz);
-	printf("ms=%.1f\n", el);
+	printf("ms=%.1f\n", best);
 	OK(rt.Free(d));
 	OK(rt.Free(d2));
 	free(h);

@@ -36,50 +36,62 @@ check "decodes were recognised as dataset files (scope detected)" grep -q "datas
 # --- N same-seed jobs at once: each image decoded once ---------------------------
 CACHETOOL="$PWD/$BUILD/tests/ts-cachetool"
 stat_of() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" "$2"; }
+# A job waits at most 50 ms for the cache lock, then decodes privately
+# (counted as bypass_lock): on a loaded machine (make asan on 2 cores) a
+# preempted lock holder can exceed that. Such a run says nothing about
+# sharing, so it is repeated, up to 3 runs in all; any other private decode
+# fails at once, and every run's jobs must train on exactly their batches.
 for n in 2 3; do
-	S=$(session_name exact$n)
-	# A holder keeps the cache (and its counters) alive after the jobs end.
-	mkfifo "$T_TMP/hold$n"
-	"$CACHETOOL" hold "$S" --budget-mb 512 <"$T_TMP/hold$n" >/dev/null &
-	holder=$!
-	exec 9>"$T_TMP/hold$n"
-	pids=()
-	for j in $(seq 1 "$n"); do
-		LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION=$S TSSHIM_LOG=info "$PY" "$JOB" "$DATA" --seed 11 --batch 8 \
-			--workers 2 --size 96 >"$T_TMP/j$n.$j" 2>"$T_TMP/j$n.$j.err" &
-		pids+=($!)
+	for attempt in 1 2 3; do
+		S=$(session_name "exact$n.$attempt")
+		run_note=
+		[ "$attempt" = 1 ] || run_note=" (run $attempt)"
+		# A holder keeps the cache (and its counters) alive after the jobs end.
+		mkfifo "$T_TMP/hold$n.$attempt"
+		"$CACHETOOL" hold "$S" --budget-mb 512 <"$T_TMP/hold$n.$attempt" >/dev/null &
+		holder=$!
+		exec 9>"$T_TMP/hold$n.$attempt"
+		pids=()
+		for j in $(seq 1 "$n"); do
+			LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION=$S TSSHIM_LOG=info "$PY" "$JOB" "$DATA" --seed 11 --batch 8 \
+				--workers 2 --size 96 >"$T_TMP/j$n.$j" 2>"$T_TMP/j$n.$j.err" &
+			pids+=($!)
+		done
+		# While they run, inspect shows the cache being shared.
+		shared=0 scope=
+		while kill -0 "${pids[@]}" 2>/dev/null; do
+			read -r h sc < <("$INSPECT" "$S" --json 2>/dev/null | "$PY" -c 'import json,sys; c=json.load(sys.stdin)["session"]["cache"]; print(c["hits"], c["scope"])' 2>/dev/null)
+			[ -n "$h" ] && [ "$h" -gt "$shared" ] && shared=$h
+			[ -n "${sc:-}" ] && scope=$sc
+			sleep 0.2
+		done
+		wait "${pids[@]}"
+		ok_all=1
+		for j in $(seq 1 "$n"); do
+			if [ "$(sum_of "$T_TMP/j$n.$j")" != "$(sum_of "$T_TMP/plain2")" ]; then
+				ok_all=0
+				echo "# job $j of $n:"; tail -n 5 "$T_TMP/j$n.$j" "$T_TMP/j$n.$j.err" | sed 's/^/#   /'
+			fi
+		done
+		check "$n same-seed jobs: each trained on exactly the batches it would have alone$run_note" [ "$ok_all" = 1 ]
+		"$CACHETOOL" stats "$S" >"$T_TMP/stats$n"
+		fills=$(stat_of fills "$T_TMP/stats$n")
+		hits=$(stat_of hits "$T_TMP/stats$n")
+		bypasses=$(stat_of bypasses "$T_TMP/stats$n")
+		busy=$(stat_of bypass_lock "$T_TMP/stats$n")
+		exec 9>&-
+		wait "$holder"
+		echo "# $n jobs$run_note: $NIMG images, $fills real decodes, $hits served from the cache, $bypasses private ($busy after the 50 ms lock wait)"
+		check "$n same-seed jobs: no cache segment left behind$run_note" [ ! -e "/dev/shm/tsshim-cache.$(id -u).$S" ]
+		[ "${busy:-0}" -gt 0 ] && [ "$bypasses" = "$busy" ] && [ "$attempt" -lt 3 ] || break
+		echo "# $n jobs: the cache lock was busy past its bound (a loaded machine): run again"
 	done
-	# While they run, inspect shows the cache being shared.
-	shared=0 scope=
-	while kill -0 "${pids[@]}" 2>/dev/null; do
-		read -r h sc < <("$INSPECT" "$S" --json 2>/dev/null | "$PY" -c 'import json,sys; c=json.load(sys.stdin)["session"]["cache"]; print(c["hits"], c["scope"])' 2>/dev/null)
-		[ -n "$h" ] && [ "$h" -gt "$shared" ] && shared=$h
-		[ -n "${sc:-}" ] && scope=$sc
-		sleep 0.2
-	done
-	wait "${pids[@]}"
-	ok_all=1
-	for j in $(seq 1 "$n"); do
-		if [ "$(sum_of "$T_TMP/j$n.$j")" != "$(sum_of "$T_TMP/plain2")" ]; then
-			ok_all=0
-			echo "# job $j of $n:"; tail -n 5 "$T_TMP/j$n.$j" "$T_TMP/j$n.$j.err" | sed 's/^/#   /'
-		fi
-	done
-	check "$n same-seed jobs: each trained on exactly the batches it would have alone" [ "$ok_all" = 1 ]
-	"$CACHETOOL" stats "$S" >"$T_TMP/stats$n"
-	fills=$(stat_of fills "$T_TMP/stats$n")
-	hits=$(stat_of hits "$T_TMP/stats$n")
-	bypasses=$(stat_of bypasses "$T_TMP/stats$n")
-	exec 9>&-
-	wait "$holder"
-	echo "# $n jobs: $NIMG images, $fills real decodes, $hits served from the cache, $bypasses private"
 	check "$n same-seed jobs: each image decoded once ($fills decodes for $NIMG images)" [ "${fills:-0}" = "$NIMG" ]
 	check "$n same-seed jobs: the other $((n - 1)) jobs were served every image ($hits hits)" [ "${hits:-0}" = $(((n - 1) * NIMG)) ]
 	check "$n same-seed jobs: tsshim-inspect --json showed shared decodes while they ran ($shared)" [ "$shared" -gt 0 ]
 	check "$n same-seed jobs: tsshim-inspect --json showed the detected dataset scope ($scope)" [ "$scope" = "$DATA" ]
 	cpu_shim=$(for j in $(seq 1 "$n"); do cpu_of "$T_TMP/j$n.$j"; done | total)
 	echo "# $n jobs: CPU seconds with the shim $cpu_shim (alone: $(cpu_of "$T_TMP/plain2") each); ratios are measured by scripts/bench.sh"
-	check "$n same-seed jobs: no cache segment left behind" [ ! -e "/dev/shm/tsshim-cache.$(id -u).$S" ]
 done
 
 finish pytorch_exact

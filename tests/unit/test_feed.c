@@ -3,13 +3,19 @@
  * Data feeds (core/feed.c): what a consumer reads is what the producer
  * published, at any batch size; a successor learns exactly which samples of
  * an unfinished epoch are left; bad slot files are refused; nothing is left
- * in /dev/shm. Consumers run in forked children (a process is one member).
+ * in /dev/shm. Consumers are other processes (a process is one member):
+ * tests/helpers/ts-feedpeer, started with posix_spawn. Not fork(): the test
+ * runs threads (the producer's heartbeat, Criterion's) and a forked child
+ * inherits any lock one of them held at that moment; the child's heartbeat
+ * thread then waited forever on gcc 12 ASan's allocator lock.
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,14 +23,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "feed.h"
-
-#define NINDEX 50
-#define SEC    1000000000ull
+#include "../helpers/feedpeer.h"
 
 static char name[64];
-static const struct ts_session_params params = { .depth = 4, .timeout_ms = 1000, .label = "unit" };
-static const char schema[] = "{\"tuple\":[{\"t\":0},{\"t\":1}]}";
 
 static void setup(void)
 {
@@ -58,59 +59,63 @@ static int publish(struct ts_feed *f, const int64_t *idx, uint64_t n, uint64_t e
 	return ts_feed_publish(f, &b, 5 * SEC);
 }
 
-/* The permutation every test publishes: i -> (7i + 3) mod 50. */
-static int64_t perm(uint64_t k)
+extern char **environ;
+
+/* A pipe for a peer: it inherits end child_end (0: it reads, 1: it writes);
+ * the test's end is close-on-exec. */
+static void peer_pipe(int p[2], int child_end)
 {
-	return (int64_t)((7 * k + 3) % NINDEX);
+	cr_assert_eq(pipe(p), 0);
+	cr_assert_eq(fcntl(p[!child_end], F_SETFD, FD_CLOEXEC), 0);
 }
 
-/* Child: read one epoch at batch size bs; exit 0 iff every sample is right and in order. */
-static void consumer_child(int bs, int ready_fd)
+/* Start ts-feedpeer ROLE <feed> ARGS... (nargs numbers: descriptors, batch
+ * sizes), found next to this program (build/tests/, build-asan/tests/ ...). */
+static pid_t spawn_peer(const char *role, int nargs, ...)
 {
-	struct ts_feed f;
-	if (ts_feed_open(&f, name, &params, NINDEX) || ts_feed_attach(&f, 0))
-		_exit(10);
-	(void)!write(ready_fd, "r", 1);
-	struct ts_feed_info info;
-	int ret;
-	while ((ret = ts_feed_next(&f, 5 * SEC, &info)) == -ETIMEDOUT)
-		;
-	if (ret || info.npos != 2 || info.sample_bytes[0] != 12 || info.sample_bytes[1] != 8 ||
-	    info.schema_len != strlen(schema) || memcmp(info.schema, schema, info.schema_len))
-		_exit(11);
-	uint64_t seen = 0;
-	for (int eoe = 0; !eoe;) {
-		uint32_t p0[3 * 64];
-		uint64_t p1[64], got[2] = { 0, 0 }, want[2] = { (uint64_t)bs * 12, (uint64_t)bs * 8 };
-		void *dst[2] = { p0, p1 };
-		if (ts_feed_read(&f, 2, want, dst, got, &eoe, 5 * SEC))
-			_exit(12);
-		uint64_t n = got[0] / 12;
-		if (got[1] != n * 8 || (n != (uint64_t)bs && !eoe) || n == 0)
-			_exit(13);
-		for (uint64_t k = 0; k < n; k++, seen++) {
-			uint64_t i = (uint64_t)perm(seen);
-			if (p0[3 * k] != i || p0[3 * k + 1] != 2 * i || p0[3 * k + 2] != 3 * i || p1[k] != i * 1000)
-				_exit(14);
-		}
+	char exe[4096], num[3][16], *argv[7] = { "ts-feedpeer", (char *)role, name };
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	cr_assert_gt(n, 0);
+	exe[n] = 0;
+	char *slash = strrchr(exe, '/');
+	cr_assert_not_null(slash);
+	snprintf(slash + 1, sizeof(exe) - (size_t)(slash + 1 - exe), "ts-feedpeer");
+	cr_assert_eq(access(exe, X_OK), 0, "%s not built (make check-build)", exe);
+	va_list ap;
+	va_start(ap, nargs);
+	for (int k = 0; k < nargs && k < 3; k++) {
+		snprintf(num[k], sizeof(num[k]), "%d", va_arg(ap, int));
+		argv[3 + k] = num[k];
 	}
-	ts_feed_close(&f);
-	_exit(seen == NINDEX ? 0 : 15);
+	va_end(ap);
+	pid_t pid;
+	int err = posix_spawn(&pid, exe, NULL, NULL, argv, environ);
+	cr_assert_eq(err, 0, "posix_spawn %s: %s", exe, strerror(err));
+	return pid;
 }
 
+static void hear(int fd, const char *what)
+{
+	char c;
+	cr_assert_eq(read(fd, &c, 1), 1, "%s", what);
+}
+
+static void say(int fd)
+{
+	cr_assert_eq(write(fd, "g", 1), 1);
+}
+
+/* A consumer (ts-feedpeer consumer): reads one epoch at batch size bs and
+ * exits 0 iff every sample is right and in order (10 open/attach, 11 first
+ * batch's layout or schema, 12 read error, 13 batch size, 14 a wrong sample,
+ * 15 not the whole epoch). Returns once it is attached. */
 static pid_t start_consumer(int bs)
 {
 	int pfd[2];
-	char c;
-	cr_assert_eq(pipe(pfd), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		close(pfd[0]);
-		consumer_child(bs, pfd[1]);
-	}
+	peer_pipe(pfd, 1);
+	pid_t pid = spawn_peer("consumer", 2, bs, pfd[1]);
 	close(pfd[1]);
-	cr_assert_eq(read(pfd[0], &c, 1), 1, "consumer did not attach");
+	hear(pfd[0], "consumer did not attach");
 	close(pfd[0]);
 	return pid;
 }
@@ -224,23 +229,13 @@ Test(feed, refuses_bad_batches_and_other_schemas)
 	struct ts_feed_batch b = { .npos = 2, .nsamples = 4, .len = len, .src = src, .schema = "" };
 	cr_expect_eq(ts_feed_publish(&f, &b, SEC), -EINVAL, "a position that is not whole samples");
 
-	/* A consumer that learnt one schema refuses another. */
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		struct ts_feed g;
-		struct ts_feed_info info;
-		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g, 0))
-			_exit(10);
-		while (ts_feed_next(&g, 5 * SEC, &info) == -ETIMEDOUT)
-			;
-		uint32_t p0[3 * 8];
-		uint64_t p1[8], got[2] = { 0, 0 }, want[2] = { 8 * 12, 8 * 8 };
-		void *dst[2] = { p0, p1 };
-		int eoe, ret = ts_feed_read(&g, 2, want, dst, got, &eoe, 5 * SEC);
-		_exit(ret == -EPROTO && got[0] <= 4 * 12 ? 0 : 20 + (ret < 0 ? -ret % 50 : 0));
-	}
-	usleep(200000);
+	/* A consumer that learnt one schema refuses another (ts-feedpeer schema). */
+	int ready[2];
+	peer_pipe(ready, 1);
+	pid_t pid = spawn_peer("schema", 1, ready[1]);
+	close(ready[1]);
+	hear(ready[0], "consumer did not attach");
+	close(ready[0]);
 	cr_assert_eq(publish(&f, idx, 4, 1, 0, schema), 0);
 	cr_assert_eq(publish(&f, idx, 4, 1, 0, "{\"other\":1}"), 0);
 	cr_expect_eq(wait_exit(pid), 0, "second schema refused with -EPROTO after the first batch");
@@ -251,24 +246,22 @@ Test(feed, corrupt_slot_header_is_refused_not_trusted)
 {
 	struct ts_feed f;
 	int64_t idx[4] = { 0, 1, 2, 3 };
+	int ready[2], go[2];
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		struct ts_feed g;
-		struct ts_feed_info info;
-		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g, 0))
-			_exit(10);
-		int ret;
-		while ((ret = ts_feed_next(&g, 5 * SEC, &info)) == -ETIMEDOUT)
-			;
-		_exit(ret == -EBADMSG ? 0 : 20);
-	}
-	usleep(200000);
+	peer_pipe(ready, 1);
+	peer_pipe(go, 0);
+	/* ts-feedpeer corrupt: attached, it reads the batch when told: -EBADMSG, exit 0 */
+	pid_t pid = spawn_peer("corrupt", 2, ready[1], go[0]);
+	close(ready[1]);
+	close(go[0]);
+	hear(ready[0], "consumer did not attach");
 	cr_assert_eq(publish(&f, idx, 4, 1, 0, schema), 0);
 	/* Scribble over the published slot's header. */
 	uint64_t *h = f.own[0].base;
 	h[4] ^= 0xffffff; /* nsamples: no longer what the ring says */
+	say(go[1]);
+	close(go[1]);
+	close(ready[0]);
 	cr_expect_eq(wait_exit(pid), 0, "a header that disagrees with the ring is -EBADMSG");
 	ts_feed_close(&f);
 }
@@ -277,26 +270,16 @@ Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
 {
 	struct ts_feed f;
 	int64_t idx[2] = { 0, 1 };
-	int pfd[2];
+	int ready[2], go[2];
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	cr_assert_eq(pipe(pfd), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		struct ts_feed g;
-		char c;
-		close(pfd[1]);
-		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g, 0))
-			_exit(10);
-		(void)!read(pfd[0], &c, 1); /* stalls until told */
-		uint32_t p0[6];
-		uint64_t p1[2], got[2] = { 0, 0 }, want[2] = { 24, 16 };
-		void *dst[2] = { p0, p1 };
-		int eoe, ret = ts_feed_read(&g, 2, want, dst, got, &eoe, SEC);
-		_exit(ret == -ESTALE ? 0 : 20);
-	}
-	close(pfd[0]);
-	usleep(300000);
+	peer_pipe(ready, 1);
+	peer_pipe(go, 0);
+	/* ts-feedpeer stall: attaches, stalls until told, then reads: -ESTALE, exit 0 */
+	pid_t pid = spawn_peer("stall", 2, ready[1], go[0]);
+	close(ready[1]);
+	close(go[0]);
+	hear(ready[0], "consumer did not attach");
+	close(ready[0]);
 	for (int k = 0; k < 4; k++)
 		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
 	uint64_t len[2] = { 24, 16 };
@@ -308,9 +291,9 @@ Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
 	cr_expect_eq(ts_feed_publish(&f, &b, SEC / 10), -ETIMEDOUT, "held back by the stalled consumer");
 	cr_expect_eq(ts_feed_evict_laggards(&f), 1);
 	cr_expect_eq(ts_feed_publish(&f, &b, SEC / 10), 0, "free again");
-	(void)!write(pfd[1], "g", 1);
+	say(go[1]);
 	cr_expect_eq(wait_exit(pid), 0, "the evicted consumer learns it with -ESTALE");
-	close(pfd[1]);
+	close(go[1]);
 	ts_feed_close(&f);
 }
 
@@ -335,85 +318,38 @@ Test(feed, successor_fences_a_replaced_producers_open_claim)
 	struct ts_batch_meta *meta;
 	int64_t idx[4] = { 0, 1, 2, 3 };
 	int go[2], done[2];
-	char c;
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
 	cr_assert_eq(publish(&f, idx, 4, 1, 0, schema), 0);
 	/* The producer is half-way through its next publish: slot claimed, row filled. */
 	cr_assert_eq(ts_ring_begin(f.s.seg, &f.w, SEC, &meta), 0);
 	*meta = (struct ts_batch_meta){ .npos = 1, .len = { 8 }, .nsamples = 1, .tag = f.w.epoch };
-	cr_assert_eq(pipe(go), 0);
-	cr_assert_eq(pipe(done), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		struct ts_feed g;
-		int64_t rest[NINDEX];
-		uint64_t epoch, nrest, npub;
-		int ended;
-		if (ts_feed_open(&g, name, &params, NINDEX))
-			_exit(10);
-		/* It is replaced (it went silent, say): g takes over. */
-		uint64_t w = atomic_load(&g.s.seg->producer);
-		if (!atomic_compare_exchange_strong(&g.s.seg->producer, &w,
-						    ts_producer_word(ts_producer_epoch(w) + 1, g.s.self)))
-			_exit(11);
-		int ret = ts_feed_stream_state(&g, &epoch, &ended, rest, &nrest, &npub, SEC);
-		(void)!write(go[1], "x", 1);
-		(void)!read(done[0], &c, 1);
-		_exit(ret == 0 && epoch == 1 && !ended && npub == 4 && nrest == NINDEX - 4 ? 0 : 20);
-	}
-	cr_assert_eq(read(go[0], &c, 1), 1);
+	peer_pipe(go, 1);
+	peer_pipe(done, 0);
+	/* ts-feedpeer fence: it replaces the producer (it went silent, say) and
+	 * counts the stream, says so, then waits; exit 0 if it counted epoch 1
+	 * unfinished with 4 samples published (10 open, 11 takeover, 20 count). */
+	pid_t pid = spawn_peer("fence", 2, go[1], done[0]);
+	close(go[1]);
+	close(done[0]);
+	hear(go[0], "the successor did not take over");
 	cr_expect_eq(ts_ring_publish(f.s.seg, &f.w), -EPERM,
 		     "the successor counted the stream after taking the open claim: the old publish must fail");
-	(void)!write(done[1], "x", 1);
+	say(done[1]);
 	cr_expect_eq(wait_exit(pid), 0, "the successor sees the stream as it was at its fence");
 	ts_feed_close(&f);
 }
 
-/* Child: attach (at the epoch start or the head), read to the end of the
- * epoch at batch size 10; exit with the number of samples read, which must
- * be the epoch's last ones in the stream's order (else 200+). */
-static void tail_reader_child(int at_epoch_start, int ready_fd)
-{
-	struct ts_feed f;
-	if (ts_feed_open(&f, name, &params, NINDEX) || ts_feed_attach(&f, at_epoch_start))
-		_exit(201);
-	(void)!write(ready_fd, "r", 1);
-	uint64_t seen = 0, k = 0;
-	for (int eoe = 0; !eoe;) {
-		uint32_t p0[3 * 10];
-		uint64_t p1[10], got[2] = { 0, 0 }, want[2] = { 10 * 12, 10 * 8 };
-		void *dst[2] = { p0, p1 };
-		int ret;
-		while ((ret = ts_feed_read(&f, 2, want, dst, got, &eoe, 5 * SEC)) == -ETIMEDOUT)
-			;
-		if (ret)
-			_exit(202);
-		for (uint64_t j = 0; j < got[0] / 12; j++, seen++) {
-			if (seen == 0) /* where in the permutation we start */
-				while (k < NINDEX && (uint64_t)perm(k) != p1[0] / 1000)
-					k++;
-			if (k + seen >= NINDEX || p1[j] != (uint64_t)perm(k + seen) * 1000)
-				_exit(203);
-		}
-	}
-	ts_feed_close(&f);
-	_exit(k + seen == NINDEX ? (int)seen : 204);
-}
-
+/* A reader (ts-feedpeer tail): attaches (at the epoch start or the head),
+ * reads to the end of the epoch at batch size 10; exits with the number of
+ * samples read, which must be the epoch's last ones in the stream's order
+ * (else 200+). Returns once it is attached. */
 static pid_t start_tail_reader(int at_epoch_start)
 {
 	int pfd[2];
-	char c;
-	cr_assert_eq(pipe(pfd), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		close(pfd[0]);
-		tail_reader_child(at_epoch_start, pfd[1]);
-	}
+	peer_pipe(pfd, 1);
+	pid_t pid = spawn_peer("tail", 2, at_epoch_start, pfd[1]);
 	close(pfd[1]);
-	cr_assert_eq(read(pfd[0], &c, 1), 1, "reader did not attach");
+	hear(pfd[0], "reader did not attach");
 	close(pfd[0]);
 	return pid;
 }
@@ -456,76 +392,18 @@ Test(feed, a_joiner_reads_the_current_epoch_from_its_start_while_the_ring_holds_
 
 /* ---- views: batches without a copy ---------------------------------------- */
 
-/* Does a batch of n samples at ptr[] hold the permutation from stream sample k? */
-static int batch_is(void *const *ptr, uint64_t n, uint64_t k)
-{
-	const uint32_t *p0 = ptr[0];
-	const uint64_t *p1 = ptr[1];
-	for (uint64_t j = 0; j < n; j++) {
-		uint64_t i = (uint64_t)perm(k + j);
-		if (p0[3 * j] != i || p0[3 * j + 1] != 2 * i || p0[3 * j + 2] != 3 * i || p1[j] != i * 1000)
-			return 0;
-	}
-	return 1;
-}
-
-/* Read and check n10 batches of 10 by copy, from stream sample k. */
-static int read_batches(struct ts_feed *f, int n10, uint64_t k)
-{
-	for (int b = 0; b < n10; b++, k += 10) {
-		uint32_t p0[30];
-		uint64_t p1[10], got[2] = { 0, 0 }, want[2] = { 120, 80 };
-		void *dst[2] = { p0, p1 };
-		int eoe, ret;
-		while ((ret = ts_feed_read(f, 2, want, dst, got, &eoe, 5 * SEC)) == -ETIMEDOUT)
-			;
-		if (ret || got[0] != 120 || !batch_is(dst, 10, k % NINDEX))
-			return 0;
-	}
-	return 1;
-}
-
-/* Child: view batch 0, read 9 more batches (the producer writes slot 0 twice
- * more meanwhile), then the view must still hold batch 0; exit 0 if so. */
-static void view_keeper_child(int ready_fd)
-{
-	struct ts_feed f;
-	if (ts_feed_open(&f, name, &params, NINDEX) || ts_feed_attach(&f, 0))
-		_exit(10);
-	(void)!write(ready_fd, "r", 1);
-	uint64_t want[2] = { 120, 80 }, got[2], id;
-	void *ptr[2];
-	int eoe, ret;
-	while ((ret = ts_feed_read_view(&f, 2, want, ptr, got, &eoe, &id, 5 * SEC)) == -ETIMEDOUT)
-		;
-	if (ret || got[0] != 120 || got[1] != 80 || !id || !batch_is(ptr, 10, 0))
-		_exit(11);
-	if (!read_batches(&f, 9, 10))
-		_exit(12);
-	if (!batch_is(ptr, 10, 0))
-		_exit(13); /* overwritten under us */
-	memset(ptr[0], 0, 120); /* ours to write: copy-on-write */
-	ts_feed_release_view(&f, id);
-	ts_feed_release_view(&f, id); /* twice: ignored */
-	ts_feed_close(&f);
-	_exit(0);
-}
-
 Test(feed, a_view_keeps_its_bytes_while_the_producer_writes_on)
 {
 	struct ts_feed f;
 	int pfd[2];
-	char c;
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	cr_assert_eq(pipe(pfd), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		close(pfd[0]);
-		view_keeper_child(pfd[1]);
-	}
+	peer_pipe(pfd, 1);
+	/* ts-feedpeer view-keeper: views batch 0, reads 9 more batches (the
+	 * producer writes slot 0 twice more meanwhile), then the view must still
+	 * hold batch 0; it writes over it (copy-on-write) and releases it twice. */
+	pid_t pid = spawn_peer("view-keeper", 1, pfd[1]);
 	close(pfd[1]);
-	cr_assert_eq(read(pfd[0], &c, 1), 1);
+	hear(pfd[0], "consumer did not attach");
 	close(pfd[0]);
 	publish_batches(&f, 1, 0, 5);
 	publish_batches(&f, 2, 0, 5); /* slot 0 again at batches 4 and 8: a fresh file each time it is held */
@@ -538,30 +416,20 @@ Test(feed, a_view_keeps_its_bytes_while_the_producer_writes_on)
 Test(feed, a_request_across_two_slots_is_not_a_view_and_consumes_nothing)
 {
 	struct ts_feed f;
+	int ready[2], go[2];
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		struct ts_feed g;
-		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g, 0))
-			_exit(10);
-		usleep(300000); /* both batches published */
-		uint64_t want[2] = { 15 * 12, 15 * 8 }, got[2] = { 0, 0 }, id;
-		void *ptr[2];
-		int eoe;
-		if (ts_feed_read_view(&g, 2, want, ptr, got, &eoe, &id, SEC) != -EXDEV || id)
-			_exit(11);
-		uint32_t p0[45];
-		uint64_t p1[15];
-		void *dst[2] = { p0, p1 };
-		got[0] = got[1] = 0;
-		if (ts_feed_read(&g, 2, want, dst, got, &eoe, SEC) || got[0] != 15 * 12 || !batch_is(dst, 15, 0))
-			_exit(12);
-		ts_feed_close(&g);
-		_exit(0);
-	}
-	usleep(100000);
+	peer_pipe(ready, 1);
+	peer_pipe(go, 0);
+	/* ts-feedpeer across: once told both batches are published, it asks for
+	 * a view of 15 samples (-EXDEV, nothing consumed), then copies 15. */
+	pid_t pid = spawn_peer("across", 2, ready[1], go[0]);
+	close(ready[1]);
+	close(go[0]);
+	hear(ready[0], "consumer did not attach");
+	close(ready[0]);
 	publish_batches(&f, 1, 0, 2);
+	say(go[1]);
+	close(go[1]);
 	cr_expect_eq(wait_exit(pid), 0, "-EXDEV, then the same bytes by copy (exit 11: not EXDEV, 12: copy wrong)");
 	ts_feed_close(&f);
 }
@@ -569,36 +437,23 @@ Test(feed, a_request_across_two_slots_is_not_a_view_and_consumes_nothing)
 Test(feed, views_outlive_the_feed_as_private_memory)
 {
 	struct ts_feed f;
-	int go[2], done[2];
-	char c;
+	int state[2], done[2];
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	cr_assert_eq(pipe(go), 0);
-	cr_assert_eq(pipe(done), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		struct ts_feed g;
-		if (ts_feed_open(&g, name, &params, NINDEX) || ts_feed_attach(&g, 0))
-			_exit(10);
-		uint64_t want[2] = { 120, 80 }, got[2], id;
-		void *ptr[2];
-		int eoe, ret;
-		(void)!write(go[1], "r", 1);
-		while ((ret = ts_feed_read_view(&g, 2, want, ptr, got, &eoe, &id, 5 * SEC)) == -ETIMEDOUT)
-			;
-		if (ret || !batch_is(ptr, 10, 0))
-			_exit(11);
-		ts_feed_close(&g); /* the program keeps its batch */
-		(void)!write(go[1], "c", 1);
-		(void)!read(done[0], &c, 1);
-		_exit(batch_is(ptr, 10, 0) ? 0 : 12);
-	}
-	cr_assert_eq(read(go[0], &c, 1), 1);
+	peer_pipe(state, 1);
+	peer_pipe(done, 0);
+	/* ts-feedpeer outlive: attaches ('r'), views batch 0, closes its feed
+	 * ('c'), and when told checks that its view still holds batch 0. */
+	pid_t pid = spawn_peer("outlive", 2, state[1], done[0]);
+	close(state[1]);
+	close(done[0]);
+	hear(state[0], "consumer did not attach");
 	publish_batches(&f, 1, 0, 1);
-	cr_assert_eq(read(go[0], &c, 1), 1);
+	hear(state[0], "consumer did not view and close");
+	close(state[0]);
 	publish_batches(&f, 1, 1, 5); /* slot 0 rewritten in place: its holder has left */
 	cr_expect_eq(f.gen[0], 0u, "a holder that left holds nothing");
-	(void)!write(done[1], "d", 1);
+	say(done[1]);
+	close(done[1]);
 	cr_expect_eq(wait_exit(pid), 0, "the closed feed's view still holds batch 0");
 	ts_feed_close(&f);
 }
