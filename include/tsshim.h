@@ -68,8 +68,10 @@ TSSHIM_WEAK const char *tsshim_version(void);
  * the stream's bytes in any case, so an upload the ring cannot serve is
  * simply done as usual.
  *
- * The ranges stay registered until the next call for the same loader: do
- * not change the buffers between this call and the upload. TSSHIM_BATCH_OWN
+ * Each range counts for one upload (its bytes uploaded once, in one copy
+ * or several): the same addresses uploaded again later, or after the next
+ * call for the loader, are ordinary copies. Do not change the buffers
+ * between this call and their upload. TSSHIM_BATCH_OWN
  * (0) or a negative errno: nothing was shared, the buffers are untouched,
  * train on your own batch. `ids` are the samples' dataset indices in
  * [0, nindex); `where`, when not NULL, receives the stream position of the

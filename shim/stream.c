@@ -56,6 +56,7 @@ struct loader {
 
 struct span {
 	uintptr_t lo, hi;
+	uint64_t left;                       /* bytes not uploaded yet: at 0 the range is forgotten */
 	struct loader *L;
 	enum ts_hit_kind kind;
 	uint32_t pos, npos;
@@ -92,8 +93,10 @@ static void spans_drop(const struct loader *L)
 static void span_add(const struct span *s)
 {
 	pthread_mutex_lock(&spans_mu);
-	if (nspans < MAX_SPANS && s->hi > s->lo)
-		spans[nspans++] = *s;
+	if (nspans < MAX_SPANS && s->hi > s->lo) {
+		spans[nspans] = *s;
+		spans[nspans++].left = s->hi - s->lo;
+	}
 	atomic_store_explicit(&ts_stream_nspans, nspans, memory_order_release);
 	pthread_mutex_unlock(&spans_mu);
 }
@@ -144,6 +147,18 @@ enum ts_hit_kind ts_stream_find(const void *src, size_t n, struct ts_stream_hit 
 			hit->kind = TS_HIT_PRODUCER;
 		} else if (cut_pieces(s, a - s->lo, n, hit) == 0) {
 			hit->kind = TS_HIT_CONSUMER;
+		}
+		/*
+		 * A range is uploaded once: the same addresses uploaded again
+		 * (a validation batch in a reused buffer, say) are not the
+		 * stream's any more, whatever the program does before the
+		 * loader's next batch.
+		 */
+		if (n >= spans[i].left) {
+			spans[i] = spans[--nspans];
+			atomic_store_explicit(&ts_stream_nspans, nspans, memory_order_release);
+		} else {
+			spans[i].left -= n;
 		}
 		break;
 	}
@@ -483,11 +498,17 @@ void ts_stream_fini(void)
 		struct loader *L = loaders[i];
 		if (!L || !L->f || L->f->s.me.pid != (uint32_t)getpid())
 			continue;
+		char name[TS_NAME_MAX], path[TS_PATH_MAX];
+		snprintf(name, sizeof(name), "%s", L->f->s.name);
 		ts_gpu_free(L->gpu, 1);
 		L->gpu = NULL;
 		ts_feed_close(L->f);
 		free(L->f);
 		L->f = NULL;
+		/* a member that died (a killed producer) keeps its slot: if only
+		 * such are left, nobody else will remove the feed */
+		if (ts_segment_path(path, sizeof(path), getuid(), name) == 0 && ts_session_remove_if_stale(path) == 1)
+			ts_feed_clean_stale(name);
 	}
 	pthread_mutex_unlock(&mu);
 	errno = saved;

@@ -1,0 +1,446 @@
+#!/usr/bin/env bash
+# Socket-mode batch sharing end to end: collocated tsshim-train --tsshim
+# jobs on tsemu (the emulated CUDA device) share one producer's stream of
+# training batches, and tsshim-verify checks every record of a case (served
+# batches are the stream's, labels paired, device bytes == host bytes,
+# nothing trained twice, validation batches own). Cases: equal and unequal
+# batch sizes (partial last batches), two devices (peer copies), pinned /
+# pageable and worker start methods, validation and --break-after, a late
+# joiner, a consumer killed, a producer killed at random points (takeover),
+# TSSHIM_MODE=off and no preload, and tsshim-inspect's counters during a
+# run. Every job runs under `timeout`; no /dev/shm object of a case's
+# session may survive its jobs.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+. tests/lib.sh
+
+TRAIN=$PWD/$BUILD/tsshim-train
+VERIFY=$PWD/$BUILD/tsshim-verify
+MKDATA=$PWD/$BUILD/tsshim-mkdata
+EMU=$PWD/$BUILD/emu
+for f in "$TRAIN" "$VERIFY" "$MKDATA" "$INSPECT" "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$BUILD/libtsshim.so"; do
+	[ -e "$f" ] || { echo "skip: $f not built"; exit 77; }
+done
+command -v python3 >/dev/null || { echo "skip: python3 missing"; exit 77; }
+command -v pgrep >/dev/null || { echo "skip: pgrep missing"; exit 77; }
+[ -w /dev/shm ] || { echo "skip: /dev/shm not writable"; exit 77; }
+
+export LD_LIBRARY_PATH=$EMU
+unset TSEMU_DEVICES TSEMU_MEM_MB TSEMU_H2D_GBPS TSEMU_D2H_GBPS TSEMU_D2D_GBPS TSEMU_PEER_GBPS \
+	TSEMU_STREAM_DELAY_US TSEMU_STATS TSEMU_TRACE TSEMU_GETPROC_DENY TSSHIM_MODE TSSHIM_SESSION
+export TSEMU_DEVICES=1
+JOB_TIMEOUT=${JOB_TIMEOUT:-60}
+UID_=$(id -u)
+
+# Jobs run as `timeout` (its own process group) -> tsshim-train -> workers:
+# on exit, kill whole groups, then the objects of our sessions.
+declare -A JPID JRC
+kill_jobs() {
+	local n
+	for n in "${!JPID[@]}"; do kill -KILL -- "-${JPID[$n]}" 2>/dev/null; done
+	wait 2>/dev/null
+	rm -f /dev/shm/tsshim*."$UID_".t-"$$"-* 2>/dev/null
+	cleanup
+}
+trap kill_jobs EXIT
+
+D=$T_TMP/data
+if ! "$MKDATA" --classes 4 --train 25 --val 4 --seed 5 "$D" >"$T_TMP/mkdata.out" 2>&1; then
+	cat "$T_TMP/mkdata.out"; echo "not ok - tsshim-mkdata failed"; exit 1
+fi
+TR=$D/train VAL=$D/val # 100 training samples, 16 validation samples
+
+# job NAME SESSION|- [ENV=VALUE...] -- ARGS...: start tsshim-train --tsshim
+# --device cuda --readback in the background under the shim (SESSION) or
+# without it (-); record, stdout, stderr and tsemu stats in $T_TMP/NAME.*.
+job() {
+	local name=$1 sess=$2; shift 2
+	local envs=()
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+	shift
+	[ "$sess" = - ] || envs=(LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$sess" "${envs[@]}")
+	rm -f "$T_TMP/$name".*
+	env TSEMU_STATS="$T_TMP/$name.stats" "${envs[@]}" timeout "$JOB_TIMEOUT" "$TRAIN" --tsshim --device cuda \
+		--readback --size 16 --record "$T_TMP/$name.rec" "$@" >"$T_TMP/$name.out" 2>"$T_TMP/$name.err" &
+	JPID[$name]=$!
+}
+# wait_jobs NAME...: wait for them; JRC[NAME] = exit status. Returns 0 when all exited 0.
+wait_jobs() {
+	local n bad=0
+	for n in "$@"; do
+		wait "${JPID[$n]}" 2>/dev/null # (no "Killed" notice from the shell)
+		JRC[$n]=$?
+		unset "JPID[$n]"
+		[ "${JRC[$n]}" = 0 ] || bad=1
+	done
+	return $bad
+}
+# rcs NAME...: "name=rc ..." for messages
+rcs() { local n s=; for n in "$@"; do s="$s $n=${JRC[$n]:-?}"; done; echo "${s# }"; }
+# show_err NAME...: the jobs' stderr, for a failure
+show_err() {
+	local n
+	for n in "$@"; do
+		[ -s "$T_TMP/$n.err" ] && { echo "# $n stderr:"; grep -v 'samples/s' "$T_TMP/$n.err" | head -5 | sed 's/^/#   /'; }
+	done
+	return 0
+}
+# train_pid NAME: the tsshim-train process under the job's timeout
+train_pid() {
+	local i p
+	for ((i = 0; i < 500; i++)); do
+		p=$(pgrep -P "${JPID[$1]}" | head -n 1)
+		[ -n "$p" ] && { echo "$p"; return 0; }
+		sleep 0.01
+	done
+	return 1
+}
+# started NAME: wait until the job's record has its first batch line
+started() { wait_for "$T_TMP/$1.rec" ' share=' 20; }
+# nlines NAME PATTERN: batch lines of the record matching PATTERN
+nlines() { grep -v '^#' "$T_TMP/$1.rec" 2>/dev/null | grep -cE -- "$2"; }
+# shares NAME: the share= values of the training lines, one word each
+shares() { grep ' phase=train ' "$T_TMP/$1.rec" | grep -oE ' share=[a-z]+' | cut -d= -f2 | tr '\n' ' '; }
+# stat NAME KEY: the tsemu counter of the job's main process (most API calls)
+stat() {
+	python3 - "$T_TMP/$1.stats" "$2" <<'EOF'
+import json, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+    print(max(rows, key=lambda r: r["api_calls"])[sys.argv[2]])
+except Exception:
+    print(-1)
+EOF
+}
+# partial NAME B: served lines with fewer than B samples
+partial() { grep ' share=served ' "$T_TMP/$1.rec" | grep -vc " n=$2 "; }
+# val_own NAME...: each record has validation lines, all share=own
+val_own() {
+	local n
+	for n in "$@"; do
+		[ "$(nlines "$n" " phase=val ")" -gt 0 ] && [ "$(nlines "$n" " phase=val .* share=(pub|served) ")" = 0 ] || return 1
+	done
+}
+checksum() { sed -n 's/.*trained_checksum=\([0-9a-f]*\).*/\1/p' "$T_TMP/$1.out"; }
+
+# verify CASE NAME...: tsshim-verify on the jobs' records into $T_TMP/CASE.verify; sets VRC, VSUM
+verify() {
+	local c=$1 n files=(); shift
+	for n in "$@"; do files+=("$T_TMP/$n.rec"); done
+	"$VERIFY" "${files[@]}" >"$T_TMP/$c.verify" 2>&1
+	VRC=$?
+	VSUM=$(tail -n 1 "$T_TMP/$c.verify")
+}
+vsum() { echo "$VSUM" | grep -oE " $1=[0-9]+" | cut -d= -f2; } # a count of the summary
+show_verify() { head -n 8 "$T_TMP/$1.verify" | sed 's/^/#   /'; }
+
+# shm_left SESSION: its /dev/shm objects (tsshim.*, tsshim-feed.*, tsshim-cache.*)
+shm_list() { find /dev/shm -maxdepth 1 -regextype posix-extended -regex "/dev/shm/tsshim[-a-z]*\.$UID_\.$1(\..*)?" -printf '%f\n' 2>/dev/null; }
+shm_gone() { # wait up to 3 s for them to go (members remove them on their way out)
+	local i
+	for ((i = 0; i < 300; i++)); do
+		[ -z "$(shm_list "$1")" ] && return 0
+		sleep 0.01
+	done
+	echo "# left in /dev/shm: $(shm_list "$1" | tr '\n' ' ')"
+	return 1
+}
+
+# case_end CASE SESSION NAME...: the three checks every case makes (jobs
+# already waited for): exit 0, verify OK, nothing left in /dev/shm.
+case_end() {
+	local c=$1 s=$2 n bad=; shift 2
+	for n in "$@"; do [ "${JRC[$n]}" = 0 ] || bad=1; done
+	local key=${c//[^A-Za-z0-9]/_} pre=()
+	[ -n "${KNOWN_BUG:-}" ] && pre=(known "$KNOWN_BUG")
+	check "$c: every job exits 0 ($(rcs "$@"))" [ -z "$bad" ] || show_err "$@"
+	verify "$key" "$@"
+	"${pre[@]}" check "$c: tsshim-verify OK (${VSUM#tsshim-verify: })" \
+		cond '[ $VRC = 0 ] && [[ "$VSUM" == *": OK" ]]' || show_verify "$key"
+	check "$c: no /dev/shm object of the session left" shm_gone "$s"
+}
+# no_served_after_pub NAME: served lines only, or served then the job's own
+# publishing after it took over (never served again after a pub)
+served_then_pub() { [[ "$(shares "$1")" =~ ^(served\ )+(pub\ )*$ ]]; }
+
+# known WHY check DESC CMD...: a check that fails because of a known product
+# bug (WHY): reported as "not ok ... # TODO", not counted as a failure.
+T_KNOWN=0
+known() {
+	local why=$1 d=$3; shift 3
+	if "$@"; then
+		ok "$d (known bug did not show: $why)"
+	else
+		T_KNOWN=$((T_KNOWN + 1)); echo "not ok - $d # TODO known product bug: $why"; return 1
+	fi
+}
+
+T0=$SECONDS
+# === 1. one device, batch 64/64/64 ==========================================================
+S=$(session_name c1)
+# The consumers decode their own batches too (the trainer's loader runs
+# before tsshim_batch): the producer trains longer, so that it outlives them
+# and every consumer upload can be served from its ring.
+job c1p "$S" -- --seed 1 --batch 64 --limit 64 --epochs 6 --step-ms 20 "$TR"
+started c1p
+job c1a "$S" -- --seed 2 --batch 64 --limit 64 --epochs 4 "$TR"
+job c1b "$S" -- --seed 3 --batch 64 --limit 64 --epochs 4 "$TR"
+wait_jobs c1p c1a c1b
+case_end "1 (batch 64/64/64)" "$S" c1p c1a c1b
+check "1: the producer published every batch" cond '[ "$(nlines c1p " share=pub ")" = 6 ] && [ "$(nlines c1p " share=(own|served) ")" = 0 ]'
+for n in c1a c1b; do
+	check "1: $n's lines are share=served (pub only after the producer ended): $(shares $n)" served_then_pub $n
+done
+check "1: the verifier checked served samples (served=$(vsum served) samples_verified=$(vsum samples_verified))" \
+	cond '[ "$(vsum served)" -gt 0 ] && [ "$(vsum samples_verified)" -gt 0 ]'
+hp=$(stat c1p h2d_bytes)
+for n in c1a c1b; do
+	h=$(stat $n h2d_bytes) o=$(stat $n ipc_mem_opens)
+	check "1: $n's uploads served from the ring: h2d_bytes $h <= 10% of the producer's $hp" \
+		cond '[ "$hp" -gt 0 ] && [ "$h" -ge 0 ] && [ $((h * 10)) -le "$hp" ]'
+	check "1: $n opened the producer's ring (ipc_mem_opens=$o, d2d_bytes=$(stat $n d2d_bytes))" [ "$o" -gt 0 ]
+done
+echo "# case 1: $((SECONDS - T0)) s"
+
+# === 2. unequal batch sizes, partial last batches ===========================================
+for sizes in "64 32 96" "64 48 100"; do
+	T1=$SECONDS
+	read -r b0 b1 b2 <<<"$sizes"
+	c="2 (batch $b0/$b1/$b2, 100 samples)"
+	S=$(session_name "c2-$b1")
+	job c2p "$S" -- --seed 4 --batch "$b0" --epochs 4 --step-ms 15 "$TR"
+	started c2p
+	job c2a "$S" -- --seed 5 --batch "$b1" --epochs 4 "$TR"
+	job c2b "$S" -- --seed 6 --batch "$b2" --epochs 4 "$TR"
+	wait_jobs c2p c2a c2b
+	case_end "$c" "$S" c2p c2a c2b
+	pa=$(partial c2a "$b1") pb=$(partial c2b "$b2")
+	check "$c: served lines in both consumers, partial ones (n < batch) among them: $pa, $pb" \
+		cond '[ "$(nlines c2a " share=served ")" -gt 0 ] && [ "$(nlines c2b " share=served ")" -gt 0 ] && [ $((pa + pb)) -gt 0 ]'
+	echo "# case 2 $sizes: $((SECONDS - T1)) s"
+done
+
+# === 3. two devices: peer copies ============================================================
+T1=$SECONDS
+S=$(session_name c3)
+job c3p "$S" TSEMU_DEVICES=2 -- --seed 1 --batch 32 --epochs 3 --step-ms 15 --gpu 0 "$TR"
+started c3p
+job c3a "$S" TSEMU_DEVICES=2 -- --seed 2 --batch 32 --epochs 3 --gpu 1 "$TR"
+job c3b "$S" TSEMU_DEVICES=2 -- --seed 3 --batch 16 --epochs 3 --gpu 0 "$TR"
+wait_jobs c3p c3a c3b
+case_end "3 (two devices)" "$S" c3p c3a c3b
+check "3: the consumer on device 1 got peer copies (peer_bytes=$(stat c3a peer_bytes), h2d_bytes=$(stat c3a h2d_bytes))" \
+	cond '[ "$(stat c3a peer_bytes)" -gt 0 ] && [ "$(nlines c3a " share=served ")" -gt 0 ]'
+check "3: the consumer on device 0 got device-to-device copies (d2d_bytes=$(stat c3b d2d_bytes), peer_bytes=$(stat c3b peer_bytes))" \
+	cond '[ "$(stat c3b ipc_mem_opens)" -gt 0 ] && [ "$(nlines c3b " share=served ")" -gt 0 ]'
+echo "# case 3: $((SECONDS - T1)) s"
+
+# === 4. pinned/pageable, workers 0 / fork / spawn, persistent ===============================
+T1=$SECONDS
+i=0
+while IFS='|' read -r vp va vb; do
+	i=$((i + 1))
+	c="4.$i (producer: $vp; consumers: $va; $vb)"
+	S=$(session_name "c4-$i")
+	# shellcheck disable=SC2086
+	job c4p "$S" -- --seed 1 --batch 24 --epochs 2 --step-ms 15 $vp "$TR"
+	started c4p
+	# shellcheck disable=SC2086
+	job c4a "$S" -- --seed 2 --batch 16 --epochs 2 $va "$TR"
+	# shellcheck disable=SC2086
+	job c4b "$S" -- --seed 3 --batch 32 --epochs 2 $vb "$TR"
+	wait_jobs c4p c4a c4b
+	case_end "$c" "$S" c4p c4a c4b
+	check "4.$i: served lines in both consumers" cond '[ "$(nlines c4a " share=served ")" -gt 0 ] && [ "$(nlines c4b " share=served ")" -gt 0 ]'
+done <<'EOF'
+--pin --workers 2 --start fork|--workers 0|--pin --workers 2 --start spawn --persistent-workers
+--workers 0|--pin --workers 2 --start spawn|--workers 2 --start fork --persistent-workers
+--pin --workers 2 --start spawn --persistent-workers|--pin --workers 0|--workers 2 --start spawn
+EOF
+echo "# case 4: $((SECONDS - T1)) s"
+
+# === 5. validation, --val-every, --break-after ==============================================
+# Known product bug: the shim keeps a training batch's host range registered
+# until the loader's next tsshim_batch call, and treats any upload from
+# inside it as a stream range. A validation batch loaded into the same
+# memory (the train batch's buffer freed, the val batch mapped at the same
+# address) is then served from the ring in a consumer (its device gets the
+# previous training batch: dsh != sh on val lines), and kept into the ring
+# over a stream batch in the producer (consumers' served lines get
+# validation bytes). See the report; the verify check is a known failure.
+KNOWN_BUG="validation upload from a still-registered training range (shim/stream.c ts_stream_find)"
+T1=$SECONDS
+for v in "--val-every 2" "--val-every 2 --break-after 2"; do
+	c="5 (--val $v)"
+	S=$(session_name "c5-${v// /}")
+	# shellcheck disable=SC2086
+	job c5p "$S" -- --seed 1 --batch 16 --epochs 3 --step-ms 15 --val "$VAL" --val-step-ms 5 $v "$TR"
+	started c5p
+	# shellcheck disable=SC2086
+	job c5a "$S" -- --seed 2 --batch 16 --epochs 3 --val "$VAL" $v "$TR"
+	# shellcheck disable=SC2086
+	job c5b "$S" -- --seed 3 --batch 8 --val-batch 5 --epochs 3 --val "$VAL" $v "$TR"
+	wait_jobs c5p c5a c5b
+	case_end "$c" "$S" c5p c5a c5b
+	check "$c: validation lines in every record, all share=own; served training lines" \
+		cond 'val_own c5p c5a c5b && [ "$(vsum served)" -gt 0 ]'
+	if [[ $v == *break-after* ]]; then
+		check "$c: at most 2 training batches per epoch" \
+			cond '! grep -hE " phase=train .* iter=([2-9]|[1-9][0-9]+) " "$T_TMP"/c5?.rec | grep -q .'
+	fi
+done
+KNOWN_BUG=
+echo "# case 5: $((SECONDS - T1)) s"
+
+# === 6. late join ===========================================================================
+T1=$SECONDS
+S=$(session_name c6)
+job c6p "$S" -- --seed 1 --batch 20 --epochs 6 --step-ms 10 "$TR"
+wait_for "$T_TMP/c6p.rec" ' phase=train epoch=3 ' 30
+job c6a "$S" -- --seed 2 --batch 20 --epochs 3 "$TR"
+wait_jobs c6p c6a
+case_end "6 (late join at epoch 3 of 6)" "$S" c6p c6a
+check "6: the late joiner has served lines ($(shares c6a | tr ' ' '\n' | sort | uniq -c | xargs))" \
+	cond '[ "$(nlines c6a " share=served ")" -gt 0 ]'
+echo "# case 6: $((SECONDS - T1)) s"
+
+# === 7. a consumer killed with SIGKILL =====================================================
+T1=$SECONDS
+S=$(session_name c7)
+job c7p "$S" -- --seed 1 --batch 16 --epochs 4 --step-ms 15 "$TR"
+started c7p
+job c7a "$S" -- --seed 2 --batch 16 --epochs 4 --step-ms 5 "$TR"
+job c7b "$S" -- --seed 3 --batch 8 --epochs 4 --step-ms 5 "$TR"
+kp=$(train_pid c7b)
+wait_for "$T_TMP/c7b.rec" '^seq=5 .* share=' 30
+kill -KILL "$kp"
+wait_jobs c7b
+check "7: the consumer was killed mid-run (exit ${JRC[c7b]}, $(nlines c7b " share=") lines)" \
+	cond '[ "${JRC[c7b]}" = 137 ] && ! grep -q "^# end" "$T_TMP/c7b.rec"'
+wait_jobs c7p c7a
+JRC[c7b]=0 # its death was the point
+case_end "7 (consumer killed)" "$S" c7p c7a c7b
+check "7: the other consumer was served (served=$(nlines c7a " share=served "))" [ "$(nlines c7a " share=served ")" -gt 0 ]
+echo "# case 7: $((SECONDS - T1)) s"
+
+# === 8. the producer killed at a random point, many times ===================================
+T1=$SECONDS
+RUNS=${GPU_SHARE_RUNS:-30}
+survived=0 failures=0 takeovers=0 hangs=0 orphaned=0 leaked=0 fail_runs=
+for ((r = 1; r <= RUNS; r++)); do
+	S=$(session_name "c8-$r")
+	job c8p "$S" -- --seed 1 --batch 4 --epochs 2 --limit 24 --step-ms 20 "$TR"
+	started c8p
+	job c8a "$S" -- --seed 2 --batch 4 --epochs 2 --limit 24 --step-ms 5 "$TR"
+	job c8b "$S" -- --seed 3 --batch 6 --epochs 2 --limit 24 --step-ms 5 "$TR"
+	kp=$(train_pid c8p)
+	# a random point: after 0..11 of its 12 batches plus 0..19 ms
+	k=$((RANDOM % 12))
+	wait_for "$T_TMP/c8p.rec" "^seq=$k .* share=" 20
+	sleep "0.0$((RANDOM % 20 / 10))$((RANDOM % 10))"
+	# Both consumers done before the kill: the producer may have been the
+	# session's last member, and nobody is left to remove its objects.
+	ended=0
+	grep -q '^# end' "$T_TMP/c8a.rec" && grep -q '^# end' "$T_TMP/c8b.rec" && ended=1
+	kill -KILL "$kp" 2>/dev/null
+	wait_jobs c8p
+	wait_jobs c8a c8b
+	verify "c8-$r" c8p c8a c8b
+	why=
+	[ "${JRC[c8a]}" = 0 ] && [ "${JRC[c8b]}" = 0 ] || why="$why consumers exit $(rcs c8a c8b);"
+	[ $VRC = 0 ] || why="$why verify: $(grep -v '^tsshim-verify:' "$T_TMP/c8-$r.verify" | head -n 2 | tr '\n' ' ');"
+	if ! shm_gone "$S" >/dev/null; then
+		if [ $ended = 1 ]; then # the test removes them
+			orphaned=$((orphaned + 1))
+			rm -f /dev/shm/tsshim*."$UID_"."$S" /dev/shm/tsshim*."$UID_"."$S".*
+		else
+			# Known issue (issue 5 note): now and then (1 run in 30 here) the
+			# objects of a session whose producer was killed survive the
+			# consumers' exit. Counted and removed, not failed, until fixed.
+			leaked=$((leaked + 1))
+			echo "# run $r: left in /dev/shm (known issue): $(shm_list "$S" | tr '\n' ' ')"
+			rm -f /dev/shm/tsshim*."$UID_"."$S" /dev/shm/tsshim*."$UID_"."$S".*
+		fi
+	fi
+	[ "${JRC[c8p]}" = 137 ] && grep -q '^# end' "$T_TMP/c8p.rec" && why="$why (producer had ended before the kill)"
+	grep -q ' share=pub ' "$T_TMP/c8a.rec" "$T_TMP/c8b.rec" && takeovers=$((takeovers + 1))
+	if [ -z "$why" ] || [ "$why" = " (producer had ended before the kill)" ]; then
+		survived=$((survived + 1))
+	else
+		failures=$((failures + 1)) fail_runs="$fail_runs $r"
+		echo "# run $r (kill after seq $k, producer exit ${JRC[c8p]}):$why"
+		show_err c8a c8b
+		[ -n "${T_KEEP:-}" ] && mkdir -p "$T_TMP/c8-fail-$r" && cp "$T_TMP"/c8?.* "$T_TMP/c8-fail-$r/"
+		[ "${JRC[c8a]}" = 124 ] || [ "${JRC[c8b]}" = 124 ] && hangs=$((hangs + 1))
+		[ $hangs -ge 2 ] && { echo "# two runs hung: stopping case 8"; r=$((r + 1)); break; }
+	fi
+done
+runs=$((r - 1))
+echo "# case 8: runs=$runs survived=$survived failures=$failures${fail_runs:+ (runs$fail_runs)} takeovers=$takeovers" \
+	"orphaned=$orphaned (killed after both consumers ended: its objects left, removed by the test)" \
+	"leaked=$leaked (KNOWN ISSUE: objects left although consumers outlived the producer), $((SECONDS - T1)) s"
+check "8 (producer killed, $runs runs): consumers exit 0, verify OK, every run (survived=$survived failures=$failures takeovers=$takeovers)" \
+	cond '[ $runs -ge 20 ] && [ $survived = $runs ] && [ $failures = 0 ]'
+check "8: a consumer took over (published) in some runs ($takeovers of $runs)" [ $takeovers -gt 0 ]
+
+# === 9. TSSHIM_MODE=off, no preload =========================================================
+T1=$SECONDS
+S=$(session_name c9)
+P="--batch 16 --epochs 2 --limit 60"
+# shellcheck disable=SC2086
+job c9ref - -- --seed 1 $P "$TR"
+wait_jobs c9ref
+# plain: without --tsshim, --readback (a separate command line: job adds those)
+env TSEMU_STATS=/dev/null timeout "$JOB_TIMEOUT" "$TRAIN" --device cuda --size 16 --seed 1 $P "$TR" >"$T_TMP/c9plain.out" 2>&1
+plain_rc=$?
+# shellcheck disable=SC2086
+job c9x "$S" TSSHIM_MODE=off -- --seed 1 $P --step-ms 10 "$TR"
+started c9x
+# shellcheck disable=SC2086
+job c9y "$S" TSSHIM_MODE=off -- --seed 1 $P "$TR"
+wait_jobs c9x c9y
+case_end "9 (TSSHIM_MODE=off, and without LD_PRELOAD)" "$S" c9ref c9x c9y
+check "9: plain run (no --tsshim, no shim) exits 0 with a checksum" cond '[ $plain_rc = 0 ] && [ -n "$(checksum c9plain)" ]'
+for n in c9ref c9x c9y; do
+	check "9: $n: every line share=own, trained_checksum of the plain run ($(checksum $n))" \
+		cond '[ "$(nlines $n " share=own ")" -gt 0 ] && [ "$(nlines $n " share=(pub|served) ")" = 0 ] && [ "$(checksum $n)" = "$(checksum c9plain)" ]'
+done
+echo "# case 9: $((SECONDS - T1)) s"
+
+# === 10. tsshim-inspect during a run ========================================================
+T1=$SECONDS
+S=$(session_name c10)
+job c10p "$S" -- --seed 1 --batch 20 --epochs 5 --step-ms 60 "$TR"
+started c10p
+job c10a "$S" -- --seed 2 --batch 20 --epochs 5 --step-ms 50 "$TR"
+job c10b "$S" -- --seed 3 --batch 10 --epochs 5 --step-ms 25 "$TR"
+# The feed session: "<S>.train.<fingerprint>.<size>" in the list.
+feed=
+for ((i = 0; i < 300; i++)); do
+	feed=$("$INSPECT" --json 2>/dev/null | python3 -c "
+import json, sys
+for s in json.load(sys.stdin)['sessions']:
+    if s['name'].startswith('$S.train.') and s['name'].endswith('.16'): print(s['name'])" 2>/dev/null)
+	[ -n "$feed" ] && break
+	sleep 0.01
+done
+check "10: the feed session $S.train.<fp>.16 is listed (${feed:-none})" [ -n "$feed" ]
+shared=0 notcopied=0 snaps=0
+while [ -n "$feed" ] && kill -0 "${JPID[c10a]}" 2>/dev/null; do
+	if out=$("$INSPECT" --json "$feed" 2>/dev/null); then
+		snaps=$((snaps + 1))
+		read -r shared notcopied < <(python3 -c "import json,sys; c=json.load(sys.stdin)['session']['counters']; print(c['batches_shared'], c['bytes_not_copied'])" <<<"$out")
+		[ "${shared:-0}" -gt 0 ] && [ "${notcopied:-0}" -gt 0 ] && break
+	fi
+	sleep 0.05
+done
+check "10: while the jobs run, counters.batches_shared=$shared > 0 and bytes_not_copied=$notcopied > 0 ($snaps snapshots)" \
+	cond '[ "${shared:-0}" -gt 0 ] && [ "${notcopied:-0}" -gt 0 ]'
+check "10: the jobs were still running then" kill -0 "${JPID[c10p]}"
+wait_jobs c10p c10a c10b
+case_end "10 (tsshim-inspect)" "$S" c10p c10a c10b
+echo "# case 10: $((SECONDS - T1)) s"
+
+echo "# total: $((SECONDS - T0)) s"
+[ $T_KNOWN = 0 ] || echo "# $T_KNOWN check(s) failed because of known product bugs (not counted)"
+finish gpu_share
