@@ -86,7 +86,6 @@ struct ts_gpu_counters {
 	_Atomic uint64_t bytes_kept;
 	_Atomic uint64_t uploads_served; /* consumer uploads served from the ring */
 	_Atomic uint64_t bytes_served;   /* = host-to-device bytes not copied */
-	_Atomic uint64_t uploads_passed; /* consumer stream uploads done from the host */
 	_Atomic uint64_t buffers_live;
 	_Atomic uint64_t buffer_bytes;
 	_Atomic uint64_t replaced;       /* slots that got a fresh buffer because theirs was held */

@@ -131,20 +131,6 @@ struct ts_gpu {
 	unsigned npend;
 };
 
-static struct {
-	_Atomic uint64_t kept, kept_bytes, served, served_bytes, passed, passed_bytes;
-} stats;
-
-void ts_gpu_stats_get(struct ts_gpu_stats *out)
-{
-	out->kept = atomic_load(&stats.kept);
-	out->kept_bytes = atomic_load(&stats.kept_bytes);
-	out->served = atomic_load(&stats.served);
-	out->served_bytes = atomic_load(&stats.served_bytes);
-	out->passed = atomic_load(&stats.passed);
-	out->passed_bytes = atomic_load(&stats.passed_bytes);
-}
-
 struct ts_gpu *ts_gpu_new(struct ts_feed *f)
 {
 	struct ts_gpu *g = calloc(1, sizeof(*g));
@@ -335,8 +321,6 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
 		total += g->k.len[q];
 	atomic_fetch_add_explicit(&g->ring.t->counters.batches_kept, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&g->ring.t->counters.bytes_kept, total, memory_order_relaxed);
-	atomic_fetch_add(&stats.kept, 1);
-	atomic_fetch_add(&stats.kept_bytes, total);
 	g->k.active = 0;
 	goto out;
 drop:
@@ -508,8 +492,6 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 	atomic_fetch_add_explicit(&g->ring.t->counters.uploads_served, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&g->ring.t->counters.bytes_served, total, memory_order_relaxed);
 	atomic_fetch_add_explicit(&g->f->s.seg->counters.bytes_not_copied, total, memory_order_relaxed);
-	atomic_fetch_add(&stats.served, 1);
-	atomic_fetch_add(&stats.served_bytes, total);
 	if (sync)
 		poll_pending(g, 1);
 	served = 1;

@@ -58,10 +58,4 @@ void ts_gpu_keep_end(struct ts_gpu *g);
 int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npieces, CUdeviceptr dst, CUstream s,
 		 int sync);
 
-/* Counters of this process (for tests and the exit line). */
-struct ts_gpu_stats {
-	uint64_t kept, kept_bytes, served, served_bytes, passed, passed_bytes;
-};
-void ts_gpu_stats_get(struct ts_gpu_stats *out);
-
 #endif

@@ -104,6 +104,7 @@ static void span_add(const struct span *s)
 /* The pieces of a consumer span that make up its bytes [off, off + n), relative to off. */
 static int cut_pieces(const struct span *s, uint64_t off, uint64_t n, struct ts_stream_hit *hit)
 {
+	uint64_t covered = 0;
 	hit->npieces = 0;
 	for (unsigned i = 0; i < s->npieces && n; i++) {
 		const struct ts_gpu_piece *p = &s->pieces[i];
@@ -118,10 +119,8 @@ static int cut_pieces(const struct span *s, uint64_t off, uint64_t n, struct ts_
 		q->off = p->off + from;
 		q->len = to - from;
 		q->at = p->at + from - off;
+		covered += q->len;
 	}
-	uint64_t covered = 0;
-	for (unsigned i = 0; i < hit->npieces; i++)
-		covered += hit->piece[i].len;
 	return covered == n ? 0 : -1;
 }
 
