@@ -166,8 +166,8 @@ tsan: deps
 	@$(MAKE) --no-print-directory BUILD=build-tsan TSAN=1 tsan-run
 
 # No suppressions; tests/tsan/skip lists the few tests TSan cannot follow,
-# with reasons. die_after_fork=0: suites fork children while a heartbeat
-# thread runs; the children that then start threads are in tests/tsan/skip.
+# with reasons. die_after_fork=0: a fork of a threaded test process is not
+# an error by itself (test_feed's consumers are spawned programs instead).
 tsan-run: $(UNITS)
 	@BUILD=$(BUILD) TESTS=unit TSH_SKIP_FILE=$(CURDIR)/tests/tsan/skip \
 	    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 die_after_fork=0 $${TSAN_OPTIONS:-}" \

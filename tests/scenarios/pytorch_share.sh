@@ -53,16 +53,20 @@ check "verifier table: $NTRAIN train and 16 val images hashed without the shim" 
 
 # job CASE I SHIM(1|0) ARGS...: start job I of CASE in the background, with
 # the shim (session per case) or without; record $T_TMP/CASE.I.jsonl.
+# A job takes seconds (5-10 s each under make asan); one still running after
+# 120 s is hung: SIGABRT, and Python's fault handler writes every thread's
+# traceback to its stderr (timeout exits 124), which the failure report shows.
+JOB_LIMIT=(timeout -s ABRT -k 10 120)
 declare -A JPID
 job() {
 	local c=$1 i=$2 shim=$3; shift 3
 	local base="$T_TMP/$c.$i"
 	if [ "$shim" = 1 ]; then
 		LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name "$c")" \
-			timeout 120 "$PY" "$JOB" --root "$DATA" --record "$base.jsonl" "$@" >"$base.out" 2>"$base.err" &
+			PYTHONFAULTHANDLER=1 "${JOB_LIMIT[@]}" "$PY" "$JOB" --root "$DATA" --record "$base.jsonl" "$@" >"$base.out" 2>"$base.err" &
 	else
 		env -u LD_PRELOAD -u TSSHIM_SESSION \
-			timeout 120 "$PY" "$JOB" --root "$DATA" --record "$base.jsonl" "$@" >"$base.out" 2>"$base.err" &
+			PYTHONFAULTHANDLER=1 "${JOB_LIMIT[@]}" "$PY" "$JOB" --root "$DATA" --record "$base.jsonl" "$@" >"$base.out" 2>"$base.err" &
 	fi
 	JPID[$c.$i]=$!
 	T_PIDS+=($!)
@@ -77,6 +81,8 @@ finished() {
 		rc=$?
 		if [ "$i" = "$killed" ]; then
 			[ "$rc" = 137 ] || bad+=" job $i (killed) exit $rc"
+		elif [ "$rc" = 124 ]; then
+			bad+=" job $i hung (stopped after 120 s)"
 		elif [ "$rc" != 0 ]; then
 			bad+=" job $i exit $rc"
 		fi
@@ -88,7 +94,9 @@ finished() {
 		for i in $(seq 1 "$n"); do
 			# the shim's lines and where an exception came from, then the end
 			{ echo "[$c.$i]"; grep -E '^tsshim\[|Caught|Error' "$T_TMP/$c.$i.err" | head -n 20
-			  echo "  ..."; tail -n 15 "$T_TMP/$c.$i.err"; } >>"$T_TMP/stderr"
+			  echo "  ..."; tail -n 15 "$T_TMP/$c.$i.err"
+			  grep -q '^Fatal Python error: Aborted' "$T_TMP/$c.$i.err" &&
+				sed -n '/^Fatal Python error: Aborted/,$p' "$T_TMP/$c.$i.err" | head -n 60; } >>"$T_TMP/stderr"
 		done
 	fi
 }
