@@ -443,6 +443,14 @@ static int claim(struct ts_feed *f, uint64_t timeout_ns)
 	}
 	if (f->w.claimed)
 		return 0;
+	/*
+	 * Our own place is behind the head: what another producer published
+	 * while we were away (stopped, or reading slower) is ours to read
+	 * first. Published now, our batch would land after those, and the
+	 * caller, which reads past its own batch, would take theirs for it.
+	 */
+	if (f->attached && f->r.seq < atomic_load_explicit(&f->s.seg->ring.pub_seq, memory_order_acquire))
+		return -EDEADLK;
 	ret = ts_ring_begin(f->s.seg, &f->w, timeout_ns, &meta);
 	if (ret == -EPERM)
 		f->w_word = 0;

@@ -130,7 +130,10 @@ enum ts_role ts_feed_role(struct ts_feed *f);
 
 /*
  * Producer. -EPERM: not the producer (any more); -ETIMEDOUT: consumers still
- * hold the slot (nothing was claimed); -ENOSPC: shared memory is full.
+ * hold the slot (nothing was claimed); -EDEADLK: we are attached and behind
+ * the head (a member elected producer with batches of its predecessor
+ * unread: read them first);
+ * -ENOSPC: shared memory is full.
  */
 int ts_feed_publish(struct ts_feed *f, const struct ts_feed_batch *b, uint64_t timeout_ns);
 /* After a publish timed out for long enough: evict the consumers that stopped reading. */

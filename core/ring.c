@@ -181,11 +181,13 @@ static bool evictable(struct ts_segment *seg, unsigned m, uint64_t now)
  * Does any attached member still need seq < need? With `health`, laggards
  * that are dead, gone or silent for the stall time are evicted instead;
  * without, every laggard holds (a liveness check reads /proc: not on every
- * wake-up).
+ * wake-up). 1 held, 0 free, -EDEADLK when the writer's own attachment is
+ * behind: it would wait for itself forever (a consumer elected producer
+ * that has not read its predecessor's last batches must read them first).
  */
-static bool held_back(struct ts_segment *seg, uint64_t need, bool health, uint64_t now)
+static int held_back(struct ts_segment *seg, unsigned self, uint64_t need, bool health, uint64_t now)
 {
-	bool held = false;
+	int held = 0;
 
 	for (unsigned m = 0; m < TS_MAX_MEMBERS; m++) {
 		struct ts_member *mb = &seg->members[m];
@@ -195,8 +197,10 @@ static bool held_back(struct ts_segment *seg, uint64_t need, bool health, uint64
 			/* acquire: its reads of the old slot happen before our reuse */
 			if (atomic_load_explicit(&mb->read_seq, memory_order_acquire) >= need)
 				break;
+			if (m == self)
+				return -EDEADLK;
 			if (!health || !evictable(seg, m, now)) {
-				held = true;
+				held = 1;
 				break;
 			}
 			if (evict(seg, mb, &a))
@@ -221,8 +225,9 @@ static int wait_released(struct ts_segment *seg, const struct ts_ring_writer *w,
 		bool health = first || now - checked >= SLICE_NS;
 		if (health)
 			checked = now;
-		if (!held_back(seg, n + 1 - d, health, now))
-			return 0;
+		int held = held_back(seg, (unsigned)w->self, n + 1 - d, health, now);
+		if (held <= 0)
+			return held;
 		if (!still_producer(seg, w))
 			return -EPERM;
 		int ret = wait_slice(&seg->ring.rel_ev, ev, deadline);

@@ -77,6 +77,7 @@ struct ts_read {
  * Fill the returned meta row, then publish() or abort().
  *   -EPERM:     we are not (or no longer) the producer
  *   -ETIMEDOUT: still held back by a live consumer
+ *   -EDEADLK:   held back by our own attachment (read the slot first)
  *   -EBUSY:     begin() while a claim is open
  *   -EINVAL:    publish() of an invalid meta row (the claim stays open)
  */

@@ -338,7 +338,7 @@ class _Epoch:
             if waited >= self.feed.stall_ms:
                 self.lib.tsshim_feed_evict_laggards(self.h)
                 waited = 0
-        if ret == -errno.EPERM:
+        if ret in (-errno.EPERM, -errno.EDEADLK):  # EDEADLK: batches of a predecessor to read first
             raise NotProducer()
         if ret:
             raise Fallback("cannot read the stream's state: %s" % _err(ret))
@@ -367,7 +367,10 @@ class _Epoch:
             if waited >= self.feed.stall_ms:  # a consumer stopped reading: it loses its place, not us our job
                 self.lib.tsshim_feed_evict_laggards(self.h)
                 waited = 0
-        if ret == -errno.EPERM:
+        # EPERM: replaced while we worked. EDEADLK: elected again, but behind our own
+        # place in the ring (a successor published while we were stopped): either way
+        # the stream goes on without this batch and we read it like everyone else.
+        if ret in (-errno.EPERM, -errno.EDEADLK):
             return False
         if ret:
             self.lib.tsshim_feed_set_unshareable(self.h)
@@ -388,7 +391,10 @@ class _Epoch:
     def batches(self):
         if not self.feed.attached:
             self.attach(at_epoch_start=not self.feed.broke_off)
-        if self.role() == ROLE_PRODUCER:
+        # Producer (elected while we were away) and at the head: this epoch may be
+        # ours to run. Not at the head: our predecessor's last batches are ours to
+        # read first (the claim stream_state makes would wait on our own place).
+        if self.role() == ROLE_PRODUCER and self.lib.tsshim_feed_at_head(self.h) == 1:
             self.lib.tsshim_feed_set_idle(self.h, 0)
             try:
                 epoch, ended, _, _ = self.stream_state(False)
@@ -439,7 +445,14 @@ class _Epoch:
                     hook.log("info", "feed %s: no longer producer; reading the rest of the epoch"
                              % self.feed.key)
                     del real
-                    yield from self.consume()
+                    try:
+                        yield from self.consume()
+                    except _SwitchToReal:
+                        # we lost our place while away (evicted) and the stream's epoch
+                        # has ended since: like any evicted reader, our epoch lacks what
+                        # was published meanwhile, and ends here
+                        hook.log("info", "feed %s: the stream's epoch ended while we were away; "
+                                 "this epoch ends after %d batches" % (self.feed.key, k - 1))
                     return
             yield batch
         self.done_clean = True

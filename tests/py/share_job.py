@@ -177,6 +177,10 @@ def main():
     ap.add_argument("--break-after", type=int, default=0, metavar="N",
                     help="leave each training epoch after N batches")
     ap.add_argument("--sleep", type=float, default=0.0, metavar="S", help="sleep S seconds per training batch")
+    ap.add_argument("--sleep-epochs", type=int, default=0, metavar="N",
+                    help="--sleep only in the first N epochs (default 0: in all)")
+    ap.add_argument("--start-delay", type=float, default=0.0, metavar="S",
+                    help="sleep S seconds after the barrier, before the first epoch")
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--record", metavar="FILE", help="JSON-lines record (see above)")
@@ -225,6 +229,8 @@ def main():
 
     if a.barrier:
         wait_barrier(a.barrier)
+    if a.start_delay > 0:
+        time.sleep(a.start_delay)
     startup_cpu = time.process_time()  # Python, torch, datasets, model: before any loading
 
     batches = samples = 0
@@ -259,7 +265,7 @@ def main():
             i += 1
             batches += 1
             samples += len(y)
-            if a.sleep > 0:
+            if a.sleep > 0 and (a.sleep_epochs == 0 or epoch < a.sleep_epochs):
                 time.sleep(a.sleep)
         del it
         rec(loader="train", epoch=epoch, end=True, batches=i, len=len(train_dl))

@@ -18,6 +18,13 @@
 #   f      different transforms: no sharing (both start workers), plain checks
 #   g      --val: val loaders share among themselves, in ImageFolder order
 #   h      a DataLoader subclass, spawn + persistent workers and a plain job
+#   i      Ctrl-C in a waiting consumer; --break-after in a consumer
+#   j      a fast producer ends while a slow consumer still has its last
+#          batches to read: elected producer, it reads them (no hang)
+#   k      the producer SIGSTOPped until its successor has finished; woken,
+#          elected again behind the stream, it reads on (no hang, no fallback)
+#   l      the same with the ring at its default depth: the successor evicts
+#          the stopped job, which, woken, ends that epoch short (no exception)
 # plus the same jobs as (a) without the shim: per-job checks pass, and the
 # shared check fails (each job shuffles by its own seed); and first the
 # verifier's own self checks (tests/py/test_share_verify.py).
@@ -324,6 +331,77 @@ if wait_for "$T_TMP/i.3.jsonl" '"loader":"train","epoch":[0-9]+,"batch":1,' 60; 
 else
 	not_ok "(i) job 3 recorded no second batch within 60 s"
 	finished i 3
+fi
+
+# --- j: the producer ends before a slow consumer has read its last batches --------
+# Job 1 produces (job 2 starts 0.3 s later), slowly in epoch 0 so job 2 joins
+# at the stream's start, then as fast as job 2's ring space allows: it
+# publishes its last epoch and exits while job 2 still trains on the epoch
+# before. Job 2 is elected producer with those batches unread: it must read
+# them (once it waited on its own place in the ring forever).
+job j 1 1 --barrier "$T_TMP/j.go:2" --seed 1 --model a --batch-size 48 --workers 2 --epochs 3 --sleep 0.3 --sleep-epochs 1
+job j 2 1 --barrier "$T_TMP/j.go:2" --seed 2 --model b --batch-size 48 --workers 2 --epochs 3 --sleep 0.6 --start-delay 0.3
+finished j 2
+verify j "a slow consumer outlived by its producer reads the stream to its end" $(recs j 2)
+one_producer j 2
+check "(j) job 2 was elected producer after job 1 ended (the case this tests)" \
+	grep -q "^tsshim\[[0-9]*\]: producer of feed" "$T_TMP/j.2.err"
+
+# --- k: a stopped producer wakes up after its successor has left -------------------
+# Job 1 (the producer: job 2 starts 0.3 s later) is SIGSTOPped mid-epoch; job 2
+# takes over, finishes all its epochs and exits; then job 1 gets SIGCONT. It is
+# the producer again, but the stream went on without it: it must read the
+# rest of its epoch and the epochs after from the feed, as published. The
+# ring (TSSHIM_DEPTH=16) holds all job 2 publishes, so job 2 never waits on
+# job 1's place and job 1 keeps it (a member stopped for ten timeouts while
+# the producer waits on it would lose its place: not this case).
+TSSHIM_DEPTH=16 job k 1 1 --barrier "$T_TMP/k.go:2" --seed 1 --model a --batch-size 32 --workers 2 --epochs 3 --sleep 0.1
+TSSHIM_DEPTH=16 job k 2 1 --barrier "$T_TMP/k.go:2" --seed 2 --model b --batch-size 48 --workers 2 --epochs 3 --sleep 0.1 --start-delay 0.3
+if wait_for "$T_TMP/k.2.jsonl" '"loader":"train","epoch":0,"batch":1,' 60 && [ -s "$T_TMP/k.1.jsonl.workers" ]; then
+	kpid=$(grep -o '"pid":[0-9]*' "$T_TMP/k.1.jsonl" | head -n 1 | cut -d: -f2)
+	kill -STOP "$kpid"
+	{ wait "${JPID[k.2]}"; } 2>/dev/null
+	rc=$?
+	kill -CONT "$kpid"
+	check "(k) job 2 finished while the producer was stopped (exit $rc)" [ "$rc" = 0 ]
+	unset 'JPID[k.2]'
+	finished k 1
+	verify k "a producer stopped past its successor's end reads what was published" $(recs k 2)
+	check "(k) the woken producer kept sharing (no fallback to its own loader)" \
+		cond "! grep -q 'DataLoader sharing off' '$T_TMP/k.1.err'"
+else
+	not_ok "(k) job 2 recorded no second batch within 60 s, or job 1 is not the producer"
+	finished k 2
+fi
+
+# --- l: a stopped producer loses its place ----------------------------------------
+# As (k), but the ring (depth 4) fills while job 1 is stopped: job 2 waits on
+# it for ten timeouts, evicts it and goes on. Woken, job 1 has lost its place
+# and the stream's epoch has ended meanwhile: like any evicted reader, its
+# epoch lacks what was published meanwhile and ends there (once an internal
+# exception reached the program here); its later epochs are whole.
+job l 1 1 --barrier "$T_TMP/l.go:2" --seed 1 --model a --batch-size 32 --workers 2 --epochs 3 --sleep 0.1
+job l 2 1 --barrier "$T_TMP/l.go:2" --seed 2 --model b --batch-size 48 --workers 2 --epochs 3 --sleep 0.1 --start-delay 0.3
+if wait_for "$T_TMP/l.2.jsonl" '"loader":"train","epoch":0,"batch":1,' 60 && [ -s "$T_TMP/l.1.jsonl.workers" ]; then
+	lpid=$(grep -o '"pid":[0-9]*' "$T_TMP/l.1.jsonl" | head -n 1 | cut -d: -f2)
+	kill -STOP "$lpid"
+	{ wait "${JPID[l.2]}"; } 2>/dev/null
+	rc=$?
+	kill -CONT "$lpid"
+	check "(l) job 2 evicted the stopped producer and finished (exit $rc)" [ "$rc" = 0 ]
+	unset 'JPID[l.2]'
+	finished l 1
+	check "(l) job 1 was told it lost its place, and its epoch ended there" \
+		grep -q "this epoch ends after" "$T_TMP/l.1.err"
+	# plain checks: every sample real and paired, no repeat in an epoch, epochs
+	# 1 and 2 whole; the only problems allowed are job 1's short epoch 0
+	timeout 120 "$PY" "$VERIFY" --mode plain --root "$DATA" --cache "$CACHE" $(recs l 2) >"$T_TMP/l.verify" 2>&1
+	other=$(grep '^FAIL' "$T_TMP/l.verify" | grep -v '^FAIL [^ ]*l\.1\.jsonl loader=train epoch=0: ')
+	check "(l) plain checks pass but for job 1's short epoch 0 ($(tail -n 1 "$T_TMP/l.verify"))" [ -z "$other" ]
+	[ -z "$other" ] || echo "$other" | head -n 5 | sed 's/^/#   /'
+else
+	not_ok "(l) job 2 recorded no second batch within 60 s, or job 1 is not the producer"
+	finished l 2
 fi
 
 # --- nothing left behind ----------------------------------------------------------

@@ -457,3 +457,47 @@ Test(feed, views_outlive_the_feed_as_private_memory)
 	cr_expect_eq(wait_exit(pid), 0, "the closed feed's view still holds batch 0");
 	ts_feed_close(&f);
 }
+
+/*
+ * A member elected producer while batches of its predecessor are still
+ * unread at its place (the predecessor ended while it trained): publishing
+ * now would put its batch behind those, and a caller that reads past its own
+ * batch would take the predecessor's for it. It is told to read first.
+ */
+Test(feed, a_successor_behind_the_head_reads_before_it_publishes)
+{
+	struct ts_feed a, b;
+	int64_t idx[10];
+	uint32_t p0[30];
+	uint64_t p1[10], want[2] = { 10 * 12, 10 * 8 }, got[2];
+	void *dst[2] = { p0, p1 };
+	int eoe;
+
+	cr_assert_eq(ts_feed_open(&a, name, &params, NINDEX), 0);
+	cr_assert_eq(ts_feed_open(&b, name, &params, NINDEX), 0);
+	cr_assert_eq(ts_feed_attach(&b, 0), 0);
+	for (uint64_t s = 0; s < 2; s++) {
+		for (uint64_t k = 0; k < 10; k++)
+			idx[k] = perm(s * 10 + k);
+		cr_assert_eq(publish(&a, idx, 10, 1, 0, schema), 0);
+	}
+	ts_feed_close(&a);
+	cr_assert_eq(ts_feed_role(&b), TS_ROLE_PRODUCER, "the one left is elected");
+	for (uint64_t k = 0; k < 10; k++)
+		idx[k] = perm(20 + k);
+	cr_expect_eq(publish(&b, idx, 10, 1, 0, schema), -EDEADLK, "two batches unread");
+	for (uint64_t s = 0; s < 2; s++) {
+		got[0] = got[1] = 0; /* ts_feed_read adds to got[] */
+		cr_assert_eq(ts_feed_read(&b, 2, want, dst, got, &eoe, SEC), 0);
+		cr_expect(got[0] == want[0] && p0[0] == (uint32_t)perm(s * 10) && p1[9] == 1000u * (uint64_t)perm(s * 10 + 9),
+			  "batch %lu is the predecessor's (got %lu bytes, sample %u, %lu)", (unsigned long)s,
+			  (unsigned long)got[0], p0[0], (unsigned long)p1[9]);
+		if (s == 0)
+			cr_expect_eq(publish(&b, idx, 10, 1, 0, schema), -EDEADLK, "one batch unread");
+	}
+	cr_expect_eq(publish(&b, idx, 10, 1, 0, schema), 0, "at the head: it publishes");
+	got[0] = got[1] = 0;
+	cr_expect_eq(ts_feed_read(&b, 2, want, dst, got, &eoe, SEC), 0);
+	cr_expect(got[0] == want[0] && p0[0] == (uint32_t)perm(20), "and reads its own batch next");
+	ts_feed_close(&b);
+}

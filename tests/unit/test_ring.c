@@ -727,6 +727,47 @@ Test(ring, takeover_steals_claim)
 }
 
 /*
+ * A consumer elected producer before it read its predecessor's last batches
+ * (the predecessor ended while it trained): the next slot waits on its own
+ * place. begin() says so at once instead of waiting forever on itself; once
+ * it has read them, it publishes.
+ */
+Test(ring, successor_with_unread_batches)
+{
+	struct ts_ring_writer a, b;
+	struct ts_ring_reader r;
+	static struct ts_read rd;
+	struct ts_batch_meta *m;
+
+	cr_assert_eq(ts_ring_writer_init(seg, 0, &a), 0);
+	cr_assert_eq(ts_ring_attach(seg, 1, &r), 0);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(produce(&a, 64u * i, 64, 0, 0), 0);
+	/* member 0 ends; member 1, which read none of seqs 0..3, is elected */
+	atomic_store(&seg->producer, ts_producer_word(2, 1));
+	cr_assert_eq(ts_ring_writer_init(seg, 1, &b), 0);
+	uint64_t t0 = ts_prim_monotonic_ns();
+	cr_assert_eq(ts_ring_begin(seg, &b, 5000 * MS, &m), -EDEADLK);
+	cr_assert(ts_prim_monotonic_ns() - t0 < 1000 * MS, "begin() waited on its own place");
+	cr_assert_eq(b.claimed, 0);
+	cr_assert_eq(atomic_load(&seg->members[1].attach) & 1, 1, "not evicted: it is alive");
+	cr_assert_eq(atomic_load(&seg->counters.evictions), 0);
+
+	/* it reads seq 0 (all four are still there), then seq 4 may take slot 0 */
+	cr_assert_eq(peek_samples(&r, 64, &rd, 0), 0);
+	cr_assert(rd.r[0][0].seq == 0 && rd.r[0][0].tag == 0);
+	cr_assert_eq(ts_ring_advance(seg, &r, &rd, rd.got), 0);
+	cr_assert_eq(produce(&b, 256, 64, 0, 0), 0);
+	cr_assert_eq(ts_ring_begin(seg, &b, 0, &m), -EDEADLK); /* seq 5 needs seq 1 read */
+	for (uint64_t want = 1; want <= 4; want++) {
+		cr_assert_eq(peek_samples(&r, 64, &rd, 0), 0);
+		cr_assert(rd.r[0][0].seq == want && rd.r[0][0].tag == 64 * want);
+		cr_assert_eq(ts_ring_advance(seg, &r, &rd, rd.got), 0);
+	}
+	cr_assert_eq(produce(&b, 320, 64, 0, 0), 0);
+}
+
+/*
  * Replaced after begin()'s first check but before its claim (begin reads the
  * clock in between, when it scans the consumers): the claim is undone.
  */
