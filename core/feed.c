@@ -143,7 +143,7 @@ static int ledger_map(struct ts_feed *f, int fd)
 /* Created under a temporary name and linked into place, so nobody maps a half-made one. */
 static int ledger_open(struct ts_feed *f)
 {
-	char path[TS_PATH_MAX], tmp[TS_PATH_MAX + 32];
+	char path[TS_PATH_MAX], tmp[TS_PATH_MAX + 48];
 	int ret = feed_path(path, sizeof(path), f, "ledger");
 	if (ret)
 		return ret;
@@ -156,10 +156,8 @@ static int ledger_open(struct ts_feed *f)
 		}
 		if (errno != ENOENT)
 			return -errno;
-		snprintf(tmp, sizeof(tmp), "%s.tmp%u", path, (unsigned)getpid());
-		fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-		if (fd < 0)
-			return -errno;
+		if ((fd = ts_shm_create_tmp(path, tmp, sizeof(tmp))) < 0)
+			return fd;
 		uint64_t size = ledger_bytes(f->nindex);
 		ret = grow(fd, size);
 		struct ts_feed_ledger *l = ret ? MAP_FAILED :

@@ -65,12 +65,11 @@ static int map_fd(struct ts_gpuring *g, int fd)
 /* Created under a temporary name and linked into place: nobody maps a half-made table. */
 static int create(const char *path, uint32_t depth)
 {
-	char tmp[TS_PATH_MAX + 32];
+	char tmp[TS_PATH_MAX + 48];
 	size_t size = table_bytes();
-	snprintf(tmp, sizeof(tmp), "%s.tmp%u", path, (unsigned)getpid());
-	int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	int fd = ts_shm_create_tmp(path, tmp, sizeof(tmp));
 	if (fd < 0)
-		return ts_neg_errno();
+		return fd;
 	int ret = posix_fallocate(fd, 0, (off_t)size);
 	if (ret == EOPNOTSUPP || ret == EINVAL)
 		ret = ftruncate(fd, (off_t)size) ? errno : 0;

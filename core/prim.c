@@ -165,6 +165,20 @@ int ts_shm_file_ours(const struct stat *sb)
 	return 0;
 }
 
+int ts_shm_create_tmp(const char *path, char *tmp, size_t tmplen)
+{
+	static _Atomic unsigned serial;
+	for (int tries = 0; tries < 16; tries++) {
+		unsigned n = atomic_fetch_add_explicit(&serial, 1, memory_order_relaxed);
+		if ((size_t)snprintf(tmp, tmplen, "%s.tmp%u.%u", path, (unsigned)getpid(), n) >= tmplen)
+			return -ENAMETOOLONG;
+		int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd >= 0 || errno != EEXIST)
+			return fd >= 0 ? fd : -errno;
+	}
+	return -EEXIST;
+}
+
 const char *ts_shm_dir(void)
 {
 	return "/dev/shm";

@@ -63,6 +63,14 @@ struct stat;
  */
 int ts_shm_file_ours(const struct stat *sb);
 
+/*
+ * Create a fresh temporary file beside `path` (0600, O_EXCL, O_NOFOLLOW), to
+ * be filled and then linked into place; its name goes to tmp. Named by pid
+ * and a per-process counter: two threads never pick the same name, and one
+ * left by a dead process whose pid was reused is stepped over. fd or -errno.
+ */
+int ts_shm_create_tmp(const char *path, char *tmp, size_t tmplen);
+
 /* Directory that holds POSIX shared-memory objects ("/dev/shm"). */
 const char *ts_shm_dir(void);
 
