@@ -215,7 +215,14 @@ static void op_begin(struct fz *f)
 	int ret = ts_ring_begin(seg, &M.w[m], 0, &row);
 	FUZZ_TRACE("begin by %d: %d seq %llu\n", m, ret, (unsigned long long)M.w[m].seq);
 	if (M.strict)
-		FUZZ_CHECK(ret == 0 || ret == -ETIMEDOUT || ret == -EBUSY, "begin %d", ret);
+		FUZZ_CHECK(ret == 0 || ret == -ETIMEDOUT || ret == -EBUSY || ret == -EDEADLK, "begin %d", ret);
+	/* EDEADLK exactly when the writer's own place holds the slot it wants */
+	if (M.strict && ret == -EDEADLK)
+		FUZZ_CHECK(M.c[m].attached && still_attached(m) && M.c[m].r.seq + M.depth <= M.w[m].next_seq,
+			   "begin EDEADLK by %d at seq %llu, its reader at %llu", m,
+			   (unsigned long long)M.w[m].next_seq, (unsigned long long)M.c[m].r.seq);
+	if (M.strict && ret == -ETIMEDOUT && M.c[m].attached && still_attached(m))
+		FUZZ_CHECK(M.c[m].r.seq + M.depth > M.w[m].next_seq, "begin waited on its own place");
 	if (ret) {
 		(void)fz_u8(f);
 		return;
