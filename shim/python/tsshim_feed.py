@@ -338,7 +338,9 @@ class _Epoch:
             if waited >= self.feed.stall_ms:
                 self.lib.tsshim_feed_evict_laggards(self.h)
                 waited = 0
-        if ret in (-errno.EPERM, -errno.EDEADLK):  # EDEADLK: batches of a predecessor to read first
+        # EDEADLK: elected with batches of our predecessor unread at our place (it
+        # ended while we trained): those are ours to read first, like a consumer's
+        if ret in (-errno.EPERM, -errno.EDEADLK):
             raise NotProducer()
         if ret:
             raise Fallback("cannot read the stream's state: %s" % _err(ret))
@@ -391,10 +393,7 @@ class _Epoch:
     def batches(self):
         if not self.feed.attached:
             self.attach(at_epoch_start=not self.feed.broke_off)
-        # Producer (elected while we were away) and at the head: this epoch may be
-        # ours to run. Not at the head: our predecessor's last batches are ours to
-        # read first (the claim stream_state makes would wait on our own place).
-        if self.role() == ROLE_PRODUCER and self.lib.tsshim_feed_at_head(self.h) == 1:
+        if self.role() == ROLE_PRODUCER:
             self.lib.tsshim_feed_set_idle(self.h, 0)
             try:
                 epoch, ended, _, _ = self.stream_state(False)

@@ -10,7 +10,6 @@
  * thread then waited forever on gcc 12 ASan's allocator lock.
  */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -23,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../helpers/feedfiles.h"
 #include "../helpers/feedpeer.h"
 
 static char name[64];
@@ -139,19 +139,6 @@ static void publish_epoch(struct ts_feed *f, uint64_t epoch, uint64_t pbs)
 	}
 }
 
-static int count_files(void)
-{
-	char prefix[128];
-	int n = 0, plen = snprintf(prefix, sizeof(prefix), TS_FEED_PREFIX "%u.%s.", (unsigned)getuid(), name);
-	DIR *d = opendir(ts_shm_dir());
-	struct dirent *e;
-	while (d && (e = readdir(d)) != NULL)
-		n += strncmp(e->d_name, prefix, (size_t)plen) == 0;
-	if (d)
-		closedir(d);
-	return n;
-}
-
 Test(feed, consumers_at_other_batch_sizes_read_the_stream_in_order)
 {
 	struct ts_feed f;
@@ -166,7 +153,7 @@ Test(feed, consumers_at_other_batch_sizes_read_the_stream_in_order)
 	cr_expect_eq(atomic_load(&f.s.seg->counters.produce_cpu_ns), 1000ull * NINDEX);
 	cr_expect_str_eq(f.s.seg->st.label, "unit");
 	ts_feed_close(&f);
-	cr_expect_eq(count_files(), 0, "the last member out removes the feed's files");
+	cr_expect_eq(count_feed_files(name), 0, "the last member out removes the feed's files");
 }
 
 Test(feed, successor_learns_exactly_the_rest_of_an_epoch)
@@ -304,12 +291,12 @@ Test(feed, stale_files_of_an_ended_session_are_removed)
 	int fd = open(path, O_CREAT | O_EXCL | O_RDWR, 0600);
 	cr_assert_geq(fd, 0);
 	close(fd);
-	cr_expect_eq(count_files(), 1);
+	cr_expect_eq(count_feed_files(name), 1);
 	struct ts_feed f;
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
 	cr_expect_eq(access(path, F_OK), -1, "a file of another incarnation is removed at open");
 	ts_feed_close(&f);
-	cr_expect_eq(count_files(), 0);
+	cr_expect_eq(count_feed_files(name), 0);
 }
 
 Test(feed, successor_fences_a_replaced_producers_open_claim)
@@ -410,7 +397,7 @@ Test(feed, a_view_keeps_its_bytes_while_the_producer_writes_on)
 	cr_expect_eq(wait_exit(pid), 0, "the viewed batch stayed intact (exit 11 view, 12 reads, 13 overwritten)");
 	cr_expect_geq(f.gen[0], 1u, "slot 0's held file was replaced, not written");
 	ts_feed_close(&f);
-	cr_expect_eq(count_files(), 0, "replaced files leave nothing behind");
+	cr_expect_eq(count_feed_files(name), 0, "replaced files leave nothing behind");
 }
 
 Test(feed, a_request_across_two_slots_is_not_a_view_and_consumes_nothing)

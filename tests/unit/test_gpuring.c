@@ -12,7 +12,6 @@
  * exist. Each test gets its own session name; fini removes its files.
  */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -29,6 +28,8 @@
 #include "gpuring.h"
 #include "prim.h"
 #include "session.h"
+
+#include "../helpers/feedfiles.h"
 
 #define DEPTH   4u
 #define INCARN  0xabc123ull
@@ -83,20 +84,6 @@ static void teardown(void)
 TestSuite(gpuring, .init = setup, .fini = teardown, .timeout = 30);
 
 /* ---- helpers ------------------------------------------------------------------ */
-
-/* Files in the shm directory that belong to this test's session. */
-static int count_files(void)
-{
-	char prefix[128];
-	int n = 0, plen = snprintf(prefix, sizeof(prefix), TS_FEED_PREFIX "%u.%s.", (unsigned)getuid(), session);
-	DIR *d = opendir(ts_shm_dir());
-	struct dirent *e;
-	while (d && (e = readdir(d)) != NULL)
-		n += strncmp(e->d_name, prefix, (size_t)plen) == 0;
-	if (d)
-		closedir(d);
-	return n;
-}
 
 static void handles(unsigned char *mem, unsigned char *ev, unsigned tag)
 {
@@ -157,7 +144,7 @@ Test(gpuring, open_creates_a_private_table_that_a_second_open_shares)
 	cr_expect(S_ISREG(sb.st_mode));
 	cr_expect_eq(sb.st_mode & 07777, 0600u, "mode %o", (unsigned)(sb.st_mode & 07777));
 	cr_expect_eq(sb.st_uid, getuid());
-	cr_expect_eq(count_files(), 1, "no temporary file left behind");
+	cr_expect_eq(count_feed_files(session), 1, "no temporary file left behind");
 	cr_expect_eq(a.t->magic, TS_GPU_MAGIC);
 	cr_expect_eq(a.t->version, TS_GPU_VERSION);
 	cr_expect_eq(a.t->depth, DEPTH);
@@ -176,7 +163,7 @@ Test(gpuring, open_creates_a_private_table_that_a_second_open_shares)
 	ts_gpuring_close(&b);
 	cr_expect_null(b.t);
 	ts_gpuring_close(&a);
-	cr_expect_eq(count_files(), 1, "close leaves the file (its owner unlinks it)");
+	cr_expect_eq(count_feed_files(session), 1, "close leaves the file (its owner unlinks it)");
 }
 
 Test(gpuring, depth_out_of_range_is_einval_and_creates_nothing)
@@ -187,7 +174,7 @@ Test(gpuring, depth_out_of_range_is_einval_and_creates_nothing)
 	cr_expect_eq(ts_gpuring_open(&g, path, TS_MAX_DEPTH + 1), -EINVAL);
 	cr_expect_null(g.t);
 	cr_expect_eq(access(path, F_OK), -1);
-	cr_expect_eq(count_files(), 0);
+	cr_expect_eq(count_feed_files(session), 0);
 	cr_assert_eq(ts_gpuring_open(&g, path, TS_MAX_DEPTH), 0);
 	cr_expect_eq(g.t->depth, TS_MAX_DEPTH);
 	ts_gpuring_close(&g);
