@@ -1297,12 +1297,27 @@ static unsigned reap_users(struct ts_cache_header *h, bool reap)
 	return alive;
 }
 
-static int register_user(struct ts_cache_header *h, const struct ts_ident *me)
+static bool is_user(const struct ts_cache_user *u, const struct ts_ident *who)
+{
+	return atomic_load_explicit(&u->pid, memory_order_acquire) == who->pid &&
+	       atomic_load_explicit(&u->start_time, memory_order_relaxed) == who->start_time;
+}
+
+/* Clear the slots that forked children adopted for `who` (under the lock). */
+static void unregister_adopted(struct ts_cache_header *h, const struct ts_ident *who)
+{
+	for (unsigned i = 0; i < TS_CACHE_MAX_USERS; i++)
+		if (h->users[i].adopted && is_user(&h->users[i], who))
+			atomic_store_explicit(&h->users[i].pid, 0, memory_order_release);
+}
+
+static int register_user(struct ts_cache_header *h, const struct ts_ident *me, bool adopted)
 {
 	for (unsigned i = 0; i < TS_CACHE_MAX_USERS; i++) {
 		struct ts_cache_user *u = &h->users[i];
 		if (atomic_load_explicit(&u->pid, memory_order_relaxed) != 0)
 			continue;
+		u->adopted = adopted;
 		atomic_store_explicit(&u->start_time, me->start_time, memory_order_relaxed);
 		/* release: the start time is visible before the pid */
 		atomic_store_explicit(&u->pid, me->pid, memory_order_release);
@@ -1366,7 +1381,7 @@ static int open_once(struct ts_cache *c, uint64_t budget, const struct ts_ident 
 		cache_unlock(c);
 		return -EAGAIN;
 	} else {
-		c->user_slot = register_user(c->hdr, me);
+		c->user_slot = register_user(c->hdr, me, false);
 		if (c->user_slot < 0) {
 			cache_unlock(c);
 			return fail(why, whylen, -EUSERS, "%s: too many users (%u)", c->path, TS_CACHE_MAX_USERS);
@@ -1426,9 +1441,11 @@ static void leave(struct ts_cache *c)
 	bool locked = cache_lock(c, TS_CACHE_OPEN_TIMEOUT_NS) == 0;
 	if (c->user_slot >= 0 && (unsigned)c->user_slot < TS_CACHE_MAX_USERS) {
 		struct ts_cache_user *u = &h->users[c->user_slot];
-		if (atomic_load(&u->pid) == me.pid && atomic_load(&u->start_time) == me.start_time)
+		if (is_user(u, &me))
 			atomic_store_explicit(&u->pid, 0, memory_order_release);
 	}
+	if (locked)
+		unregister_adopted(h, &me); /* the process is leaving: its workers' hold on it too */
 	/* Only under the lock may we decide that we were the last one out. */
 	if (locked && reap_users(h, true) == 0) {
 		atomic_store(&h->state, TS_CACHE_SEG_CLOSED);
@@ -1558,7 +1575,40 @@ int ts_cache_view(const char *path, struct ts_cache_stats *out, char *why, size_
 	return ret;
 }
 
-int ts_cache_remove_if_stale(const char *path)
+/*
+ * Register `who`, the process this one was forked from, as a user too (once):
+ * the segment then outlives this process for as long as `who` lives.
+ */
+int ts_cache_adopt(struct ts_cache *c, const struct ts_ident *who)
+{
+	if (!c || !c->hdr || !who || who->pid == 0)
+		return -EINVAL;
+	int saved = errno;
+	int ret = cache_lock(c, TS_CACHE_OPEN_TIMEOUT_NS);
+	if (ret) {
+		errno = saved;
+		return ret; /* -ETIMEDOUT, or the lock is unusable */
+	}
+	struct ts_cache_header *h = c->hdr;
+	bool listed = false;
+	for (unsigned i = 0; i < TS_CACHE_MAX_USERS && !listed; i++)
+		listed = is_user(&h->users[i], who);
+	if (listed)
+		ret = 0;
+	else if (ts_proc_liveness(who->pid, who->start_time) != TS_PROC_ALIVE)
+		ret = -ESRCH; /* it is gone: keeping its slot would only delay the reap */
+	else
+		ret = register_user(h, who, true) < 0 ? -EUSERS : 0;
+	cache_unlock(c);
+	errno = saved;
+	return ret;
+}
+
+/*
+ * Remove the segment at path if no user is alive, after taking off the list
+ * the registrations that forked children adopted for `self` (NULL: none).
+ */
+static int remove_unless_used(const char *path, const struct ts_ident *self, struct ts_cache_stats *last)
 {
 	int saved = errno, ret;
 	char why[160];
@@ -1579,10 +1629,14 @@ int ts_cache_remove_if_stale(const char *path)
 		snprintf(c.session, sizeof(c.session), "%s", c.hdr->st.session);
 		ret = cache_lock(&c, 100000000ull);
 		if (ret == 0) {
+			if (self && fstat(c.fd, &sb) == 0 && sb.st_nlink > 0)
+				unregister_adopted(c.hdr, self);
 			if (fstat(c.fd, &sb) == 0 && sb.st_nlink > 0 && reap_users(c.hdr, false) == 0) {
 				/* Nobody alive: nobody will mind (a live cache is never written). */
 				atomic_store(&c.hdr->state, TS_CACHE_SEG_CLOSED);
 				ret = path_is_ours(&c, path) && unlink(path) == 0 ? 1 : 0;
+				if (ret == 1 && last)
+					collect(c.hdr, c.ents, last);
 			}
 			cache_unlock(&c);
 		}
@@ -1590,4 +1644,16 @@ int ts_cache_remove_if_stale(const char *path)
 	detach_handle(&c);
 	errno = saved;
 	return ret;
+}
+
+int ts_cache_remove_if_stale(const char *path)
+{
+	return remove_unless_used(path, NULL, NULL);
+}
+
+int ts_cache_depart(const char *path, struct ts_cache_stats *last)
+{
+	struct ts_ident me;
+	int ret = ts_self_ident(&me);
+	return ret ? ret : remove_unless_used(path, &me, last);
 }

@@ -171,7 +171,7 @@ struct ts_cache_entry {
 
 struct ts_cache_user {
 	_Atomic uint32_t pid;       /* 0: free */
-	uint32_t reserved;
+	uint32_t adopted;           /* 1: registered for it by a forked child (ts_cache_adopt) */
 	_Atomic uint64_t start_time;
 };
 
@@ -292,7 +292,8 @@ int ts_cache_path(char *buf, size_t n, uid_t uid, const char *session);
 int ts_cache_open(struct ts_cache *c, const char *session, uint64_t budget_bytes, char *why,
 		  size_t whylen);
 /*
- * Unregister and unmap; the last live user out removes the segment. In a
+ * Unregister (the adopted registrations of this process too) and unmap;
+ * the last live user out removes the segment. In a
  * forked child (other pid than the opener) it only unmaps. Fills still
  * pending are not released (their ranges are reclaimed once this process
  * has exited): close only when no thread is still filling.
@@ -343,9 +344,22 @@ void ts_cache_stats(const struct ts_cache *c, struct ts_cache_stats *out);
  */
 int ts_cache_view(const char *path, struct ts_cache_stats *out, char *why, size_t whylen);
 
+/*
+ * Also register `who` (the process this one was forked from) as a user, once:
+ * a worker forked per epoch then leaves the segment alive for the next one
+ * for as long as the job that forks them lives. 0, -ESRCH if who is gone,
+ * -EUSERS, -ETIMEDOUT (lock busy). The job unregisters with ts_cache_depart.
+ */
+int ts_cache_adopt(struct ts_cache *c, const struct ts_ident *who);
+
 /* Remove the segment at path if none of its users is alive: 1 removed, 0
  * left alone, -errno on error. */
 int ts_cache_remove_if_stale(const char *path);
+/* The same after taking the calling process off the list where forked
+ * children adopted it: a job's exit path (ts_cache_close and
+ * ts_cache_leave do the same for a process that opened the cache). On 1
+ * (removed), *last (if not NULL) gets the counters the segment ended with. */
+int ts_cache_depart(const char *path, struct ts_cache_stats *last);
 
 /* Validation of a mapped header of `size` bytes (possibly hostile). */
 int ts_cache_validate(const struct ts_cache_header *h, size_t size, uid_t uid, char *why,

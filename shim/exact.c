@@ -16,9 +16,22 @@ enum { CACHE_UNTRIED = 0, CACHE_OPEN = 1, CACHE_FAILED = 2 };
 static struct ts_cache cache;
 static _Atomic int cache_state;
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+/*
+ * The job a forked child belongs to: the nearest ancestor that is not itself
+ * a fork child (DataLoader workers are forked per epoch by the job). A child
+ * registers it in the cache, so the cache outlives one generation of workers
+ * and the next epoch's hit what the last one decoded; the job unregisters at
+ * exit (exact_fini), and the last one out removes the cache.
+ */
+static struct ts_ident job;
 
 /* Fork handlers: a child must not inherit open_lock held by another thread. */
-void ts_exact_fork_lock(void) { pthread_mutex_lock(&open_lock); }
+void ts_exact_fork_lock(void)
+{
+	if (!atomic_load(&ts_is_fork_child) && ts_self_ident(&job) != 0)
+		job.pid = 0;
+	pthread_mutex_lock(&open_lock);
+}
 void ts_exact_fork_unlock(void) { pthread_mutex_unlock(&open_lock); }
 
 int ts_exact_enabled(void)
@@ -52,6 +65,9 @@ static int cache_ready(void)
 		} else {
 			ts_info("decoded-image cache of session '%s': %llu MiB", ts_cfg.session,
 				(unsigned long long)(cache.arena_size >> 20));
+			if (atomic_load(&ts_is_fork_child) && job.pid != 0 && (ret = ts_cache_adopt(&cache, &job)) != 0)
+				ts_debug("cache of session '%s' not kept for job %u: %s", ts_cfg.session, job.pid,
+					 strerror(-ret));
 			atomic_store_explicit(&cache_state, CACHE_OPEN, memory_order_release);
 			if (ts_io_scope_string()[0])
 				ts_cache_set_scope(&cache, ts_io_scope_string());
@@ -100,7 +116,8 @@ void ts_exact_note_scope(const char *scope)
 /*
  * Leave the cache at exit (the last user out removes it). DataLoader
  * workers usually end with _exit() and never get here; their parent, the
- * job, does: once every user is gone it removes the segment they left.
+ * job, does: it unregisters where they adopted it, and once every user is
+ * gone it removes the segment.
  */
 __attribute__((destructor)) static void exact_fini(void)
 {
@@ -119,8 +136,14 @@ __attribute__((destructor)) static void exact_fini(void)
 		ts_cache_leave(&cache);
 	}
 	if (!atomic_load(&ts_is_fork_child)) {
+		/* Our workers registered us: unregister, and remove the cache if
+		 * nobody else uses it (or what dead users left). */
 		char path[TS_PATH_MAX];
-		if (ts_cache_path(path, sizeof(path), getuid(), ts_cfg.session) == 0)
-			ts_cache_remove_if_stale(path);
+		struct ts_cache_stats st;
+		if (ts_cache_path(path, sizeof(path), getuid(), ts_cfg.session) == 0 &&
+		    ts_cache_depart(path, &st) == 1 && st.fills > 0)
+			ts_info("decoded-image cache of session '%s' removed, last out: %llu hits, %llu fills, %llu bypasses (all its users)",
+				ts_cfg.session, (unsigned long long)st.hits, (unsigned long long)st.fills,
+				(unsigned long long)st.bypasses);
 	}
 }

@@ -33,6 +33,21 @@ for w in 0 2; do
 done
 check "decodes were recognised as dataset files (scope detected)" grep -q "dataset scope detected: $DATA" "$T_TMP/shim0.err"
 
+# --- one job alone, workers forked per epoch: epoch 2 is served epoch 1's decodes ---
+# No holder here: the cache must outlive each generation of DataLoader workers
+# (they _exit without leaving) for as long as the job lives, and go with it.
+S1=$(session_name exact1)
+"$PY" "$JOB" "$DATA" --seed 11 --batch 8 --workers 2 --size 96 --epochs 2 --records >"$T_TMP/plain_e2" 2>&1
+LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION=$S1 TSSHIM_LOG=info "$PY" "$JOB" "$DATA" --seed 11 --batch 8 --workers 2 \
+	--size 96 --epochs 2 --records >"$T_TMP/shim_e2" 2>"$T_TMP/shim_e2.err"
+check "one job, 2 epochs: every batch bit-identical with the shim" \
+	cmp -s <(grep -v cpu_s "$T_TMP/plain_e2") <(grep -v cpu_s "$T_TMP/shim_e2")
+last=$(grep "decoded-image cache of session '$S1' removed" "$T_TMP/shim_e2.err")
+echo "# one job, 2 epochs: ${last#*: }"
+check "one job, 2 epochs: epoch 1 decoded each image once, epoch 2's workers were served them all" \
+	grep -q "last out: $NIMG hits, $NIMG fills, 0 bypasses" <<<"$last"
+check "one job, 2 epochs: the job removed its cache when it ended" [ ! -e "/dev/shm/tsshim-cache.$(id -u).$S1" ]
+
 # --- N same-seed jobs at once: each image decoded once ---------------------------
 CACHETOOL="$PWD/$BUILD/tests/ts-cachetool"
 stat_of() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" "$2"; }

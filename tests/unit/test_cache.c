@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -365,6 +366,100 @@ Test(cache, segment_of_dead_users_is_replaced)
 	ts_cache_close(&a);
 	cr_expect_eq(lstat(path, &after), 0, "an old handle's close must leave the successor alone");
 	ts_cache_close(&b);
+}
+
+/*
+ * A DataLoader-like worker: a forked child opens the cache, adopts `job`,
+ * then fills key i (want_fill) or expects it as a hit, and ends with _exit
+ * as DataLoader workers do (it never leaves). Exit status 0: as expected.
+ */
+static int worker_generation(const char *name, const struct ts_ident *job, uint64_t i, bool want_fill)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		struct ts_cache w;
+		char err[200];
+		if (ts_cache_open(&w, name, 4 * MIB, err, sizeof(err)) != 0)
+			_exit(10);
+		if (job && ts_cache_adopt(&w, job) != 0)
+			_exit(11);
+		struct ts_cache_key k = key_of(i);
+		struct ts_cache_fill f;
+		unsigned char *dst = malloc(64 * KIB);
+		int r = ts_cache_get(&w, &k, 64 * KIB, dst, 0, &f);
+		if (want_fill) {
+			if (r != TS_CACHE_FILL)
+				_exit(12);
+			payload(i, 0, f.ptr, 64 * KIB);
+			_exit(ts_cache_commit(&w, &f, 1) == 0 ? 0 : 13);
+		}
+		_exit(r == TS_CACHE_HIT && same_as_payload(i, 0, dst, 64 * KIB) ? 0 : 14);
+	}
+	cr_assert(pid > 0);
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st));
+	return WEXITSTATUS(st);
+}
+
+Test(cache, adopted_job_keeps_the_cache_between_worker_generations)
+{
+	char name[TS_NAME_MAX], path[TS_PATH_MAX];
+	unique_name(name, sizeof(name), path);
+	struct ts_ident job;
+	cr_assert_eq(ts_self_ident(&job), 0);
+	struct stat first, later;
+
+	/* Epoch 1's worker decodes and dies; epoch 2's finds its decode. */
+	cr_assert_eq(worker_generation(name, &job, 1, true), 0);
+	cr_assert_eq(lstat(path, &first), 0, "the job lives: its cache must stay");
+	cr_expect_eq(worker_generation(name, &job, 1, false), 0,
+		     "the next generation of workers must hit what the last one decoded");
+	cr_assert_eq(lstat(path, &later), 0);
+	cr_expect_eq(first.st_ino, later.st_ino, "the same segment, not a replacement");
+
+	/* Adopted once however many workers adopt it; a dead job is refused. */
+	struct ts_cache c;
+	open_ok(&c, name, 4 * MIB);
+	cr_expect_eq(ts_cache_adopt(&c, &job), 0);
+	cr_expect_eq(stats(&c).users, 2u, "the job once, this handle once (dead workers reaped)");
+	struct ts_ident gone = { .pid = 0x3ffffff0u, .start_time = 1 };
+	cr_expect_eq(ts_cache_adopt(&c, &gone), -ESRCH);
+	cr_expect_eq(ts_cache_adopt(&c, NULL), -EINVAL);
+
+	/* The job's exit path: closing what it opened itself (its decodes in the
+	 * main process) also takes off the registration its workers adopted,
+	 * so with nobody left the segment goes; depart has nothing to do. */
+	errno = 4242;
+	ts_cache_close(&c);
+	cr_expect_eq(errno, 4242);
+	cr_expect_neq(lstat(path, &later), 0, "the job's close was the last one out");
+	cr_expect_eq(ts_cache_depart(path, NULL), 0);
+}
+
+Test(cache, job_departing_removes_what_its_workers_left)
+{
+	char name[TS_NAME_MAX], path[TS_PATH_MAX];
+	unique_name(name, sizeof(name), path);
+	struct ts_ident job;
+	cr_assert_eq(ts_self_ident(&job), 0);
+	cr_assert_eq(worker_generation(name, &job, 3, true), 0);
+	struct stat sb;
+	cr_assert_eq(lstat(path, &sb), 0);
+	cr_expect_eq(ts_cache_remove_if_stale(path), 0, "the job is registered and alive: not stale");
+	struct ts_cache_stats last;
+	memset(&last, 0xff, sizeof(last));
+	cr_expect_eq(ts_cache_depart(path, &last), 1, "the job was the only user left: removed");
+	cr_expect_neq(lstat(path, &sb), 0);
+	cr_expect_eq(last.fills, 1u, "the counters the segment ended with");
+	cr_expect_eq(last.commits, 1u);
+	cr_expect_eq(last.hits, 0u);
+	cr_expect_eq(ts_cache_depart(path, NULL), 0, "nothing there: nothing to do");
+
+	/* Without adoption, a generation of workers dies with the cache. */
+	cr_assert_eq(worker_generation(name, NULL, 3, true), 0);
+	cr_expect_eq(worker_generation(name, NULL, 3, true), 0, "no job registered: the next one starts afresh");
+	cr_expect_eq(ts_cache_depart(path, NULL), 1);
 }
 
 /* ---- keys and hits -------------------------------------------------------------------- */
