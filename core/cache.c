@@ -696,11 +696,44 @@ static bool fd_is_ours(const struct ts_cache *c, int fd)
 }
 
 /*
+ * Map the pages of a fresh fill in one call rather than a fault per page as
+ * the decoder's rows arrive (tmpfs clears a reserved page on first touch
+ * either way). Only a hint: before Linux 5.14 it fails and changes nothing.
+ * The pages are reserved, so populating them cannot fail for want of memory.
+ */
+static void populate(void *p, uint64_t len)
+{
+#ifdef MADV_POPULATE_WRITE
+	uintptr_t page = (uintptr_t)page_size(), start = (uintptr_t)p & ~(page - 1);
+	int saved = errno;
+	(void)madvise((void *)start, (uintptr_t)p + len - start, MADV_POPULATE_WRITE);
+	errno = saved;
+#else
+	(void)p;
+	(void)len;
+#endif
+}
+
+/* Raise falloc_hwm to nhwm unless it is there already. Only ever raised,
+ * and only by a process that reserved [seen, nhwm) itself, so the pages
+ * below it always exist. release: they exist before anyone trusts them. */
+static void raise_hwm(struct ts_cache_header *h, uint64_t seen, uint64_t nhwm)
+{
+	while (seen < nhwm &&
+	       !atomic_compare_exchange_weak_explicit(&h->falloc_hwm, &seen, nhwm, memory_order_release,
+						      memory_order_relaxed))
+		;
+}
+
+/*
  * Outside the lock, after a FILL that came within half a chunk of the
- * reserved part: reserve the next chunk ahead of need, so that the reserve()
- * under the lock finds its pages present (about 1 ms instead of about 20 ms
- * for 32 MiB on tmpfs). Only a hint: it does not move falloc_hwm, and if it
- * fails, reserve() fails the same way later. One process per chunk does it.
+ * reserved part: reserve the next chunk ahead of need, so that the next
+ * reserve() under the lock finds nothing to do. One process per chunk does
+ * it. It publishes the chunk only if nobody moved falloc_hwm meanwhile (it
+ * then knows every page below the chunk exists); otherwise reserve()
+ * reserves again what it needs (on tmpfs, reserving pages that are there
+ * costs about twice reserving them the first time: 5.7 vs 2.5 ms for
+ * 32 MiB here). If it fails, reserve() fails the same way later.
  */
 static void reserve_ahead(struct ts_cache *c, uint64_t hwm)
 {
@@ -712,8 +745,12 @@ static void reserve_ahead(struct ts_cache *c, uint64_t hwm)
 		return;
 	uint64_t to = min_u64(hwm + h->st.chunk_size, c->arena_size);
 	int fd = c->fd; /* read once: reserve() may replace it under the lock */
-	if (hwm < to && fd_is_ours(c, fd))
-		(void)posix_fallocate(fd, (off_t)(h->st.arena_off + hwm), (off_t)(to - hwm));
+	if (hwm < to && fd_is_ours(c, fd) &&
+	    posix_fallocate(fd, (off_t)(h->st.arena_off + hwm), (off_t)(to - hwm)) == 0) {
+		uint64_t expect = hwm;
+		(void)atomic_compare_exchange_strong_explicit(&h->falloc_hwm, &expect, to, memory_order_release,
+							      memory_order_relaxed);
+	}
 }
 
 /* Reserve the arena up to `end` in /dev/shm (under the lock). */
@@ -754,8 +791,7 @@ static int reserve(struct ts_cache *c, uint64_t end)
 				c->session, (unsigned long long)(nhwm - hwm), ts_shm_dir(), strerror(r));
 		return -E_SHM;
 	}
-	/* release: the pages exist before anyone trusts a range below nhwm */
-	atomic_store_explicit(&h->falloc_hwm, nhwm, memory_order_release);
+	raise_hwm(h, hwm, nhwm); /* reserve_ahead() may have raised it meanwhile */
 	return 0;
 }
 
@@ -1037,6 +1073,7 @@ int ts_cache_get(struct ts_cache *c, const struct ts_cache_key *k, uint64_t len,
 			count(&ctr->fills);
 			if (ahead)
 				reserve_ahead(c, hwm);
+			populate(fill->ptr, len);
 			/*
 			 * release fence: every generation bump we (or the removers
 			 * before us) made to the range we now own is ordered before

@@ -315,12 +315,15 @@ static void skip_to_eoi(j_decompress_ptr c)
 	struct jpeg_source_mgr *src = c->src;
 	if (!src || !src->next_input_byte)
 		return;
-	const JOCTET *p = src->next_input_byte;
-	size_t n = src->bytes_in_buffer;
-	for (size_t i = 0; i + 1 < n; i++) {
-		if (p[i] == 0xFF && p[i + 1] == 0xD9) {
-			src->next_input_byte = p + i + 2;
-			src->bytes_in_buffer = n - i - 2;
+	const JOCTET *p = src->next_input_byte, *end = p + src->bytes_in_buffer;
+	/* memchr: a byte loop over a whole image cost as much as the hit's copy */
+	for (const JOCTET *ff = p; end - ff >= 2; ff++) {
+		ff = memchr(ff, 0xFF, (size_t)(end - ff - 1));
+		if (!ff)
+			return;
+		if (ff[1] == 0xD9) {
+			src->next_input_byte = ff + 2;
+			src->bytes_in_buffer = (size_t)(end - ff - 2);
 			return;
 		}
 	}

@@ -1258,6 +1258,15 @@ Test(cache, arena_is_reserved_lazily)
 	fill_commit(&c, &k2, 2, 0, 40 * MIB);
 	cr_expect_eq(stats(&c).reserved_bytes, 2 * TS_CACHE_CHUNK);
 	cr_expect_geq(file_bytes(path), index + 2 * TS_CACHE_CHUNK);
+	/* A fill within half a chunk of the end reserves the next chunk ahead
+	 * of need and publishes it (the next reserve() has nothing to do). */
+	struct ts_cache_key k3 = key_of(3), k4 = key_of(4);
+	fill_commit(&c, &k3, 3, 0, 10 * MIB); /* head 51 MiB: within 16 MiB of 64 */
+	cr_expect_eq(stats(&c).reserved_bytes, 3 * TS_CACHE_CHUNK, "the chunk ahead must be published");
+	cr_expect_geq(file_bytes(path), index + 3 * TS_CACHE_CHUNK);
+	fill_commit(&c, &k4, 4, 0, 20 * MIB); /* head 71 MiB: inside the chunk reserved ahead */
+	cr_expect_eq(stats(&c).reserved_bytes, 3 * TS_CACHE_CHUNK);
+	expect_hit(&c, &k4, 4, 0, 20 * MIB);
 	ts_cache_close(&c);
 }
 
