@@ -110,9 +110,9 @@ static inline uint64_t deadline_after(uint64_t timeout_ns)
 	return timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
 }
 
-static inline void count(_Atomic uint64_t *ctr)
+static inline uint64_t count(_Atomic uint64_t *ctr)
 {
-	atomic_fetch_add_explicit(ctr, 1, memory_order_relaxed);
+	return atomic_fetch_add_explicit(ctr, 1, memory_order_relaxed) + 1;
 }
 
 /* release: the change we announce is visible to a waiter that acquires the counter */
@@ -856,6 +856,25 @@ static int bypass(struct ts_cache *c, _Atomic uint64_t *reason, int saved_errno)
 	return TS_CACHE_BYPASS;
 }
 
+/*
+ * Fill this miss (the miss-th)? Until the cache first evicts, everything
+ * may yet be hit; after, only while hits keep up with fills, plus a sample
+ * of misses, so that entries keep arriving and a pattern that starts to
+ * hit (a later epoch, a job in step with this one) is seen.
+ */
+static bool admitted(const struct ts_cache *c, uint64_t miss)
+{
+	const struct ts_cache_counters *k = &c->hdr->counters;
+	if (c->admit_ratio == 0 || atomic_load_explicit(&k->evictions, memory_order_relaxed) == 0)
+		return true;
+	uint64_t hits = atomic_load_explicit(&k->hits, memory_order_relaxed);
+	uint64_t fills = atomic_load_explicit(&k->fills, memory_order_relaxed);
+	uint64_t earned;
+	if (__builtin_mul_overflow(hits, (uint64_t)c->admit_ratio, &earned))
+		earned = UINT64_MAX;
+	return earned >= fills || miss % TS_CACHE_SAMPLE_MISSES == 0;
+}
+
 static void note_hit(struct ts_cache *c, struct ts_cache_entry *e)
 {
 	uint64_t t = atomic_fetch_add_explicit(&c->hdr->tick, 1, memory_order_relaxed);
@@ -1063,7 +1082,12 @@ int ts_cache_get(struct ts_cache *c, const struct ts_cache_key *k, uint64_t len,
 				continue;
 			}
 		}
-		count(&ctr->misses); /* once: every path from here returns */
+		uint64_t miss = count(&ctr->misses); /* once: every path from here returns */
+		if (!admitted(c, miss)) {
+			cache_unlock(c);
+			*fill = (struct ts_cache_fill){ .slot = NONE };
+			return bypass(c, &ctr->bypass_cold, saved);
+		}
 		int r = insert(c, k, hash, len, p.free_slot, &me, fill);
 		uint64_t hwm = atomic_load_explicit(&c->hdr->falloc_hwm, memory_order_relaxed);
 		bool ahead = r == 0 && hwm < c->arena_size &&
@@ -1436,6 +1460,7 @@ int ts_cache_open(struct ts_cache *c, const char *session, uint64_t budget_bytes
 	c->user_slot = -1;
 	c->lock_timeout_ns = TS_CACHE_LOCK_TIMEOUT_NS;
 	c->stale_fill_ns = TS_CACHE_STALE_FILL_NS;
+	c->admit_ratio = TS_CACHE_ADMIT_RATIO;
 	if (why && whylen)
 		why[0] = '\0';
 	if (!session || !ts_session_name_valid(session))
@@ -1540,6 +1565,7 @@ static void collect(const struct ts_cache_header *h, const struct ts_cache_entry
 	GET(torn);
 	GET(repairs);
 	GET(saved_decode_ns);
+	GET(bypass_cold);
 #undef GET
 	o->bytes_in_use = atomic_load_explicit(&h->bytes_in_use, memory_order_relaxed);
 	o->reserved_bytes = atomic_load_explicit(&h->falloc_hwm, memory_order_relaxed);

@@ -68,6 +68,8 @@
 #define TS_CACHE_MAX_USERS      128u
 #define TS_CACHE_MIN_BUDGET     (1ull << 20)  /* 1 MiB */
 #define TS_CACHE_MAX_BUDGET     (1ull << 40)  /* 1 TiB (TSSHIM_CACHE_MB's upper bound) */
+#define TS_CACHE_ADMIT_RATIO    4u            /* default admit_ratio */
+#define TS_CACHE_SAMPLE_MISSES  64u           /* not admitting: still one miss in this many */
 #define TS_CACHE_CHUNK          (32ull << 20) /* arena reserved 32 MiB at a time */
 #define TS_CACHE_MIN_ENTRIES    1024u
 #define TS_CACHE_MAX_ENTRIES    (1u << 20)
@@ -195,7 +197,8 @@ struct ts_cache_counters {
 	_Atomic uint64_t torn;           /* copies rejected by the seqlock check */
 	_Atomic uint64_t repairs;        /* index repairs (dead lock holder, corruption) */
 	_Atomic uint64_t saved_decode_ns;/* sum of decode_ns of entries served as hits */
-	uint64_t pad[5];
+	_Atomic uint64_t bypass_cold;    /* misses not admitted: the cache evicts and is rarely hit */
+	uint64_t pad[4];
 };
 
 enum ts_cache_seg_state { TS_CACHE_SEG_OPEN = 1, TS_CACHE_SEG_CLOSED = 2 };
@@ -248,6 +251,14 @@ struct ts_cache {
 	int need_repair;          /* private: set under the lock, consumed before unlocking */
 	uint64_t lock_timeout_ns; /* tunable: get()'s lock wait */
 	uint64_t stale_fill_ns;   /* tunable: live fills older than this are orphaned */
+	/*
+	 * tunable: once the cache has evicted, a miss is filled only while
+	 * hits keep up with fills (a hit per admit_ratio fills), or one miss in
+	 * TS_CACHE_SAMPLE_MISSES: a fill costs more than a decode, and a
+	 * dataset much larger than the budget would only ever be filled and
+	 * evicted. 0: fill every miss.
+	 */
+	uint32_t admit_ratio;
 	/* Tests only: called between a hit's copy and its seqlock re-check. */
 	void (*after_copy)(struct ts_cache *c, void *arg);
 	void *after_copy_arg;
@@ -269,6 +280,7 @@ struct ts_cache_stats {
 	uint64_t bypass_lock, bypass_nospace, bypass_shm, bypass_wait, bypass_aborted, bypass_other;
 	uint64_t waits, evictions, reclaims, orphans, torn, repairs;
 	uint64_t saved_decode_ns;
+	uint64_t bypass_cold;    /* misses not admitted (see admit_ratio) */
 	uint64_t bytes_in_use;   /* bytes held by entries (ready, filling, not yet reclaimed) */
 	uint64_t entries;        /* READY entries */
 	uint64_t filling;        /* FILLING entries */

@@ -34,18 +34,21 @@ void ts_exact_fork_lock(void)
 }
 void ts_exact_fork_unlock(void) { pthread_mutex_unlock(&open_lock); }
 
+/* The configuration allows the cache: every mode but off shares decodes. */
+static int cache_configured(void)
+{
+	return ts_cfg.mode != TS_MODE_OFF && ts_cfg.cache_mb > 0;
+}
+
 int ts_exact_enabled(void)
 {
 	/*
-	 * auto: a process that shares a DataLoader (and the workers it forks)
-	 * already decodes each image once per epoch for the whole session;
-	 * caching its decodes would only cost copies. Exact mode is for the
-	 * jobs whose loaders cannot share.
+	 * Also under a shared DataLoader (socket mode): its producer decodes
+	 * each image once per epoch for the whole session, and with the cache
+	 * once for the whole run, later epochs' workers hitting the first's.
 	 */
-	if (ts_cfg.mode == TS_MODE_AUTO && atomic_load_explicit(&ts_feed_active, memory_order_relaxed))
-		return 0;
-	return ts_shim_ready() && (ts_cfg.mode == TS_MODE_EXACT || ts_cfg.mode == TS_MODE_AUTO) &&
-	       ts_cfg.cache_mb > 0 && atomic_load_explicit(&cache_state, memory_order_acquire) != CACHE_FAILED;
+	return ts_shim_ready() && cache_configured() &&
+	       atomic_load_explicit(&cache_state, memory_order_acquire) != CACHE_FAILED;
 }
 
 /* Open once per process; a failure turns sharing off for this process only. */
@@ -122,8 +125,7 @@ void ts_exact_note_scope(const char *scope)
 __attribute__((destructor)) static void exact_fini(void)
 {
 	int init = atomic_load(&ts_init_state); /* FINI: the shim's own destructor ran first */
-	if ((init != TS_READY && init != TS_FINI) || ts_cfg.cache_mb == 0 ||
-	    (ts_cfg.mode != TS_MODE_EXACT && ts_cfg.mode != TS_MODE_AUTO))
+	if ((init != TS_READY && init != TS_FINI) || !cache_configured())
 		return;
 	if (atomic_load(&cache_state) == CACHE_OPEN) {
 		struct ts_cache_stats st;
@@ -142,8 +144,8 @@ __attribute__((destructor)) static void exact_fini(void)
 		struct ts_cache_stats st;
 		if (ts_cache_path(path, sizeof(path), getuid(), ts_cfg.session) == 0 &&
 		    ts_cache_depart(path, &st) == 1 && st.fills > 0)
-			ts_info("decoded-image cache of session '%s' removed, last out: %llu hits, %llu fills, %llu bypasses (all its users)",
+			ts_info("decoded-image cache of session '%s' removed, last out: %llu hits, %llu fills, %llu bypasses, %llu not admitted (all its users)",
 				ts_cfg.session, (unsigned long long)st.hits, (unsigned long long)st.fills,
-				(unsigned long long)st.bypasses);
+				(unsigned long long)st.bypasses, (unsigned long long)st.bypass_cold);
 	}
 }

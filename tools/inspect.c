@@ -69,7 +69,15 @@
  *       "batches_kept": int, "bytes_kept": int,        producer uploads placed in it
  *       "uploads_served": int, "bytes_served": int,    consumer uploads served from it
  *       "buffers": int, "buffer_bytes": int,           device buffers it names now
- *       "replaced": int}}}               slots given a fresh buffer (theirs was being read)
+ *       "replaced": int},                slots given a fresh buffer (theirs was being read)
+ *     "cache": {                         the session's decoded-image cache, else null
+ *       "path": str, "scope": str,       its file; the dataset directory its users decode from
+ *       "hits": int, "misses": int, "fills": int,  fills: real decodes kept for others
+ *       "bypasses": int,                 decodes not shared (busy lock, no room, not admitted, ...)
+ *       "bypass_cold": int,              of which not admitted: the cache evicts and is rarely hit
+ *       "evictions": int, "entries": int, "bytes_in_use": int, "budget": int,
+ *       "reserved_bytes": int, "users": int, "saved_decode_ns": int}}}
+ *   A session with only a cache: {"name", "path": null, "state": "cache-only", "cache"}.
  *
  * Clean (--clean):
  *   {"schema": 1, "clean": {"removed": [str, ...],
@@ -549,12 +557,15 @@ static void text_cache(const struct snap *s)
 	const struct ts_cache_stats *c = &s->cache;
 	if (!s->has_cache)
 		return;
-	printf("\ndecoded-image cache (exact mode)  %s\n", s->cache_path);
+	printf("\ndecoded-image cache  %s\n", s->cache_path);
 	printf("  dataset scope     %s\n", c->scope[0] ? c->scope : "(not detected yet)");
 	printf("  entries           %" PRIu64 " (%s of %s budget)\n", c->entries,
 	       fmt_bytes(b1, sizeof(b1), c->bytes_in_use), fmt_bytes(b2, sizeof(b2), c->budget));
-	printf("  decodes shared    %" PRIu64 " hits, %" PRIu64 " real decodes, %" PRIu64 " private\n",
-	       c->hits, c->fills, c->bypasses);
+	printf("  decodes shared    %" PRIu64 " hits, %" PRIu64 " real decodes, %" PRIu64 " private", c->hits,
+	       c->fills, c->bypasses);
+	if (c->bypass_cold)
+		printf(" (%" PRIu64 " not cached: the cache evicts and is rarely hit)", c->bypass_cold);
+	printf("\n");
 	printf("  decode time saved %.3f s\n", (double)c->saved_decode_ns / 1e9);
 	printf("  evictions         %" PRIu64 "\n", c->evictions);
 	printf("  users             %" PRIu64 "\n", c->users);
@@ -811,6 +822,7 @@ static void json_cache(struct jw *j, const struct snap *s)
 	j_u64(j, "misses", c->misses);
 	j_u64(j, "fills", c->fills);
 	j_u64(j, "bypasses", c->bypasses);
+	j_u64(j, "bypass_cold", c->bypass_cold);
 	j_u64(j, "evictions", c->evictions);
 	j_u64(j, "entries", c->entries);
 	j_u64(j, "bytes_in_use", c->bytes_in_use);

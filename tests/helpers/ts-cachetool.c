@@ -158,7 +158,7 @@ static void print_stats(const struct ts_cache_stats *s)
 {
 	printf("stats hits=%llu misses=%llu fills=%llu commits=%llu aborts=%llu bypasses=%llu waits=%llu "
 	       "evictions=%llu reclaims=%llu orphans=%llu torn=%llu repairs=%llu bypass_wait=%llu "
-	       "bypass_lock=%llu bypass_nospace=%llu bypass_shm=%llu entries=%llu filling=%llu users=%llu "
+	       "bypass_lock=%llu bypass_nospace=%llu bypass_shm=%llu bypass_cold=%llu entries=%llu filling=%llu users=%llu "
 	       "bytes=%llu reserved=%llu budget=%llu saved_ms=%llu\n",
 	       (unsigned long long)s->hits, (unsigned long long)s->misses, (unsigned long long)s->fills,
 	       (unsigned long long)s->commits, (unsigned long long)s->aborts, (unsigned long long)s->bypasses,
@@ -166,7 +166,7 @@ static void print_stats(const struct ts_cache_stats *s)
 	       (unsigned long long)s->orphans, (unsigned long long)s->torn, (unsigned long long)s->repairs,
 	       (unsigned long long)s->bypass_wait, (unsigned long long)s->bypass_lock,
 	       (unsigned long long)s->bypass_nospace, (unsigned long long)s->bypass_shm,
-	       (unsigned long long)s->entries, (unsigned long long)s->filling, (unsigned long long)s->users,
+	       (unsigned long long)s->bypass_cold, (unsigned long long)s->entries, (unsigned long long)s->filling, (unsigned long long)s->users,
 	       (unsigned long long)s->bytes_in_use, (unsigned long long)s->reserved_bytes,
 	       (unsigned long long)s->budget, (unsigned long long)(s->saved_decode_ns / 1000000u));
 	fflush(stdout);

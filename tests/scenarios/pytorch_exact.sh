@@ -45,8 +45,24 @@ check "one job, 2 epochs: every batch bit-identical with the shim" \
 last=$(grep "decoded-image cache of session '$S1' removed" "$T_TMP/shim_e2.err")
 echo "# one job, 2 epochs: ${last#*: }"
 check "one job, 2 epochs: epoch 1 decoded each image once, epoch 2's workers were served them all" \
-	grep -q "last out: $NIMG hits, $NIMG fills, 0 bypasses" <<<"$last"
+	grep -q "last out: $NIMG hits, $NIMG fills, 0 bypasses, 0 not admitted" <<<"$last"
 check "one job, 2 epochs: the job removed its cache when it ended" [ ! -e "/dev/shm/tsshim-cache.$(id -u).$S1" ]
+
+# --- the same, 3 epochs, with a cache far smaller than the decoded dataset ---------
+# Filling what is evicted before anyone hits it costs more than it saves: once
+# the cache evicts, misses are filled only while hits keep up (and a sample).
+S1=$(session_name exact1small)
+"$PY" "$JOB" "$DATA" --seed 11 --batch 8 --workers 2 --size 96 --epochs 3 --records >"$T_TMP/plain_e3" 2>&1
+LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION=$S1 TSSHIM_CACHE_MB=4 TSSHIM_LOG=info "$PY" "$JOB" "$DATA" --seed 11 --batch 8 \
+	--workers 2 --size 96 --epochs 3 --records >"$T_TMP/shim_e3" 2>"$T_TMP/shim_e3.err"
+check "4 MiB cache, 3 epochs: every batch bit-identical with the shim" \
+	cmp -s <(grep -v cpu_s "$T_TMP/plain_e3") <(grep -v cpu_s "$T_TMP/shim_e3")
+last=$(grep "decoded-image cache of session '$S1' removed" "$T_TMP/shim_e3.err")
+echo "# 4 MiB cache, 3 epochs of $NIMG images: ${last#*: }"
+fills=$(sed -n 's/.* \([0-9]*\) fills.*/\1/p' <<<"$last")
+cold=$(sed -n 's/.* \([0-9]*\) not admitted.*/\1/p' <<<"$last")
+check "4 MiB cache: most misses were not filled once it evicted ($cold not admitted)" [ "${cold:-0}" -gt "$NIMG" ]
+check "4 MiB cache: fewer fills than one epoch's images ($fills)" [ -n "$fills" ] && [ "$fills" -lt "$NIMG" ]
 
 # --- N same-seed jobs at once: each image decoded once ---------------------------
 CACHETOOL="$PWD/$BUILD/tests/ts-cachetool"

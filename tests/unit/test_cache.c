@@ -793,6 +793,7 @@ Test(cache, eviction_fifo_with_second_chance)
 	struct ts_cache c;
 	char name[TS_NAME_MAX], path[TS_PATH_MAX];
 	fresh(&c, name, path, 1 * MIB);
+	c.admit_ratio = 0; /* eviction itself, whatever the hit rate */
 	const uint64_t L = 128 * KIB; /* 8 fit */
 	struct ts_cache_key k[45];
 	for (unsigned i = 0; i < 45; i++)
@@ -846,11 +847,69 @@ Test(cache, eviction_fifo_with_second_chance)
 	ts_cache_close(&c);
 }
 
+Test(cache, misses_are_admitted_while_the_cache_earns_its_fills)
+{
+	struct ts_cache c;
+	char name[TS_NAME_MAX], path[TS_PATH_MAX];
+	fresh(&c, name, path, 1 * MIB);
+	cr_expect_eq(c.admit_ratio, TS_CACHE_ADMIT_RATIO);
+	/* A scan larger than the budget: filled until the first eviction ... */
+	uint64_t i = 0, filled = 0, cold = 0;
+	for (; i < 12; i++) {
+		struct ts_cache_key k = key_of(i);
+		struct ts_cache_fill f;
+		char *dst = malloc(200 * KIB);
+		int r = ts_cache_get(&c, &k, 200 * KIB, dst, 0, &f);
+		if (r == TS_CACHE_FILL) {
+			payload(i, 0, f.ptr, 200 * KIB);
+			cr_assert_eq(ts_cache_commit(&c, &f, 1), 0);
+			filled++;
+		} else {
+			cr_assert_eq(r, TS_CACHE_BYPASS);
+			cold++;
+		}
+		free(dst);
+	}
+	struct ts_cache_stats s = stats(&c);
+	cr_expect_gt(s.evictions, 0u);
+	/* ... then, never hit, no more fills: each would cost a copy for nothing. */
+	cr_expect_eq(filled, 6u, "5 fit in 1 MiB, the 6th evicted the first (%llu filled)", (unsigned long long)filled);
+	cr_expect_eq(cold, 6u);
+	cr_expect_eq(s.bypass_cold, 6u);
+	cr_expect_eq(s.bypasses, 6u);
+	/* What is cached is still served, and once hits keep up, misses are
+	 * filled again. */
+	for (uint64_t h = 2; h < 6; h++) {
+		struct ts_cache_key k = key_of(h);
+		expect_hit(&c, &k, h, 0, 200 * KIB);
+	}
+	cr_expect_eq(stats(&c).hits, 4u);
+	struct ts_cache_key k = key_of(100);
+	fill_commit(&c, &k, 100, 0, 200 * KIB);
+	/* A sample of misses is filled whatever the hit rate (4 hits, 7 fills:
+	 * short of one hit per fill). */
+	c.admit_ratio = 1;
+	unsigned sampled = 0;
+	for (uint64_t m = 0; m < 2 * TS_CACHE_SAMPLE_MISSES; m++) {
+		struct ts_cache_key km = key_of(200 + m);
+		struct ts_cache_fill f;
+		char dst[64];
+		int r = ts_cache_get(&c, &km, sizeof(dst), dst, 0, &f);
+		if (r == TS_CACHE_FILL) {
+			sampled++;
+			ts_cache_abort(&c, &f);
+		}
+	}
+	cr_expect_eq(sampled, 2u, "one miss in %u is filled (%u)", TS_CACHE_SAMPLE_MISSES, sampled);
+	ts_cache_close(&c);
+}
+
 Test(cache, live_fill_is_never_evicted)
 {
 	struct ts_cache c;
 	char name[TS_NAME_MAX], path[TS_PATH_MAX];
 	fresh(&c, name, path, 1 * MIB);
+	c.admit_ratio = 0; /* eviction itself, whatever the hit rate */
 	const uint64_t L = 256 * KIB;
 	struct ts_cache_key k[8];
 	for (unsigned i = 0; i < 8; i++)
@@ -936,6 +995,7 @@ Test(cache, copy_overwritten_during_hit_is_rejected)
 	struct ts_cache c;
 	char name[TS_NAME_MAX], path[TS_PATH_MAX];
 	fresh(&c, name, path, 1 * MIB);
+	c.admit_ratio = 0; /* a miss is filled, whatever the hit rate */
 	struct ts_cache_key a = key_of(1), b = key_of(2);
 	fill_commit(&c, &a, 1, 0, 512 * KIB);
 	fill_commit(&c, &b, 2, 0, 512 * KIB);
@@ -1140,6 +1200,7 @@ Test(cache, corrupted_entry_is_a_miss)
 	struct ts_cache c;
 	char name[TS_NAME_MAX], path[TS_PATH_MAX];
 	fresh(&c, name, path, 4 * MIB);
+	c.admit_ratio = 0; /* eviction itself, whatever the hit rate */
 	struct ts_cache_key k[4];
 	for (unsigned i = 0; i < 4; i++) {
 		k[i] = key_of(400 + i);
@@ -1183,6 +1244,7 @@ Test(cache, entry_beyond_the_reserved_arena_is_a_miss)
 	struct ts_cache c;
 	char name[TS_NAME_MAX], path[TS_PATH_MAX];
 	fresh(&c, name, path, 64 * MIB); /* only the first 32 MiB chunk gets reserved */
+	c.admit_ratio = 0; /* a miss is filled, whatever the hit rate */
 	struct ts_cache_key k = key_of(1);
 	fill_commit(&c, &k, 1, 0, 64 * KIB);
 	cr_assert_eq(stats(&c).reserved_bytes, TS_CACHE_CHUNK);
