@@ -25,13 +25,16 @@ static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
  */
 static struct ts_ident job;
 
-/* Fork handlers: a child must not inherit open_lock held by another thread. */
-void ts_exact_fork_lock(void)
+/* Before fork, holding no lock (the first call reads /proc through our own
+ * open hook): the child's job is this process unless it is a fork child. */
+void ts_exact_fork_note_job(void)
 {
 	if (!atomic_load(&ts_is_fork_child) && ts_self_ident(&job) != 0)
 		job.pid = 0;
-	pthread_mutex_lock(&open_lock);
 }
+
+/* Fork handlers: a child must not inherit open_lock held by another thread. */
+void ts_exact_fork_lock(void) { pthread_mutex_lock(&open_lock); }
 void ts_exact_fork_unlock(void) { pthread_mutex_unlock(&open_lock); }
 
 /* The configuration allows the cache: every mode but off shares decodes. */

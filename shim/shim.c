@@ -120,6 +120,7 @@ static void on_role(enum ts_role role, uint32_t epoch, void *arg)
  */
 static void atfork_prepare(void)
 {
+	ts_exact_fork_note_job();
 	pthread_mutex_lock(&join_lock);
 	ts_jpeg_fork_lock();
 	ts_exact_fork_lock();

@@ -63,6 +63,7 @@ void ts_feed_api_fini(void);
 /* Locks of the other modules, taken around fork (see shim.c's handlers). */
 void ts_jpeg_fork_lock(void);
 void ts_jpeg_fork_unlock(void);
+void ts_exact_fork_note_job(void);
 void ts_exact_fork_lock(void);
 void ts_exact_fork_unlock(void);
 
