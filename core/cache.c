@@ -1341,7 +1341,33 @@ static void detach_handle(struct ts_cache *c)
 	c->fd = -1;
 }
 
-/* Free the slots of users whose process is gone (under the lock); count the rest. */
+/* Is pid a registered JOB that is alive? */
+static bool live_job(const struct ts_cache_header *h, uint32_t pid)
+{
+	for (unsigned i = 0; i < TS_CACHE_MAX_USERS; i++) {
+		const struct ts_cache_user *u = &h->users[i];
+		if (u->kind == TS_CACHE_USER_JOB && atomic_load_explicit(&u->pid, memory_order_acquire) == pid)
+			return ts_proc_liveness(pid, atomic_load_explicit(&u->start_time, memory_order_relaxed)) ==
+			       TS_PROC_ALIVE;
+	}
+	return false;
+}
+
+/* A user that still counts: its process lives and, for a WORKER, so does
+ * the job that forked it (an orphaned worker is on its way out). */
+static bool user_counts(const struct ts_cache_header *h, const struct ts_cache_user *u, uint32_t pid)
+{
+	uint64_t st = atomic_load_explicit(&u->start_time, memory_order_relaxed);
+	if (ts_proc_liveness(pid, st) != TS_PROC_ALIVE)
+		return false;
+	if (u->kind != TS_CACHE_USER_WORKER)
+		return true;
+	uint64_t start;
+	uint32_t ppid = 0;
+	return ts_prim_read_stat(pid, &start, &ppid) == 0 && live_job(h, ppid);
+}
+
+/* Free the slots of users that no longer count (under the lock); count the rest. */
 static unsigned reap_users(struct ts_cache_header *h, bool reap)
 {
 	unsigned alive = 0;
@@ -1349,8 +1375,7 @@ static unsigned reap_users(struct ts_cache_header *h, bool reap)
 		uint32_t pid = atomic_load_explicit(&h->users[i].pid, memory_order_acquire);
 		if (pid == 0)
 			continue;
-		uint64_t st = atomic_load_explicit(&h->users[i].start_time, memory_order_relaxed);
-		if (ts_proc_liveness(pid, st) == TS_PROC_ALIVE)
+		if (user_counts(h, &h->users[i], pid))
 			alive++;
 		else if (reap)
 			atomic_store_explicit(&h->users[i].pid, 0, memory_order_release);
@@ -1368,17 +1393,17 @@ static bool is_user(const struct ts_cache_user *u, const struct ts_ident *who)
 static void unregister_adopted(struct ts_cache_header *h, const struct ts_ident *who)
 {
 	for (unsigned i = 0; i < TS_CACHE_MAX_USERS; i++)
-		if (h->users[i].adopted && is_user(&h->users[i], who))
+		if (h->users[i].kind == TS_CACHE_USER_JOB && is_user(&h->users[i], who))
 			atomic_store_explicit(&h->users[i].pid, 0, memory_order_release);
 }
 
-static int register_user(struct ts_cache_header *h, const struct ts_ident *me, bool adopted)
+static int register_user(struct ts_cache_header *h, const struct ts_ident *me, uint32_t kind)
 {
 	for (unsigned i = 0; i < TS_CACHE_MAX_USERS; i++) {
 		struct ts_cache_user *u = &h->users[i];
 		if (atomic_load_explicit(&u->pid, memory_order_relaxed) != 0)
 			continue;
-		u->adopted = adopted;
+		u->kind = kind;
 		atomic_store_explicit(&u->start_time, me->start_time, memory_order_relaxed);
 		/* release: the start time is visible before the pid */
 		atomic_store_explicit(&u->pid, me->pid, memory_order_release);
@@ -1442,7 +1467,7 @@ static int open_once(struct ts_cache *c, uint64_t budget, const struct ts_ident 
 		cache_unlock(c);
 		return -EAGAIN;
 	} else {
-		c->user_slot = register_user(c->hdr, me, false);
+		c->user_slot = register_user(c->hdr, me, TS_CACHE_USER_OPENER);
 		if (c->user_slot < 0) {
 			cache_unlock(c);
 			return fail(why, whylen, -EUSERS, "%s: too many users (%u)", c->path, TS_CACHE_MAX_USERS);
@@ -1661,7 +1686,9 @@ int ts_cache_adopt(struct ts_cache *c, const struct ts_ident *who)
 	else if (ts_proc_liveness(who->pid, who->start_time) != TS_PROC_ALIVE)
 		ret = -ESRCH; /* it is gone: keeping its slot would only delay the reap */
 	else
-		ret = register_user(h, who, true) < 0 ? -EUSERS : 0;
+		ret = register_user(h, who, TS_CACHE_USER_JOB) < 0 ? -EUSERS : 0;
+	if (ret == 0 && c->user_slot >= 0 && (unsigned)c->user_slot < TS_CACHE_MAX_USERS)
+		h->users[c->user_slot].kind = TS_CACHE_USER_WORKER;
 	cache_unlock(c);
 	errno = saved;
 	return ret;

@@ -171,9 +171,18 @@ struct ts_cache_entry {
 	_Atomic uint64_t last_hit;  /* tick of the last hit (LRU choice under index pressure) */
 };
 
+/*
+ * OPENER: opened the cache itself. JOB: registered by a forked child for the
+ * job it belongs to (ts_cache_adopt). WORKER: such a child; it counts as a
+ * live user only while its parent is a live JOB, so that the workers a
+ * killed job leaves behind (DataLoader workers notice within seconds) never
+ * keep the last job out from removing the cache.
+ */
+enum { TS_CACHE_USER_OPENER = 0, TS_CACHE_USER_JOB = 1, TS_CACHE_USER_WORKER = 2 };
+
 struct ts_cache_user {
 	_Atomic uint32_t pid;       /* 0: free */
-	uint32_t adopted;           /* 1: registered for it by a forked child (ts_cache_adopt) */
+	uint32_t kind;              /* TS_CACHE_USER_*: how it came to be registered */
 	_Atomic uint64_t start_time;
 };
 
@@ -361,6 +370,7 @@ int ts_cache_view(const char *path, struct ts_cache_stats *out, char *why, size_
  * a worker forked per epoch then leaves the segment alive for the next one
  * for as long as the job that forks them lives. 0, -ESRCH if who is gone,
  * -EUSERS, -ETIMEDOUT (lock busy). The job unregisters with ts_cache_depart.
+ * The caller becomes a WORKER: it counts only while its parent, a JOB, lives.
  */
 int ts_cache_adopt(struct ts_cache *c, const struct ts_ident *who);
 

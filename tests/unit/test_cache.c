@@ -17,6 +17,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <string.h>
@@ -460,6 +461,61 @@ Test(cache, job_departing_removes_what_its_workers_left)
 	cr_assert_eq(worker_generation(name, NULL, 3, true), 0);
 	cr_expect_eq(worker_generation(name, NULL, 3, true), 0, "no job registered: the next one starts afresh");
 	cr_expect_eq(ts_cache_depart(path, NULL), 1);
+}
+
+/*
+ * A job killed with its worker still running (a DataLoader worker notices
+ * its parent's death only within seconds): the orphan must not keep the
+ * last job out from removing the cache.
+ */
+Test(cache, orphaned_worker_does_not_keep_the_cache)
+{
+	char name[TS_NAME_MAX], path[TS_PATH_MAX];
+	unique_name(name, sizeof(name), path);
+	int ready[2], release[2];
+	cr_assert_eq(pipe(ready), 0);
+	cr_assert_eq(pipe(release), 0);
+	pid_t job = fork();
+	if (job == 0) {
+		struct ts_ident me;
+		if (ts_self_ident(&me) != 0)
+			_exit(1);
+		if (fork() == 0) { /* the worker */
+			close(release[1]); /* EOF on release[0] once the test closes its end */
+			close(ready[0]);
+			struct ts_cache w;
+			char err[200], b = 0;
+			if (ts_cache_open(&w, name, 4 * MIB, err, sizeof(err)) == 0 && ts_cache_adopt(&w, &me) == 0)
+				b = 1;
+			(void)!write(ready[1], &b, 1);
+			(void)!read(release[0], &b, 1); /* until the test is done */
+			_exit(0);
+		}
+		pause(); /* killed */
+		_exit(0);
+	}
+	cr_assert(job > 0);
+	close(ready[1]);
+	close(release[0]);
+	char ok = 0;
+	cr_assert_eq(read(ready[0], &ok, 1), 1);
+	cr_assert_eq(ok, 1, "the worker opened the cache and adopted its job");
+
+	struct ts_cache c;
+	open_ok(&c, name, 4 * MIB);
+	cr_expect_eq(stats(&c).users, 3u, "job, worker, this opener");
+	ts_cache_close(&c);
+	struct stat sb;
+	cr_expect_eq(lstat(path, &sb), 0, "the job and its worker live: the cache stays");
+
+	kill(job, SIGKILL);
+	cr_assert_eq(waitpid(job, NULL, 0), job);
+	open_ok(&c, name, 4 * MIB);
+	ts_cache_close(&c);
+	cr_expect_neq(lstat(path, &sb), 0, "the job is dead, its orphaned worker does not count: removed");
+
+	close(release[1]); /* the worker ends (reaped by init) */
+	close(ready[0]);
 }
 
 /* ---- keys and hits -------------------------------------------------------------------- */
