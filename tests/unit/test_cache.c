@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <signal.h>
 #include <stdlib.h>
