@@ -1341,12 +1341,13 @@ static void detach_handle(struct ts_cache *c)
 	c->fd = -1;
 }
 
-/* Is pid a registered JOB that is alive? */
+/* Is pid a live job among the users: adopted by its workers, or listed as
+ * an opener when it decodes itself too (adopt then adds no second slot)? */
 static bool live_job(const struct ts_cache_header *h, uint32_t pid)
 {
 	for (unsigned i = 0; i < TS_CACHE_MAX_USERS; i++) {
 		const struct ts_cache_user *u = &h->users[i];
-		if (u->kind == TS_CACHE_USER_JOB && atomic_load_explicit(&u->pid, memory_order_acquire) == pid)
+		if (u->kind != TS_CACHE_USER_WORKER && atomic_load_explicit(&u->pid, memory_order_acquire) == pid)
 			return ts_proc_liveness(pid, atomic_load_explicit(&u->start_time, memory_order_relaxed)) ==
 			       TS_PROC_ALIVE;
 	}
@@ -1687,7 +1688,9 @@ int ts_cache_adopt(struct ts_cache *c, const struct ts_ident *who)
 		ret = -ESRCH; /* it is gone: keeping its slot would only delay the reap */
 	else
 		ret = register_user(h, who, TS_CACHE_USER_JOB) < 0 ? -EUSERS : 0;
-	if (ret == 0 && c->user_slot >= 0 && (unsigned)c->user_slot < TS_CACHE_MAX_USERS)
+	/* A process adopting itself stays what it is; a child becomes a worker. */
+	if (ret == 0 && who->pid != (uint32_t)getpid() && c->user_slot >= 0 &&
+	    (unsigned)c->user_slot < TS_CACHE_MAX_USERS)
 		h->users[c->user_slot].kind = TS_CACHE_USER_WORKER;
 	cache_unlock(c);
 	errno = saved;
@@ -1719,9 +1722,10 @@ static int remove_unless_used(const char *path, const struct ts_ident *self, str
 		snprintf(c.session, sizeof(c.session), "%s", c.hdr->st.session);
 		ret = cache_lock(&c, 100000000ull);
 		if (ret == 0) {
-			if (self && fstat(c.fd, &sb) == 0 && sb.st_nlink > 0)
+			bool linked = fstat(c.fd, &sb) == 0 && sb.st_nlink > 0;
+			if (linked && self)
 				unregister_adopted(c.hdr, self);
-			if (fstat(c.fd, &sb) == 0 && sb.st_nlink > 0 && reap_users(c.hdr, false) == 0) {
+			if (linked && reap_users(c.hdr, false) == 0) {
 				/* Nobody alive: nobody will mind (a live cache is never written). */
 				atomic_store(&c.hdr->state, TS_CACHE_SEG_CLOSED);
 				ret = path_is_ours(&c, path) && unlink(path) == 0 ? 1 : 0;

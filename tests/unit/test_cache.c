@@ -519,6 +519,48 @@ Test(cache, orphaned_worker_does_not_keep_the_cache)
 	close(ready[0]);
 }
 
+/*
+ * A job that decodes in its main process too is listed as an opener; its
+ * worker's adoption adds no slot, and the worker must still count as a user
+ * (not be reaped as an orphan by the next process that opens the cache).
+ */
+Test(cache, worker_of_a_job_that_opened_the_cache_counts)
+{
+	struct ts_cache c, d;
+	char name[TS_NAME_MAX], path[TS_PATH_MAX];
+	fresh(&c, name, path, 4 * MIB);
+	struct ts_ident me;
+	cr_assert_eq(ts_self_ident(&me), 0);
+	int ready[2], release[2];
+	cr_assert_eq(pipe(ready), 0);
+	cr_assert_eq(pipe(release), 0);
+	pid_t worker = fork();
+	if (worker == 0) {
+		close(release[1]);
+		close(ready[0]);
+		struct ts_cache w;
+		char err[200], b = 0;
+		if (ts_cache_open(&w, name, 4 * MIB, err, sizeof(err)) == 0 && ts_cache_adopt(&w, &me) == 0)
+			b = 1;
+		(void)!write(ready[1], &b, 1);
+		(void)!read(release[0], &b, 1);
+		_exit(0);
+	}
+	cr_assert(worker > 0);
+	close(ready[1]);
+	close(release[0]);
+	char ok = 0;
+	cr_assert_eq(read(ready[0], &ok, 1), 1);
+	cr_assert_eq(ok, 1);
+	open_ok(&d, name, 4 * MIB); /* reaps whoever no longer counts */
+	cr_expect_eq(stats(&d).users, 3u, "the job (an opener), its worker, this handle: none reaped");
+	close(release[1]);
+	cr_assert_eq(waitpid(worker, NULL, 0), worker);
+	close(ready[0]);
+	ts_cache_close(&d);
+	ts_cache_close(&c);
+}
+
 /* ---- keys and hits -------------------------------------------------------------------- */
 
 Test(cache, fill_commit_hit_identical_bytes)
