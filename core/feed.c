@@ -974,6 +974,10 @@ int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, vo
 		ptr[p] = (char *)base + h->off[p] + rd->r[p][0].off;
 		got[p] = rd->got[p];
 	}
+	if (f->on_range) {
+		uint64_t at[TS_MAX_POSITIONS] = {0};
+		report_ranges(f, rd, at);
+	}
 	*eoe = rd->end_of_epoch;
 	v->base = base;
 	v->size = m->size;
@@ -986,6 +990,20 @@ out:
 	if (ret == -ESTALE)
 		f->attached = 0;
 	return ret;
+}
+
+int ts_feed_view_range(const struct ts_feed *f, uint64_t id, void **base, size_t *size)
+{
+	for (unsigned i = 0; id && i < TS_FEED_MAX_VIEWS; i++) {
+		const struct ts_feed_view *v = &f->views[i];
+		if (atomic_load_explicit(&v->id, memory_order_acquire) != id ||
+		    atomic_load_explicit(&v->released, memory_order_relaxed))
+			continue;
+		*base = v->base;
+		*size = v->size;
+		return 0;
+	}
+	return -ENOENT;
 }
 
 void ts_feed_release_view(struct ts_feed *f, uint64_t id)

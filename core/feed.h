@@ -90,9 +90,10 @@ struct ts_feed {
 	struct ts_feed_view views[TS_FEED_MAX_VIEWS];
 	struct ts_feed_hdr *hdr_snap;  /* private copy of the slot header being read */
 	/*
-	 * Optional: told of every range ts_feed_read copied (after the advance
-	 * that makes it valid): position p's bytes [r->off, r->off + r->len)
-	 * of ring seq r->seq went to dst[p] + at.
+	 * Optional: told of every range ts_feed_read copied, or ts_feed_read_view
+	 * handed out (after the advance that makes it valid): position p's bytes
+	 * [r->off, r->off + r->len) of ring seq r->seq went to dst[p] + at (are
+	 * at ptr[p] + at).
 	 */
 	void (*on_range)(void *arg, uint32_t p, const struct ts_range *r, uint64_t at);
 	void *on_range_arg;
@@ -186,6 +187,8 @@ int ts_feed_read(struct ts_feed *f, uint32_t npos, const uint64_t *want, void *c
  */
 int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, void **ptr, uint64_t *got, int *eoe,
 		      uint64_t *id, uint64_t timeout_ns);
+/* The mapping of a view not yet released (any thread): 0, or -ENOENT. */
+int ts_feed_view_range(const struct ts_feed *f, uint64_t id, void **base, size_t *size);
 /* Unmap a view and drop its hold (any thread); unknown ids (another feed's, released) are ignored. */
 void ts_feed_release_view(struct ts_feed *f, uint64_t id);
 

@@ -179,6 +179,43 @@ int ts_shm_create_tmp(const char *path, char *tmp, size_t tmplen)
 	return -EEXIST;
 }
 
+/* pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst) */
+#define PM_PRESENT    (1ull << 63)
+#define PM_SWAPPED    (1ull << 62)
+#define PM_FILE_SHARED (1ull << 61)
+
+int ts_pages_unwritten(const void *addr, size_t len)
+{
+	int saved = errno, ret = 1;
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t first = (uintptr_t)addr / page, last = ((uintptr_t)addr + (len ? len - 1 : 0)) / page;
+	uint64_t e[512];
+	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		ret = ts_neg_errno();
+		errno = saved;
+		return ret;
+	}
+	for (uintptr_t p = first; p <= last && ret == 1;) {
+		size_t n = last - p + 1 < 512 ? last - p + 1 : 512;
+		ssize_t got = pread(fd, e, n * sizeof(e[0]), (off_t)(p * sizeof(e[0])));
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0 || got % (ssize_t)sizeof(e[0])) {
+			ret = got < 0 ? ts_neg_errno() : -EIO;
+			break;
+		}
+		for (size_t i = 0; i < (size_t)got / sizeof(e[0]); i++)
+			/* present and anonymous: a copy made by a write; swapped: the same, paged out */
+			if ((e[i] & PM_SWAPPED) || ((e[i] & PM_PRESENT) && !(e[i] & PM_FILE_SHARED)))
+				ret = 0;
+		p += (size_t)got / sizeof(e[0]);
+	}
+	close(fd);
+	errno = saved;
+	return ret;
+}
+
 const char *ts_shm_dir(void)
 {
 	return "/dev/shm";

@@ -71,6 +71,16 @@ int ts_shm_file_ours(const struct stat *sb);
  */
 int ts_shm_create_tmp(const char *path, char *tmp, size_t tmplen);
 
+/*
+ * Has any page of [addr, addr + len) been written since it was mapped from
+ * its file? For a private (copy-on-write) file mapping, a written page is an
+ * anonymous copy, which /proc/self/pagemap tells apart from the file's own
+ * page. 1: no page written (each is the file's, or not yet faulted in);
+ * 0: one was (or is anonymous memory, or swapped out); -errno: pagemap
+ * unreadable.
+ */
+int ts_pages_unwritten(const void *addr, size_t len);
+
 /* Directory that holds POSIX shared-memory objects ("/dev/shm"). */
 const char *ts_shm_dir(void);
 

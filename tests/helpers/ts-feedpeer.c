@@ -204,26 +204,56 @@ static int tail_reader(int at_epoch_start, int ready_fd)
 	return k + seen == NINDEX ? (int)seen : 204;
 }
 
+/* What on_range told of a view: position p's ranges (GPU serving relies on them). */
+struct seen_ranges {
+	unsigned n[2];
+	struct ts_range r[2];
+	uint64_t at[2];
+};
+
+static void note_range(void *arg, uint32_t p, const struct ts_range *r, uint64_t at)
+{
+	struct seen_ranges *s = arg;
+	if (p < 2 && s->n[p]++ == 0) {
+		s->r[p] = *r;
+		s->at[p] = at;
+	}
+}
+
 /* view-keeper READY: view batch 0, read 9 more batches (the producer writes
- * slot 0 twice more meanwhile), then the view must still hold batch 0. */
+ * slot 0 twice more meanwhile), then the view must still hold batch 0. The
+ * view is reported as one range per position (seq 0, at 0, whole), and its
+ * pages count as unwritten until we write them. */
 static int view_keeper(int ready_fd)
 {
 	struct ts_feed f;
+	struct seen_ranges seen = {0};
 	if (open_attached(&f, 0))
 		return 10;
 	say(ready_fd, 'r');
 	uint64_t want[2] = { 120, 80 }, got[2], id;
 	void *ptr[2];
 	int eoe, ret;
+	f.on_range = note_range;
+	f.on_range_arg = &seen;
 	while ((ret = ts_feed_read_view(&f, 2, want, ptr, got, &eoe, &id, 5 * SEC)) == -ETIMEDOUT)
 		;
+	f.on_range = NULL;
 	if (ret || got[0] != 120 || got[1] != 80 || !id || !batch_is(ptr, 10, 0))
 		return 11;
+	for (int p = 0; p < 2; p++)
+		if (seen.n[p] != 1 || seen.r[p].seq != 0 || seen.r[p].off != 0 || seen.r[p].len != got[p] ||
+		    seen.at[p] != 0)
+			return 14;
+	if (ts_pages_unwritten(ptr[0], 120) != 1)
+		return 15;
 	if (!read_batches(&f, 9, 10))
 		return 12;
 	if (!batch_is(ptr, 10, 0))
 		return 13; /* overwritten under us */
 	memset(ptr[0], 0, 120); /* ours to write: copy-on-write */
+	if (ts_pages_unwritten(ptr[0], 120) != 0 || ts_pages_unwritten(ptr[1], 80) != ((char *)ptr[1] - (char *)ptr[0] >= 4096 ? 1 : 0))
+		return 16; /* the write shows in the pages it touched, and only there */
 	ts_feed_release_view(&f, id);
 	ts_feed_release_view(&f, id); /* twice: ignored */
 	ts_feed_close(&f);
