@@ -16,14 +16,29 @@
 
 #include "feed.h"
 #include "feed_api.h"
+#include "gpu.h"
 #include "shim.h"
+#include "stream.h"
 
 #define TS_EXPORT __attribute__((visibility("default")))
 #define MAX_FEEDS 32
 
+/*
+ * The GPU side of a feed in a process that uses CUDA: the batches the layer
+ * yields are registered as stream ranges (shim/stream.h), so that the
+ * producer's uploads of them are kept in the feed's GPU ring and a
+ * consumer's are served from it. Made by tsshim_feed_gpu(); used by the
+ * thread that iterates the feed.
+ */
+struct feed_gpu {
+	struct ts_gpu *gpu;
+	struct ts_batch_ranges rg;   /* where the batch being read comes from */
+};
+
 _Atomic int ts_feed_active;
 static pthread_mutex_t feeds_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ts_feed *feeds[MAX_FEEDS];
+static struct feed_gpu *feed_gpus[MAX_FEEDS];
 
 /* Run a core call with the file hooks passing straight through, errno kept. */
 #define FEED_CALL(h, f, expr)                                           \
@@ -87,6 +102,18 @@ TS_EXPORT int tsshim_feed_open(const char *key, const char *label, uint64_t nind
 	return ret;
 }
 
+/* Forget the feed's ranges, then its GPU side (exiting: no CUDA call). */
+static void gpu_close(int h, struct ts_feed *f, int exiting)
+{
+	struct feed_gpu *fg = feed_gpus[h];
+	if (!fg)
+		return;
+	feed_gpus[h] = NULL;
+	ts_stream_drop(f);
+	ts_gpu_free(fg->gpu, exiting);
+	free(fg);
+}
+
 TS_EXPORT void tsshim_feed_close(int h)
 {
 	int saved = errno, prev = ts_in_hook;
@@ -99,6 +126,7 @@ TS_EXPORT void tsshim_feed_close(int h)
 	pthread_mutex_unlock(&feeds_lock);
 	if (f) {
 		ts_in_hook = 1;
+		gpu_close(h, f, 0);
 		ts_feed_close(f);
 		ts_in_hook = prev;
 		free(f);
@@ -117,6 +145,7 @@ void ts_feed_api_fini(void)
 		if (!f || atomic_load(&ts_is_fork_child) || f->s.me.pid != (uint32_t)getpid())
 			continue;
 		feeds[i] = NULL;
+		gpu_close(i, f, 1);
 		ts_feed_close(f);
 		free(f);
 	}
@@ -219,12 +248,45 @@ TS_EXPORT int tsshim_feed_next(int h, uint32_t timeout_ms, uint32_t *npos, uint6
 	return 0;
 }
 
+/* In a process with a GPU side, note where the batch being read comes from. */
+static void ranges_on(int h, struct ts_feed *f, int fresh_batch)
+{
+	struct feed_gpu *fg = feed_gpus[h];
+	if (!fg)
+		return;
+	if (fresh_batch)
+		ts_batch_ranges_reset(&fg->rg);
+	f->on_range = ts_batch_ranges_on_range;
+	f->on_range_arg = &fg->rg;
+}
+
+static int read_noted(int h, struct ts_feed *f, uint32_t npos, const uint64_t *want, void *const *dst,
+		      uint64_t *got, int *eoe, uint64_t timeout_ns)
+{
+	int fresh = 1; /* nothing read into this batch yet (a read may come in several calls) */
+	for (uint32_t p = 0; p < npos && p < TS_MAX_POSITIONS; p++)
+		fresh &= got[p] == 0;
+	ranges_on(h, f, fresh);
+	int ret = ts_feed_read(f, npos, want, dst, got, eoe, timeout_ns);
+	f->on_range = NULL;
+	return ret;
+}
+
+static int read_view_noted(int h, struct ts_feed *f, uint32_t npos, const uint64_t *want, void **ptr, uint64_t *got,
+			   int *eoe, uint64_t *id, uint64_t timeout_ns)
+{
+	ranges_on(h, f, 1);
+	int ret = ts_feed_read_view(f, npos, want, ptr, got, eoe, id, timeout_ns);
+	f->on_range = NULL;
+	return ret;
+}
+
 TS_EXPORT int tsshim_feed_read(int h, uint32_t npos, const uint64_t *want, void *const *dst, uint64_t *got, int *eoe,
 			       uint32_t timeout_ms)
 {
 	if (!want || !got || !eoe)
 		return -EINVAL;
-	return FEED_CALL(h, f, ts_feed_read(f, npos, want, dst, got, eoe, ms_ns(timeout_ms)));
+	return FEED_CALL(h, f, read_noted(h, f, npos, want, dst, got, eoe, ms_ns(timeout_ms)));
 }
 
 TS_EXPORT int tsshim_feed_read_view(int h, uint32_t npos, const uint64_t *want, void **ptr, uint64_t *got, int *eoe,
@@ -232,12 +294,104 @@ TS_EXPORT int tsshim_feed_read_view(int h, uint32_t npos, const uint64_t *want, 
 {
 	if (!want || !ptr || !got || !eoe || !id)
 		return -EINVAL;
-	return FEED_CALL(h, f, ts_feed_read_view(f, npos, want, ptr, got, eoe, id, ms_ns(timeout_ms)));
+	return FEED_CALL(h, f, read_view_noted(h, f, npos, want, ptr, got, eoe, id, ms_ns(timeout_ms)));
+}
+
+/* Ranges in the view's mapping go before the mapping does (its addresses may be reused). */
+static void release_view(struct ts_feed *f, uint64_t id)
+{
+	void *base;
+	size_t size;
+	if (atomic_load_explicit(&ts_stream_nspans, memory_order_relaxed) &&
+	    ts_feed_view_range(f, id, &base, &size) == 0)
+		ts_stream_drop_within(base, size);
+	ts_feed_release_view(f, id);
 }
 
 TS_EXPORT int tsshim_feed_release_view(int h, uint64_t id)
 {
-	return FEED_CALL(h, f, (ts_feed_release_view(f, id), 0));
+	return FEED_CALL(h, f, (release_view(f, id), 0));
+}
+
+/* ---- the GPU side ------------------------------------------------------------------------ */
+
+static int gpu_open(int h, struct ts_feed *f)
+{
+	if (feed_gpus[h])
+		return 1;
+	if (!ts_gpu_driver_ready())
+		return 0;
+	struct feed_gpu *fg = calloc(1, sizeof(*fg));
+	if (!fg || !(fg->gpu = ts_gpu_new(f))) {
+		free(fg);
+		return -ENOMEM;
+	}
+	feed_gpus[h] = fg;
+	return 1;
+}
+
+/*
+ * 1 when the batches of this feed can be served on the GPU here: the process
+ * has loaded the CUDA driver (a CPU-only job never pays for what follows);
+ * 0 when not (yet: asking again later is cheap).
+ */
+TS_EXPORT int tsshim_feed_gpu(int h)
+{
+	return FEED_CALL(h, f, gpu_open(h, f));
+}
+
+static int args_ok(uint32_t npos, void *const *ptr, const uint64_t *len)
+{
+	if (!ptr || !len || npos < 1 || npos > TS_MAX_POSITIONS)
+		return 0;
+	for (uint32_t p = 0; p < npos; p++)
+		if (!ptr[p] || !len[p])
+			return 0;
+	return 1;
+}
+
+static int keep_published(int h, struct ts_feed *f, uint32_t npos, void *const *ptr, const uint64_t *len)
+{
+	if (!feed_gpus[h])
+		return -ENODEV;
+	/* w.seq is the batch last published, unless a claim is open (a fence) */
+	if (ts_feed_role(f) != TS_ROLE_PRODUCER || !f->published || f->w.claimed)
+		return -EPERM;
+	/* the program may change its batch before uploading it: the upload proves it did not */
+	ts_stream_add_published(f, feed_gpus[h]->gpu, f->w.seq, npos, ptr, len, TS_CHECK_HASH);
+	return 0;
+}
+
+static int keep_read(int h, struct ts_feed *f, uint32_t npos, void *const *ptr, const uint64_t *len, int view)
+{
+	if (!feed_gpus[h])
+		return -ENODEV;
+	/* a view is a private mapping of the slot file: its pages tell whether it was written */
+	ts_stream_add_read(f, feed_gpus[h]->gpu, npos, ptr, len, &feed_gpus[h]->rg,
+			   view ? TS_CHECK_UNWRITTEN : TS_CHECK_HASH);
+	return 0;
+}
+
+/*
+ * Producer: the batch just published is yielded from ptr[p] (len[p] bytes,
+ * as published). Consumer: the batch just read (by tsshim_feed_read, or by
+ * tsshim_feed_read_view when view) is yielded from ptr[p], len[p] bytes.
+ * Either way its upload is kept in, or served from, the GPU ring if its
+ * bytes are still the stream's when it is uploaded. -ENODEV: no GPU side
+ * (tsshim_feed_gpu).
+ */
+TS_EXPORT int tsshim_feed_gpu_published(int h, uint32_t npos, void *const *ptr, const uint64_t *len)
+{
+	if (!args_ok(npos, ptr, len))
+		return -EINVAL;
+	return FEED_CALL(h, f, keep_published(h, f, npos, ptr, len));
+}
+
+TS_EXPORT int tsshim_feed_gpu_read(int h, uint32_t npos, void *const *ptr, const uint64_t *len, int view)
+{
+	if (!args_ok(npos, ptr, len))
+		return -EINVAL;
+	return FEED_CALL(h, f, keep_read(h, f, npos, ptr, len, view));
 }
 
 TS_EXPORT int tsshim_feed_served(int h, uint64_t batches, uint64_t samples)

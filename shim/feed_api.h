@@ -35,5 +35,9 @@ int tsshim_feed_read_view(int h, uint32_t npos, const uint64_t *want, void **ptr
 	uint64_t *id, uint32_t timeout_ms);
 int tsshim_feed_release_view(int h, uint64_t id);
 int tsshim_feed_served(int h, uint64_t batches, uint64_t samples);
+/* GPU serving of the batches the layer yields (feed_api.c) */
+int tsshim_feed_gpu(int h);
+int tsshim_feed_gpu_published(int h, uint32_t npos, void *const *ptr, const uint64_t *len);
+int tsshim_feed_gpu_read(int h, uint32_t npos, void *const *ptr, const uint64_t *len, int view);
 
 #endif

@@ -36,8 +36,13 @@ static struct {
 	CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 } drv;
 
-static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
-static int drv_ok;
+/*
+ * 0: no driver loaded when we last looked (a Python job loads CUDA when it
+ * first uses it, after the shim and its loader layer are up: look again
+ * next time); 1: resolved; -1: the driver lacks a function we use.
+ */
+static _Atomic int drv_state;
+static pthread_mutex_t drv_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void drv_resolve(void)
 {
@@ -65,18 +70,30 @@ static void drv_resolve(void)
 		if (!p) {
 			ts_info("gpu: the CUDA driver lacks %s: uploads are not shared on the GPU", names[i].name);
 			dlclose(h);
+			atomic_store_explicit(&drv_state, -1, memory_order_release);
 			return;
 		}
 		memcpy((char *)&drv + names[i].off, &p, sizeof(p));
 	}
 	dlclose(h); /* NOLOAD took a reference; the driver stays loaded */
-	drv_ok = 1;
+	atomic_store_explicit(&drv_state, 1, memory_order_release); /* after drv is filled in */
 }
 
 static int drv_ready(void)
 {
-	pthread_once(&drv_once, drv_resolve);
-	return drv_ok;
+	int st = atomic_load_explicit(&drv_state, memory_order_acquire);
+	if (st)
+		return st > 0;
+	pthread_mutex_lock(&drv_mu);
+	if (!atomic_load_explicit(&drv_state, memory_order_relaxed))
+		drv_resolve();
+	pthread_mutex_unlock(&drv_mu);
+	return atomic_load_explicit(&drv_state, memory_order_acquire) > 0;
+}
+
+int ts_gpu_driver_ready(void)
+{
+	return drv_ready();
 }
 
 /* ---- per-process state -------------------------------------------------------------- */
@@ -514,7 +531,7 @@ void ts_gpu_free(struct ts_gpu *g, int exiting)
 		 * after us, so its destructors ran first): no CUDA call then. Our
 		 * copies die with the process; our allocations go with its context.
 		 */
-		if (!exiting && drv_ok) {
+		if (!exiting && atomic_load(&drv_state) > 0) {
 			poll_pending(g, 1);
 			for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++)
 				peer_close(g, b);

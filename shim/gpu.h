@@ -31,6 +31,9 @@ struct ts_gpu_piece {
 	uint64_t at;    /* offset within the upload's destination */
 };
 
+/* Has the process loaded a CUDA driver we can use? (Never loads one.) */
+int ts_gpu_driver_ready(void);
+
 struct ts_gpu *ts_gpu_new(struct ts_feed *f);
 /*
  * Wait for our copies, let go of every hold, free what we allocated and

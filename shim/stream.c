@@ -27,14 +27,14 @@
 #include "feed.h"
 #include "hash.h"
 #include "log.h"
+#include "prim.h"
 #include "shim.h"
 #include "stream.h"
 #include "tsshim.h"
 
 #define TS_EXPORT __attribute__((visibility("default")))
 #define MAX_LOADERS 8
-#define MAX_SPANS   (MAX_LOADERS * (int)TS_MAX_POSITIONS)
-#define MAX_RANGES  64           /* ranges one consumer batch may come from, per position */
+#define MAX_SPANS   192          /* host ranges registered at once, all loaders and feeds */
 #define SLICE_NS    100000000ull /* one wait: 100 ms */
 
 struct loader {
@@ -48,22 +48,24 @@ struct loader {
 	/* consumer */
 	void *stage[TS_MAX_POSITIONS];
 	size_t stage_cap[TS_MAX_POSITIONS];
-	unsigned nranges[TS_MAX_POSITIONS];
-	int ranges_overflow;
-	struct ts_gpu_piece ranges[TS_MAX_POSITIONS][MAX_RANGES];
+	struct ts_batch_ranges rg;
 	struct ts_feed_info info;
 };
 
 struct span {
 	uintptr_t lo, hi;
 	uint64_t left;                       /* bytes not uploaded yet: at 0 the range is forgotten */
-	struct loader *L;
+	uint64_t serial;                     /* registration order: the oldest goes when full */
+	const void *owner;                   /* a loader, or a feed of the Python layer */
+	struct ts_gpu *gpu;
 	enum ts_hit_kind kind;
+	enum ts_span_check check;
+	uint64_t hash;                       /* TS_CHECK_HASH: of the bytes when registered */
 	uint32_t pos, npos;
 	uint64_t seq;                        /* producer */
 	uint64_t len[TS_MAX_POSITIONS];      /* producer: the batch's bytes per position */
 	unsigned npieces;                    /* consumer: where its bytes came from */
-	const struct ts_gpu_piece *pieces;   /* (the loader's ranges of this position) */
+	struct ts_gpu_piece pieces[TS_HIT_PIECES];
 };
 
 _Atomic int ts_stream_nspans;
@@ -75,30 +77,134 @@ static pthread_mutex_t spans_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct loader *loaders[MAX_LOADERS];
 static struct span spans[MAX_SPANS];
 static int nspans;
+static uint64_t span_serial;
+
+/* ---- where a consumer batch came from ------------------------------------------------ */
+
+void ts_batch_ranges_reset(struct ts_batch_ranges *rg)
+{
+	memset(rg->n, 0, sizeof(rg->n));
+	rg->overflow = 0;
+}
+
+/* feed->on_range: one more range of position p went to offset `at` of the batch. */
+void ts_batch_ranges_on_range(void *arg, uint32_t p, const struct ts_range *r, uint64_t at)
+{
+	struct ts_batch_ranges *rg = arg;
+	if (p >= TS_MAX_POSITIONS)
+		return;
+	if (rg->n[p] == TS_HIT_PIECES) {
+		rg->overflow = 1;
+		return;
+	}
+	struct ts_gpu_piece *q = &rg->r[p][rg->n[p]++];
+	q->seq = r->seq;
+	q->writer = (int)r->writer;
+	q->pos = p;
+	q->off = r->off;
+	q->len = r->len;
+	q->at = at;
+}
 
 /* ---- the registry ------------------------------------------------------------------------ */
 
-static void spans_drop(const struct loader *L)
+static void span_remove(int i)
+{
+	spans[i] = spans[--nspans];
+}
+
+static void spans_published(void)
+{
+	atomic_store_explicit(&ts_stream_nspans, nspans, memory_order_release);
+}
+
+void ts_stream_drop(const void *owner)
 {
 	pthread_mutex_lock(&spans_mu);
-	int k = 0;
-	for (int i = 0; i < nspans; i++)
-		if (spans[i].L != L)
-			spans[k++] = spans[i];
-	nspans = k;
-	atomic_store_explicit(&ts_stream_nspans, nspans, memory_order_release);
+	for (int i = nspans - 1; i >= 0; i--)
+		if (spans[i].owner == owner)
+			span_remove(i);
+	spans_published();
 	pthread_mutex_unlock(&spans_mu);
 }
 
-static void span_add(const struct span *s)
+void ts_stream_drop_within(const void *base, size_t size)
 {
+	uintptr_t lo = (uintptr_t)base, hi = lo + size;
 	pthread_mutex_lock(&spans_mu);
-	if (nspans < MAX_SPANS && s->hi > s->lo) {
-		spans[nspans] = *s;
-		spans[nspans++].left = s->hi - s->lo;
-	}
-	atomic_store_explicit(&ts_stream_nspans, nspans, memory_order_release);
+	for (int i = nspans - 1; i >= 0; i--)
+		if (spans[i].lo < hi && spans[i].hi > lo)
+			span_remove(i);
+	spans_published();
 	pthread_mutex_unlock(&spans_mu);
+}
+
+/*
+ * A new range replaces any it overlaps (memory freed and reused for a later
+ * batch); when the registry is full, the oldest range is forgotten (its
+ * upload is then simply done from the host).
+ */
+static void span_add(struct span *s)
+{
+	if (s->hi <= s->lo)
+		return;
+	s->left = s->hi - s->lo;
+	pthread_mutex_lock(&spans_mu);
+	s->serial = ++span_serial;
+	for (int i = nspans - 1; i >= 0; i--)
+		if (spans[i].lo < s->hi && spans[i].hi > s->lo)
+			span_remove(i);
+	if (nspans == MAX_SPANS) {
+		int old = 0;
+		for (int i = 1; i < nspans; i++)
+			if (spans[i].serial < spans[old].serial)
+				old = i;
+		span_remove(old);
+	}
+	spans[nspans++] = *s;
+	spans_published();
+	pthread_mutex_unlock(&spans_mu);
+}
+
+static void span_fill(struct span *s, const void *owner, struct ts_gpu *g, enum ts_hit_kind kind,
+		      enum ts_span_check check, uint32_t p, uint32_t npos, const void *data, uint64_t bytes)
+{
+	memset(s, 0, sizeof(*s));
+	s->lo = (uintptr_t)data;
+	s->hi = (uintptr_t)data + bytes;
+	s->owner = owner;
+	s->gpu = g;
+	s->kind = kind;
+	s->check = check;
+	s->pos = p;
+	s->npos = npos;
+	if (check == TS_CHECK_HASH)
+		s->hash = ts_hash_bulk(data, bytes);
+}
+
+void ts_stream_add_published(const void *owner, struct ts_gpu *g, uint64_t seq, unsigned npos, void *const *data,
+			     const uint64_t *bytes, enum ts_span_check check)
+{
+	struct span s;
+	for (unsigned p = 0; g && p < npos && p < TS_MAX_POSITIONS; p++) {
+		span_fill(&s, owner, g, TS_HIT_PRODUCER, check, p, npos, data[p], bytes[p]);
+		s.seq = seq;
+		memcpy(s.len, bytes, npos * sizeof(*bytes));
+		span_add(&s);
+	}
+}
+
+void ts_stream_add_read(const void *owner, struct ts_gpu *g, unsigned npos, void *const *data, const uint64_t *bytes,
+			const struct ts_batch_ranges *rg, enum ts_span_check check)
+{
+	struct span s;
+	for (unsigned p = 0; g && p < npos && p < TS_MAX_POSITIONS; p++) {
+		span_fill(&s, owner, g, TS_HIT_CONSUMER, check, p, npos, data[p], bytes[p]);
+		/* too many pieces: registered all the same, so it counts as used, but never served */
+		s.npieces = rg->overflow ? 0 : rg->n[p];
+		memcpy(s.pieces, rg->r[p], s.npieces * sizeof(s.pieces[0]));
+		span_add(&s);
+	}
 }
 
 /* The pieces of a consumer span that make up its bytes [off, off + n), relative to off. */
@@ -124,44 +230,73 @@ static int cut_pieces(const struct span *s, uint64_t off, uint64_t n, struct ts_
 	return covered == n ? 0 : -1;
 }
 
+/* Do the bytes at [src, src + n) still hold what the range was registered with? */
+static int span_intact(const struct span *s, const void *src, size_t n)
+{
+	static _Atomic int told;
+	int ok;
+	switch (s->check) {
+	case TS_CHECK_UNWRITTEN:
+		ok = ts_pages_unwritten(src, n) == 1;
+		break;
+	case TS_CHECK_HASH:
+		ok = ts_hash_bulk(src, n) == s->hash;
+		break;
+	default:
+		return 1;
+	}
+	if (!ok && !atomic_exchange(&told, 1))
+		ts_info("gpu: a batch was changed between the loader and its upload: such uploads go from the host");
+	return ok;
+}
+
 enum ts_hit_kind ts_stream_find(const void *src, size_t n, struct ts_stream_hit *hit)
 {
 	uintptr_t a = (uintptr_t)src;
+	struct span s;
+	int found = 0;
 	hit->kind = TS_HIT_NONE;
 	if (!atomic_load_explicit(&ts_stream_nspans, memory_order_acquire) || n == 0 || a + n < a)
 		return TS_HIT_NONE;
 	pthread_mutex_lock(&spans_mu);
 	for (int i = 0; i < nspans; i++) {
-		const struct span *s = &spans[i];
-		if (a < s->lo || a + n > s->hi || !s->L->gpu)
+		struct span *r = &spans[i];
+		if (a < r->lo || a + n > r->hi || !r->gpu)
 			continue;
-		hit->gpu = s->L->gpu;
-		if (s->kind == TS_HIT_PRODUCER) {
-			hit->seq = s->seq;
-			hit->npos = s->npos;
-			hit->pos = s->pos;
-			memcpy(hit->len, s->len, sizeof(hit->len));
-			hit->off = a - s->lo;
-			hit->n = n;
-			hit->kind = TS_HIT_PRODUCER;
-		} else if (cut_pieces(s, a - s->lo, n, hit) == 0) {
-			hit->kind = TS_HIT_CONSUMER;
-		}
+		/* a hash proves a whole range: a part of one is an ordinary copy */
+		if (r->check == TS_CHECK_HASH && (a != r->lo || a + n != r->hi))
+			break;
+		s = *r;
+		found = 1;
 		/*
 		 * A range is uploaded once: the same addresses uploaded again
 		 * (a validation batch in a reused buffer, say) are not the
 		 * stream's any more, whatever the program does before the
-		 * loader's next batch.
+		 * loader's next batch. A checked range is looked at once.
 		 */
-		if (n >= spans[i].left) {
-			spans[i] = spans[--nspans];
-			atomic_store_explicit(&ts_stream_nspans, nspans, memory_order_release);
-		} else {
-			spans[i].left -= n;
-		}
+		if (n >= r->left || r->check != TS_CHECK_NONE)
+			span_remove(i);
+		else
+			r->left -= n;
+		spans_published();
 		break;
 	}
 	pthread_mutex_unlock(&spans_mu);
+	/* checked outside the lock: hashing a batch takes milliseconds */
+	if (!found || !span_intact(&s, src, n))
+		return TS_HIT_NONE;
+	hit->gpu = s.gpu;
+	if (s.kind == TS_HIT_PRODUCER) {
+		hit->seq = s.seq;
+		hit->npos = s.npos;
+		hit->pos = s.pos;
+		memcpy(hit->len, s.len, sizeof(hit->len));
+		hit->off = a - s.lo;
+		hit->n = n;
+		hit->kind = TS_HIT_PRODUCER;
+	} else if (cut_pieces(&s, a - s.lo, n, hit) == 0) {
+		hit->kind = TS_HIT_CONSUMER;
+	}
 	return hit->kind;
 }
 
@@ -211,25 +346,6 @@ static struct loader *loader_get(const char *key, uint64_t nindex)
 	L->gpu = ts_gpu_new(L->f);
 	ts_info("loader '%s': shared through feed '%s'", key, name);
 	return L;
-}
-
-/* Called by ts_feed_read for every range it copied into the stage. */
-static void on_range(void *arg, uint32_t p, const struct ts_range *r, uint64_t at)
-{
-	struct loader *L = arg;
-	if (p >= TS_MAX_POSITIONS)
-		return;
-	if (L->nranges[p] == MAX_RANGES) {
-		L->ranges_overflow = 1;
-		return;
-	}
-	struct ts_gpu_piece *q = &L->ranges[p][L->nranges[p]++];
-	q->seq = r->seq;
-	q->writer = (int)r->writer;
-	q->pos = p;
-	q->off = r->off;
-	q->len = r->len;
-	q->at = at;
 }
 
 /* ---- producer ------------------------------------------------------------------------------ */
@@ -286,12 +402,8 @@ static int produce(struct loader *L, unsigned npos, void *const *data, const siz
 	}
 	L->published_any = 1;
 	L->last_was_end = (flags & TSSHIM_BATCH_LAST) != 0;
-	for (unsigned p = 0; p < npos; p++) {
-		struct span s = {.lo = (uintptr_t)data[p], .hi = (uintptr_t)data[p] + bytes[p], .L = L,
-				 .kind = TS_HIT_PRODUCER, .pos = p, .npos = npos, .seq = f->w.seq};
-		memcpy(s.len, len, npos * sizeof(*len));
-		span_add(&s);
-	}
+	/* the caller promises not to change the batch before its upload (tsshim.h) */
+	ts_stream_add_published(L, L->gpu, f->w.seq, npos, data, len, TS_CHECK_NONE);
 	if (where)
 		*where = (struct tsshim_where){.seq = f->w.seq, .sample = 0};
 	if (flags & TSSHIM_BATCH_LAST) {
@@ -372,8 +484,7 @@ static int read_batch(struct loader *L, unsigned npos, const size_t *bytes, size
 	where->sample = L->info.sample_bytes[0] ? f->r.off[0] / L->info.sample_bytes[0] : 0;
 	for (unsigned p = 0; p < npos; p++)
 		want[p] = bytes[p];
-	memset(L->nranges, 0, sizeof(L->nranges));
-	L->ranges_overflow = 0;
+	ts_batch_ranges_reset(&L->rg);
 	while (got[0] < want[0]) {
 		ret = ts_feed_read(f, npos, want, L->stage, got, &eoe, SLICE_NS);
 		if (ret == 0)
@@ -398,8 +509,8 @@ static int consume(struct loader *L, unsigned npos, void *const *data, const siz
 	for (int attempt = 0; attempt < 3; attempt++) {
 		if (!f->attached && (ret = ts_feed_attach(f, (flags & TSSHIM_BATCH_FIRST) != 0)))
 			return ret == -EPERM ? -EAGAIN : TSSHIM_BATCH_OWN;
-		f->on_range = on_range;
-		f->on_range_arg = L;
+		f->on_range = ts_batch_ranges_on_range;
+		f->on_range_arg = &L->rg;
 		ret = read_batch(L, npos, bytes, nsamples, &at);
 		f->on_range = NULL;
 		if (ret != -ESTALE && ret != -ENOTCONN)
@@ -417,13 +528,12 @@ static int consume(struct loader *L, unsigned npos, void *const *data, const siz
 						   : strerror(-ret));
 		return TSSHIM_BATCH_OWN;
 	}
+	uint64_t len[TS_MAX_POSITIONS];
 	for (unsigned p = 0; p < npos; p++) {
 		memcpy(data[p], L->stage[p], bytes[p]);
-		struct span s = {.lo = (uintptr_t)data[p], .hi = (uintptr_t)data[p] + bytes[p], .L = L,
-				 .kind = TS_HIT_CONSUMER, .pos = p, .npos = npos,
-				 .npieces = L->ranges_overflow ? 0 : L->nranges[p], .pieces = L->ranges[p]};
-		span_add(&s);
+		len[p] = bytes[p];
 	}
+	ts_stream_add_read(L, L->gpu, npos, data, len, &L->rg, TS_CHECK_NONE);
 	atomic_fetch_add_explicit(&f->s.seg->counters.batches_shared, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&f->s.seg->counters.samples_served, nsamples, memory_order_relaxed);
 	if (where)
@@ -463,7 +573,7 @@ TS_EXPORT int tsshim_batch(const char *loader, unsigned npos, void *const *data,
 	pthread_mutex_lock(&mu);
 	struct loader *L = loader_get(loader, nindex);
 	if (L && !L->off && L->f) {
-		spans_drop(L);
+		ts_stream_drop(L);
 		ts_gpu_keep_end(L->gpu);
 		/* a role may change once: a consumer that becomes producer publishes its own batch */
 		for (int turn = 0; turn < 2; turn++) {
@@ -489,16 +599,13 @@ void ts_stream_fini(void)
 		return;
 	ts_in_hook = 1;
 	pthread_mutex_lock(&mu);
-	pthread_mutex_lock(&spans_mu);
-	nspans = 0;
-	atomic_store(&ts_stream_nspans, 0);
-	pthread_mutex_unlock(&spans_mu);
 	for (int i = 0; i < MAX_LOADERS; i++) {
 		struct loader *L = loaders[i];
 		if (!L || !L->f || L->f->s.me.pid != (uint32_t)getpid())
 			continue;
 		char name[TS_NAME_MAX], path[TS_PATH_MAX];
 		snprintf(name, sizeof(name), "%s", L->f->s.name);
+		ts_stream_drop(L);
 		ts_gpu_free(L->gpu, 1);
 		L->gpu = NULL;
 		ts_feed_close(L->f);

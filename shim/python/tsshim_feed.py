@@ -84,6 +84,9 @@ def _bind():
         "read_view": (i32, [i32, u32, pu64, ctypes.POINTER(vp), pu64, pi32, pu64, u32]),
         "release_view": (i32, [i32, u64]),
         "served": (i32, [i32, u64, u64]),
+        "gpu": (i32, [i32]),
+        "gpu_published": (i32, [i32, u32, ctypes.POINTER(vp), pu64]),
+        "gpu_read": (i32, [i32, u32, ctypes.POINTER(vp), pu64, i32]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, "tsshim_feed_" + name)
@@ -293,6 +296,7 @@ class _Epoch:
         self.done_clean = False
         self.yielded = 0
         self.viewed = self.copied = 0  # consumer batches without / with a copy
+        self.gpu = False          # the process uses CUDA: yielded batches are registered for upload
 
     # -- helpers --
     def role(self):
@@ -389,8 +393,24 @@ class _Epoch:
         if ret or got[0] != want[0]:
             self.attach()  # lost our place: start again at the head
 
+    def register_upload(self, leaves, lens, published=False, view=False):
+        """Tell the C shim that these tensors are the stream's batch, so that their
+        upload is kept in (producer) or served from (consumer) the feed's GPU ring.
+        The shim checks at the upload that their bytes did not change meanwhile."""
+        if not self.gpu or not leaves:
+            return
+        npos = len(leaves)
+        ptrs = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in leaves])
+        sizes = (ctypes.c_uint64 * npos)(*lens)
+        if published:
+            self.lib.tsshim_feed_gpu_published(self.h, npos, ptrs, sizes)
+        else:
+            self.lib.tsshim_feed_gpu_read(self.h, npos, ptrs, sizes, 1 if view else 0)
+
     # -- the epoch --
     def batches(self):
+        # a CUDA job (the driver is loaded by now when the model is on the GPU)
+        self.gpu = self.lib.tsshim_feed_gpu(self.h) == 1
         if not self.feed.attached:
             self.attach(at_epoch_start=not self.feed.broke_off)
         if self.role() == ROLE_PRODUCER:
@@ -437,7 +457,9 @@ class _Epoch:
                     raise
                 if ok:
                     _, leaves, _ = describe_batch(batch, torch)
-                    self.skip_own([t.numel() * t.element_size() for t in leaves])
+                    lens = [t.numel() * t.element_size() for t in leaves]
+                    self.skip_own(lens)
+                    self.register_upload(leaves, lens, published=True)
                 else:
                     # replaced while we worked: the successor produces the rest of the
                     # epoch, this batch included, and we read it like everyone else
@@ -490,6 +512,7 @@ class _Epoch:
             self.waited_ms = 0
             n = got[0] // sample_bytes[0]
             if n and (n == bs or not loader.drop_last):
+                self.register_upload(leaves, list(got), view=viewed)
                 self.yielded += 1
                 if viewed:
                     self.viewed += 1
