@@ -43,6 +43,17 @@ CPU accounting:
                   before each iter(): fork copies the environment, spawn
                   passes it on.
 
+With --emu-cuda LIB (a CUDA runtime: tsemu, the test device, in the tests),
+each training batch is uploaded right after next(), as `x.cuda()` would do it
+(cudaMemcpyAsync host to device on a stream, through ctypes: Debian's torch
+has no CUDA), then read back and compared with the host tensor. Batch lines
+then also carry "dev": 1 when the device bytes equal the host bytes, "up"
+(bytes uploaded), "xb" (of them, the images'), "mut": 1 when the batch was
+changed in place before its upload (--mutate-before-upload), and "role" (the
+loader's role in the layer at that batch: 1 producer, 2 consumer, null not
+shared); the done line carries "gpu": the runtime's h2d/d2d/peer byte counts
+of this process.
+
 Prints one line at the end (training loader only):
   job: batches=N samples=M epochs=E cpu_s=X wall_s=Y startup_cpu_s=Z
 (Z: this process's CPU before its first epoch: interpreter, torch, datasets, model)
@@ -131,6 +142,64 @@ class JobLoader(DataLoader):
         return super().__iter__()
 
 
+class EmuUploads:
+    """Batch uploads through a CUDA runtime loaded with ctypes, read back and compared."""
+
+    H2D, D2H = 1, 2
+
+    def __init__(self, lib):
+        import ctypes
+        self.c = ctypes
+        rt = self.rt = ctypes.CDLL(lib)
+        vp, sz = ctypes.c_void_p, ctypes.c_size_t
+        rt.cudaMalloc.argtypes = [ctypes.POINTER(vp), sz]
+        rt.cudaMemcpy.argtypes = [vp, vp, sz, ctypes.c_int]
+        rt.cudaMemcpyAsync.argtypes = [vp, vp, sz, ctypes.c_int, vp]
+        rt.cudaStreamCreate.argtypes = [ctypes.POINTER(vp)]
+        rt.cudaStreamSynchronize.argtypes = [vp]
+        self.stream = vp()
+        if rt.cudaSetDevice(0) or rt.cudaStreamCreate(ctypes.byref(self.stream)):
+            raise SystemExit("emu-cuda: no device")
+        self.bufs = {}
+
+    def buf(self, n):
+        if n not in self.bufs:
+            p = self.c.c_void_p()
+            if self.rt.cudaMalloc(self.c.byref(p), n):
+                raise SystemExit("emu-cuda: cudaMalloc(%d) failed" % n)
+            self.bufs[n] = p.value
+        return self.bufs[n]
+
+    def upload(self, t):
+        """(device bytes == host bytes, bytes uploaded)"""
+        n = t.numel() * t.element_size()
+        dev = self.buf(n)
+        if self.rt.cudaMemcpyAsync(dev, t.data_ptr(), n, self.H2D, self.stream) or \
+                self.rt.cudaStreamSynchronize(self.stream):
+            return False, n
+        back = torch.empty_like(t)
+        if self.rt.cudaMemcpy(back.data_ptr(), dev, n, self.D2H):
+            return False, n
+        return back.numpy().tobytes() == t.numpy().tobytes(), n
+
+    def stats(self):
+        class St(self.c.Structure):  # struct tsemu_stats (tools/cudaemu/tsemu.h), then room to spare
+            _fields_ = [("version", self.c.c_uint32), ("devices", self.c.c_uint32)] + \
+                [(k, self.c.c_uint64) for k in ("h2d_bytes", "d2h_bytes", "d2d_bytes", "peer_bytes", "h2h_bytes")] + \
+                [("rest", self.c.c_uint64 * 256)]
+        st = St()
+        self.rt.tsemu_stats(self.c.byref(st))
+        return {"h2d_bytes": st.h2d_bytes, "d2d_bytes": st.d2d_bytes, "peer_bytes": st.peer_bytes}
+
+
+def layer_role():
+    """The shared loader's role in tsshim's PyTorch layer (1 producer, 2 consumer), or None."""
+    tf = sys.modules.get("tsshim_feed")
+    for f in getattr(tf, "_feeds", {}).values():
+        return f.role()
+    return None
+
+
 class Recorder:
     def __init__(self, path):
         self.f = open(path, "w", buffering=1) if path else None
@@ -174,6 +243,10 @@ def main():
     ap.add_argument("--scribble", action="store_true",
                     help="after training on a batch, overwrite it in place (x.zero_(), y.zero_()): "
                          "what the job does with its batch must never reach another job")
+    ap.add_argument("--emu-cuda", metavar="LIB", help="upload each training batch through this CUDA runtime "
+                    "(ctypes) and check the device bytes (see above)")
+    ap.add_argument("--mutate-before-upload", choices=["producer", "consumer"],
+                    help="with --emu-cuda: in that role, change each batch in place (x.neg_()) before its upload")
     ap.add_argument("--break-after", type=int, default=0, metavar="N",
                     help="leave each training epoch after N batches")
     ap.add_argument("--sleep", type=float, default=0.0, metavar="S", help="sleep S seconds per training batch")
@@ -227,6 +300,7 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
+    gpu = EmuUploads(a.emu_cuda) if a.emu_cuda else None
     if a.barrier:
         wait_barrier(a.barrier)
     if a.start_delay > 0:
@@ -252,13 +326,22 @@ def main():
                 data_cpu += time.process_time() - c
                 break
             data_cpu += time.process_time() - c
+            up = {}
+            if gpu:
+                h = [sample_hash(s) for s in x]  # the batch as the loader yielded it
+                role = layer_role()
+                mut = a.mutate_before_upload == {1: "producer", 2: "consumer"}.get(role)
+                if mut:
+                    x.neg_()
+                (okx, nx), (oky, ny) = gpu.upload(x), gpu.upload(y)
+                up = dict(dev=int(okx and oky), up=nx + ny, xb=nx, mut=int(mut), role=role)
             opt.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
             if rec.f:  # hashing costs CPU a benchmark must not count
-                rec(loader="train", epoch=epoch, batch=i, n=len(y), h=[sample_hash(s) for s in x],
-                    y=y.tolist(), loss=round(loss.item(), 6))
+                rec(loader="train", epoch=epoch, batch=i, n=len(y), h=h if gpu else [sample_hash(s) for s in x],
+                    y=y.tolist(), loss=round(loss.item(), 6), **up)
             if a.scribble:
                 x.zero_()
                 y.zero_()
@@ -306,7 +389,8 @@ def main():
                 worker_cpu += float(parts[2])
     rec(done=True, data_cpu_s=round(data_cpu + worker_cpu, 4), main_data_cpu_s=round(data_cpu, 4),
         worker_cpu_s=round(worker_cpu, 4), cpu_s=round(cpu, 4), wall_s=round(wall, 4),
-        workers_started=sum(by_loader.values()), workers_by_loader=by_loader)
+        workers_started=sum(by_loader.values()), workers_by_loader=by_loader,
+        **({"gpu": gpu.stats()} if gpu else {}))
     print(f"job: batches={batches} samples={samples} epochs={a.epochs} cpu_s={cpu:.3f} wall_s={wall:.3f} "
           f"startup_cpu_s={startup_cpu:.3f}")
     sys.stdout.flush()

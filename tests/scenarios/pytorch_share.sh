@@ -25,6 +25,8 @@
 #          elected again behind the stream, it reads on (no hang, no fallback)
 #   l      the same with the ring at its default depth: the successor evicts
 #          the stopped job, which, woken, ends that epoch short (no exception)
+#   m/n/o  GPU jobs on tsemu: consumers' uploads served from the producer's
+#          GPU ring; a batch changed before its upload never is
 # plus the same jobs as (a) without the shim: per-job checks pass, and the
 # shared check fails (each job shuffles by its own seed); and first the
 # verifier's own self checks (tests/py/test_share_verify.py).
@@ -402,6 +404,46 @@ if stopped_producer l; then
 	check "(l) plain checks ran and pass but for job 1's short epoch 0 ($(tail -n 1 "$T_TMP/l.verify"))" \
 		cond "grep -q '^verify: ' '$T_TMP/l.verify' && [ -z \"\$other\" ]"
 	[ -z "$other" ] || echo "$other" | head -n 5 | sed 's/^/#   /'
+fi
+
+# --- m, n, o: GPU jobs (tsemu, the test device) -----------------------------------
+# Each job uploads every training batch right after next(), as x.cuda() does
+# (Debian's torch has no CUDA: share_job.py calls the runtime through
+# ctypes), and reads it back. The layer registers each yielded batch with
+# the C shim: the producer's uploads are kept in the feed's GPU ring, a
+# consumer's are served from it device to device. A batch the job changed in
+# place before uploading it must never be replaced by the ring's bytes:
+#   m  nothing changed: the consumers' uploads come from the ring
+#   n  the producer negates its images first: nothing is served
+#   o  the consumers negate theirs first: their images go from the host
+# tests/py/upload_check.py checks every batch's device bytes against the
+# host's and where each job's bytes came from.
+EMU="$PWD/$BUILD/emu"
+if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
+	export LD_LIBRARY_PATH="$EMU${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" TSEMU_DEVICES=1
+	for c in m n o; do
+		case $c in
+		m) mut=() what="served" ;;
+		n) mut=(--mutate-before-upload producer) what="producer-changed" ;;
+		o) mut=(--mutate-before-upload consumer) what="consumer-changed" ;;
+		esac
+		bs=(64 48 100)
+		for i in 1 2 3; do
+			job "$c" "$i" 1 --seed "$i" --batch-size "${bs[$((i - 1))]}" --workers 2 --epochs 2 \
+				--barrier "$T_TMP/$c.go:3" --emu-cuda "$EMU/libcudart.so.13" "${mut[@]}"
+		done
+		finished "$c" 3
+		verify "$c" "GPU jobs, batch sizes ${bs[*]}: one stream, complete epochs, labels paired" $(recs "$c" 3)
+		if "$PY" tests/py/upload_check.py --expect "$what" $(recs "$c" 3) >"$T_TMP/$c.upload" 2>&1; then
+			ok "($c) uploads ($what): $(grep -h -o '[0-9]* host-to-device, [0-9]* device-to-device' \
+				"$T_TMP/$c.upload" | tr '\n' ';')"
+		else
+			not_ok "($c) uploads ($what): $(tail -n 1 "$T_TMP/$c.upload")"
+			sed 's/^/#   /' "$T_TMP/$c.upload" | head -n 12
+		fi
+	done
+else
+	echo "# (m-o) skipped: tsemu not built"
 fi
 
 # --- nothing left behind ----------------------------------------------------------

@@ -1,0 +1,97 @@
+"""Check the GPU uploads of share_job.py --emu-cuda jobs that shared a loader.
+
+Every job uploaded each training batch through the test device and read it
+back ("dev": 1 when the device bytes equal the host bytes). What must hold:
+
+  always            every batch's device bytes equal the host tensor the job
+                    uploaded (a batch served from the producer's GPU ring is
+                    exactly what the job would have uploaded itself); every
+                    upload went one way: host-to-device plus device-to-device
+                    bytes of a consumer equal the bytes it uploaded
+  --expect served   nothing changed a batch: each consumer had uploads served
+                    device to device; the producer uploaded all its batches
+                    from the host and kept them on the device
+  --expect producer-changed
+                    the producer changed each batch before uploading it: no
+                    consumer got anything from the GPU ring
+  --expect consumer-changed
+                    the consumers changed their images before uploading them:
+                    none of those bytes came from the ring
+
+Roles come from the records ("role" per batch: 1 producer, 2 consumer); a
+job must hold one role throughout. Prints one line per job and a summary;
+exit 0 when everything holds, 1 otherwise.
+"""
+import argparse
+import json
+import sys
+
+
+def load(path):
+    batches, gpu = [], None
+    for line in open(path):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r.get("loader") == "train" and "dev" in r:
+            batches.append(r)
+        if r.get("done"):
+            gpu = r.get("gpu")
+    return batches, gpu
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--expect", required=True, choices=["served", "producer-changed", "consumer-changed"])
+    ap.add_argument("records", nargs="+")
+    a = ap.parse_args()
+    bad = []
+    producers = consumers = 0
+    for path in a.records:
+        batches, gpu = load(path)
+        if not batches or gpu is None:
+            bad.append("%s: no uploaded batches or no gpu counters" % path)
+            continue
+        roles = {b["role"] for b in batches}
+        up = sum(b["up"] for b in batches)
+        xb = sum(b["xb"] for b in batches)
+        h2d, d2d = gpu["h2d_bytes"], gpu["d2d_bytes"] + gpu["peer_bytes"]
+        wrong = sum(1 for b in batches if b["dev"] != 1)
+        print("%s: role %s, %d batches, %d bytes uploaded: %d host-to-device, %d device-to-device%s"
+              % (path, "/".join(str(r) for r in sorted(roles, key=str)), len(batches), up, h2d, d2d,
+                 ", %d batches wrong on the device" % wrong if wrong else ""))
+        if wrong:
+            bad.append("%s: %d batches whose device bytes differ from the host's" % (path, wrong))
+        if len(roles) != 1 or roles.pop() not in (1, 2):
+            bad.append("%s: not one role throughout (%s)" % (path, sorted(roles, key=str)))
+            continue
+        if batches[0]["role"] == 1:
+            producers += 1
+            if h2d != up:
+                bad.append("%s: the producer uploaded %d of its %d bytes from the host" % (path, h2d, up))
+            if a.expect == "served" and d2d == 0:
+                bad.append("%s: the producer kept nothing in its GPU ring" % path)
+            continue
+        consumers += 1
+        if h2d + d2d != up:
+            bad.append("%s: %d + %d bytes moved for %d uploaded" % (path, h2d, d2d, up))
+        if a.expect == "served" and d2d == 0:
+            bad.append("%s: a consumer with no upload served from the ring" % path)
+        if a.expect == "producer-changed" and d2d:
+            bad.append("%s: %d bytes served from the ring of a producer that changed its batches" % (path, d2d))
+        if a.expect == "consumer-changed":
+            if any(not b["mut"] for b in batches):
+                bad.append("%s: a consumer batch was not changed (test set-up)" % path)
+            if h2d < xb:
+                bad.append("%s: only %d of its %d changed image bytes went from the host" % (path, h2d, xb))
+    if producers != 1 or consumers < 1:
+        bad.append("%d producers and %d consumers (one producer and consumers expected)" % (producers, consumers))
+    for b in bad:
+        print("FAIL: " + b)
+    print("upload_check (%s): %s" % (a.expect, "OK" if not bad else "%d failures" % len(bad)))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
