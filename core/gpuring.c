@@ -14,7 +14,30 @@
 #include "prim.h"
 #include "session.h"
 
-#define UNIQ_CLAIMING 1ull
+/*
+ * A record's uniq word: 0 free; odd while a process fills the record in (the
+ * claim names it: pid, and the low 31 bits of its start time); else even,
+ * the record's identity. A claimer that dies half-way is seen dead by its
+ * claim, and the record is free again.
+ */
+static inline int uniq_is_claim(uint64_t u)
+{
+	return (u & 1) != 0;
+}
+
+static uint64_t claim_word(const struct ts_ident *me)
+{
+	return (uint64_t)me->pid << 32 | (me->start_time & 0x7fffffffull) << 1 | 1;
+}
+
+/* The process a claim names is gone (or is another one with the pid since). */
+static int claimer_dead(uint64_t claim)
+{
+	uint64_t start;
+	if (ts_prim_read_start_time((uint32_t)(claim >> 32), &start))
+		return 1;
+	return (start & 0x7fffffffull) != (claim >> 1 & 0x7fffffffull);
+}
 
 static size_t table_bytes(void)
 {
@@ -209,8 +232,8 @@ static uint64_t next_uniq(void)
 {
 	static _Atomic uint64_t counter;
 	/* unique across processes: pid, a per-process counter, the time */
-	uint64_t u = (uint64_t)getpid() << 40 ^ (atomic_fetch_add(&counter, 1) + 1) << 20 ^ ts_prim_realtime_ns();
-	return u > UNIQ_CLAIMING ? u : u + 2;
+	uint64_t u = ((uint64_t)getpid() << 40 ^ (atomic_fetch_add(&counter, 1) + 1) << 20 ^ ts_prim_realtime_ns()) & ~1ull;
+	return u ? u : 2;
 }
 
 /* A record another process left behind: its owner is gone and no live member holds it. */
@@ -218,7 +241,7 @@ static int reclaimable(const struct ts_gpuring *g, const struct ts_segment *seg,
 {
 	const struct ts_gpu_buf *r = &g->t->bufs[b];
 	uint64_t u = atomic_load_explicit(&r->uniq, memory_order_acquire);
-	if (u <= UNIQ_CLAIMING)
+	if (u == 0 || uniq_is_claim(u))
 		return 0;
 	if (ts_proc_liveness(__atomic_load_n(&r->owner_pid, __ATOMIC_RELAXED),
 			     __atomic_load_n(&r->owner_start, __ATOMIC_RELAXED)) == TS_PROC_ALIVE)
@@ -230,11 +253,11 @@ int ts_gpuring_reclaim_dead(struct ts_gpuring *g, const struct ts_segment *seg)
 {
 	int n = 0;
 	for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++) {
-		uint64_t u = atomic_load_explicit(&g->t->bufs[b].uniq, memory_order_acquire);
-		if (u > UNIQ_CLAIMING && reclaimable(g, seg, b)) {
-			ts_gpuring_buf_remove(g, b, u);
+		_Atomic uint64_t *word = &g->t->bufs[b].uniq;
+		uint64_t u = atomic_load_explicit(word, memory_order_acquire);
+		if (uniq_is_claim(u) ? claimer_dead(u) && atomic_compare_exchange_strong(word, &u, 0)
+				     : u && reclaimable(g, seg, b) && (ts_gpuring_buf_remove(g, b, u), 1))
 			n++;
-		}
 	}
 	return n;
 }
@@ -252,11 +275,13 @@ int ts_gpuring_buf_add(struct ts_gpuring *g, const struct ts_segment *seg, unsig
 		for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++) {
 			struct ts_gpu_buf *r = &g->t->bufs[b];
 			uint64_t expected = atomic_load_explicit(&r->uniq, memory_order_acquire);
-			if (expected != 0 && !(pass == 1 && reclaimable(g, seg, b)))
+			/* free; or (second pass) a dead owner's record, or a dead claimer's claim */
+			if (expected != 0 && !(pass == 1 && (uniq_is_claim(expected) ? claimer_dead(expected)
+										  : reclaimable(g, seg, b))))
 				continue;
-			if (!atomic_compare_exchange_strong(&r->uniq, &expected, UNIQ_CLAIMING))
+			if (!atomic_compare_exchange_strong(&r->uniq, &expected, claim_word(&me)))
 				continue;
-			if (expected != 0) { /* a dead owner's record: it stops counting */
+			if (expected != 0 && !uniq_is_claim(expected)) { /* a dead owner's record: it stops counting */
 				atomic_fetch_sub_explicit(&g->t->counters.buffers_live, 1, memory_order_relaxed);
 				atomic_fetch_sub_explicit(&g->t->counters.buffer_bytes,
 							  __atomic_load_n(&r->size, __ATOMIC_RELAXED), memory_order_relaxed);
@@ -270,10 +295,12 @@ int ts_gpuring_buf_add(struct ts_gpuring *g, const struct ts_segment *seg, unsig
 			__atomic_store_n(&r->size, size, __ATOMIC_RELAXED);
 			store_bytes(r->mem, mem, TS_GPU_HANDLE);
 			store_bytes(r->event, event, TS_GPU_HANDLE);
-			*uniq = next_uniq();
-			atomic_store_explicit(&r->uniq, *uniq, memory_order_release);
+			/* counted before it is published: a claimer that dies in between leaves
+			 * the count one high, never below what the records hold */
 			atomic_fetch_add_explicit(&g->t->counters.buffers_live, 1, memory_order_relaxed);
 			atomic_fetch_add_explicit(&g->t->counters.buffer_bytes, size, memory_order_relaxed);
+			*uniq = next_uniq();
+			atomic_store_explicit(&r->uniq, *uniq, memory_order_release);
 			return (int)b;
 		}
 	}

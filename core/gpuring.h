@@ -61,7 +61,7 @@ static inline uint64_t ts_gpu_slot_seq(uint64_t w) { return w & ((1ULL << 46) - 
 
 /* One exported device allocation. Fields are written before `uniq` is published. */
 struct ts_gpu_buf {
-	_Atomic uint64_t uniq;  /* 0: free; 1: being claimed; else the record's identity */
+	_Atomic uint64_t uniq;  /* 0: free; odd: being filled in by the process it names; else the record's identity */
 	uint32_t owner;         /* member index of the process that allocated it */
 	uint32_t owner_pid;
 	uint64_t owner_start;   /* pid + start time: the owner's identity */

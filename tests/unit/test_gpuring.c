@@ -534,6 +534,41 @@ Test(gpuring, dead_owners_records_are_reclaimed_unless_a_live_member_holds_them)
 	ts_gpuring_close(&g);
 }
 
+/* The word a process writes into a record while it fills it in (gpuring.c). */
+static uint64_t claim_of(uint32_t pid, uint64_t start)
+{
+	return (uint64_t)pid << 32 | (start & 0x7fffffffull) << 1 | 1;
+}
+
+/*
+ * A process that died between claiming a record and publishing it (a few
+ * stores) left it claimed: once it stayed so for good. A claim names its
+ * claimer, so a dead claimer's record is free again; a live one's is not.
+ */
+Test(gpuring, a_claimer_that_died_half_way_leaves_the_record_free)
+{
+	struct ts_gpuring g;
+	uint64_t uniq[TS_GPU_MAX_BUFS], u;
+	cr_assert_eq(ts_gpuring_open(&g, path, DEPTH), 0);
+	for (unsigned i = 0; i < TS_GPU_MAX_BUFS; i++) {
+		cr_assert_eq(add(&g, 0, 100, &uniq[i]), (int)i);
+		cr_assert_eq(uniq[i] & 1, 0u, "identities are even, claims odd");
+	}
+	atomic_store(&g.t->bufs[7].uniq, claim_of(me.pid, me.start_time + 1)); /* our pid, another process */
+	atomic_store(&g.t->bufs[8].uniq, claim_of(me.pid, me.start_time));     /* a live claimer: us */
+	atomic_store(&g.t->bufs[9].uniq, claim_of(NO_PID, 5));                 /* no such process */
+	cr_expect_eq(ts_gpuring_reclaim_dead(&g, seg), 2, "the two dead claims, not the live one");
+	cr_expect_eq(atomic_load(&g.t->bufs[7].uniq), 0u);
+	cr_expect_eq(atomic_load(&g.t->bufs[9].uniq), 0u);
+	cr_expect_eq(atomic_load(&g.t->bufs[8].uniq), claim_of(me.pid, me.start_time));
+	cr_expect_eq(add(&g, 0, 100, &u), 7);
+	cr_expect_eq(add(&g, 0, 100, &u), 9);
+	atomic_store(&g.t->bufs[7].uniq, claim_of(NO_PID, 5));
+	cr_expect_eq(add(&g, 0, 100, &u), 7, "a new record takes a dead claim's place directly");
+	cr_expect_eq(add(&g, 0, 100, &u), -ENOSPC, "the live claim is not taken");
+	ts_gpuring_close(&g);
+}
+
 /* ---- a hostile table ---------------------------------------------------------------- */
 
 /* Publish seq 1 in buffer b afresh; the consumer's hold must then succeed. */
