@@ -7,8 +7,9 @@
 # batch sizes (partial last batches), two devices (peer copies), pinned /
 # pageable and worker start methods, validation and --break-after, a late
 # joiner, a consumer killed, a producer killed at random points (takeover),
-# TSSHIM_MODE=off and no preload, and tsshim-inspect's counters during a
-# run. Every job runs under `timeout`; no /dev/shm object of a case's
+# TSSHIM_MODE=off and no preload, tsshim-inspect's counters during a run,
+# a takeover from a producer idle after an epoch (validating), and a
+# consumer giving up on a live producer that publishes nothing. Every job runs under `timeout`; no /dev/shm object of a case's
 # session may survive its jobs.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -160,29 +161,16 @@ shm_gone() { # wait up to 3 s for them to go (members remove them on their way o
 case_end() {
 	local c=$1 s=$2 n bad=; shift 2
 	for n in "$@"; do [ "${JRC[$n]}" = 0 ] || bad=1; done
-	local key=${c//[^A-Za-z0-9]/_} pre=()
-	[ -n "${KNOWN_BUG:-}" ] && pre=(known "$KNOWN_BUG")
+	local key=${c//[^A-Za-z0-9]/_}
 	check "$c: every job exits 0 ($(rcs "$@"))" [ -z "$bad" ] || show_err "$@"
 	verify "$key" "$@"
-	"${pre[@]}" check "$c: tsshim-verify OK (${VSUM#tsshim-verify: })" \
+	check "$c: tsshim-verify OK (${VSUM#tsshim-verify: })" \
 		cond '[ $VRC = 0 ] && [[ "$VSUM" == *": OK" ]]' || show_verify "$key"
 	check "$c: no /dev/shm object of the session left" shm_gone "$s"
 }
 # no_served_after_pub NAME: served lines only, or served then the job's own
 # publishing after it took over (never served again after a pub)
 served_then_pub() { [[ "$(shares "$1")" =~ ^(served\ )+(pub\ )*$ ]]; }
-
-# known WHY check DESC CMD...: a check that fails because of a known product
-# bug (WHY): reported as "not ok ... # TODO", not counted as a failure.
-T_KNOWN=0
-known() {
-	local why=$1 d=$3; shift 3
-	if "$@"; then
-		ok "$d (known bug did not show: $why)"
-	else
-		T_KNOWN=$((T_KNOWN + 1)); echo "not ok - $d # TODO known product bug: $why"; return 1
-	fi
-}
 
 T0=$SECONDS
 # === 1. one device, batch 64/64/64 ==========================================================
@@ -269,15 +257,9 @@ EOF
 echo "# case 4: $((SECONDS - T1)) s"
 
 # === 5. validation, --val-every, --break-after ==============================================
-# Known product bug: the shim keeps a training batch's host range registered
-# until the loader's next tsshim_batch call, and treats any upload from
-# inside it as a stream range. A validation batch loaded into the same
-# memory (the train batch's buffer freed, the val batch mapped at the same
-# address) is then served from the ring in a consumer (its device gets the
-# previous training batch: dsh != sh on val lines), and kept into the ring
-# over a stream batch in the producer (consumers' served lines get
-# validation bytes). See the report; the verify check is a known failure.
-KNOWN_BUG="validation upload from a still-registered training range (shim/stream.c ts_stream_find)"
+# A validation batch loaded into the memory a training batch was registered
+# in must not be taken for a stream range (a range counts for one upload):
+# verify checks that validation lines are the job's own on the device too.
 T1=$SECONDS
 for v in "--val-every 2" "--val-every 2 --break-after 2"; do
 	c="5 (--val $v)"
@@ -298,7 +280,6 @@ for v in "--val-every 2" "--val-every 2 --break-after 2"; do
 			cond '! grep -hE " phase=train .* iter=([2-9]|[1-9][0-9]+) " "$T_TMP"/c5?.rec | grep -q .'
 	fi
 done
-KNOWN_BUG=
 echo "# case 5: $((SECONDS - T1)) s"
 
 # === 6. late join ===========================================================================
@@ -454,6 +435,38 @@ wait_jobs c10p c10a c10b
 case_end "10 (tsshim-inspect)" "$S" c10p c10a c10b
 echo "# case 10: $((SECONDS - T1)) s"
 
+# === 11. idle takeover; 12. a live producer that publishes nothing ==========================
+# 11: the producer validates for 1.5 s after each epoch, far longer than
+# TSSHIM_TIMEOUT_MS (200): after an epoch's last batch it is idle, and the
+# waiting consumer takes over, publishing its own batches from then on; back
+# from validation, the old producer is served.
+# 12: the producer steps 12 s after its first batch (alive, mid-epoch, not
+# idle): the consumer waits twice the stall time (10 s here), gives up with
+# one notice, and trains on its own batches. The two run side by side.
+T1=$SECONDS
+S11=$(session_name c11)
+S12=$(session_name c12)
+job c11p "$S11" TSSHIM_TIMEOUT_MS=200 -- --seed 1 --batch 32 --epochs 3 --step-ms 10 --val "$VAL" --val-step-ms 1500 "$TR"
+job c12p "$S12" TSSHIM_TIMEOUT_MS=200 -- --seed 1 --batch 32 --limit 64 --epochs 1 --step-ms 12000 "$TR"
+started c11p
+started c12p
+job c11a "$S11" TSSHIM_TIMEOUT_MS=200 -- --seed 2 --batch 32 --epochs 3 "$TR"
+job c12a "$S12" TSSHIM_TIMEOUT_MS=200 -- --seed 2 --batch 32 --limit 64 --epochs 1 "$TR"
+wait_jobs c11p c11a
+case_end "11 (idle takeover: the producer validates)" "$S11" c11p c11a
+check "11: the consumer was served, then took over and published (shares: $(shares c11a))" \
+	cond 'served_then_pub c11a && [ "$(nlines c11a " share=pub ")" -gt 0 ]'
+# (c11a then finishes its epochs fast, while c11p still validates: back, c11p
+# is the only member left and publishes its own epochs again)
+check "11: the old producer published the first epoch and lived on after the consumer finished" \
+	cond '[[ "$(shares c11p)" == "pub pub pub pub "* ]] && [ "$T_TMP/c11a.rec" -ot "$T_TMP/c11p.rec" ]'
+wait_jobs c12p c12a
+case_end "12 (a live producer that publishes nothing)" "$S12" c12p c12a
+check "12: the consumer was served its first batch, then trained on its own (shares: $(shares c12a))" \
+	cond '[[ "$(shares c12a)" =~ ^served\ (own\ )+$ ]]'
+check "12: it said so once" \
+	cond '[ "$(grep -c "not shared in this job any more: the producer publishes nothing" "$T_TMP/c12a.err")" = 1 ]'
+echo "# cases 11, 12: $((SECONDS - T1)) s"
+
 echo "# total: $((SECONDS - T0)) s"
-[ $T_KNOWN = 0 ] || echo "# $T_KNOWN check(s) failed because of known product bugs (not counted)"
 finish gpu_share
