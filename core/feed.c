@@ -276,6 +276,11 @@ enum ts_role ts_feed_role(struct ts_feed *f)
  * Files of `session_name` whose incarnation is not the live segment's: left
  * by a session that ended (or crashed). Removing them is safe: nobody can
  * reach them through a segment any more.
+ *
+ * A segment whose members are all dead is not live either: it is removed
+ * first (under its lock, as the last leaver would have). That is how a
+ * feed ends whose last member was SIGKILLed after every other member had
+ * left: the others left while it lived, and it could not leave.
  */
 int ts_feed_clean_stale(const char *session_name)
 {
@@ -284,6 +289,8 @@ int ts_feed_clean_stale(const char *session_name)
 	struct ts_view v;
 	if (ts_segment_path(seg_path, sizeof(seg_path), getuid(), session_name))
 		return -EINVAL;
+	/* Its own result does not matter: whatever it left in place is judged below. */
+	(void)ts_session_remove_if_stale(seg_path);
 	if (ts_view_open(&v, seg_path, why, sizeof(why)) == 0) {
 		if (ts_segment_validate(v.seg, v.map_size, getuid(), why, sizeof(why)) == 0)
 			live = v.seg->st.created_unix_ns;

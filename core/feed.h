@@ -192,7 +192,12 @@ int ts_feed_view_range(const struct ts_feed *f, uint64_t id, void **base, size_t
 /* Unmap a view and drop its hold (any thread); unknown ids (another feed's, released) are ignored. */
 void ts_feed_release_view(struct ts_feed *f, uint64_t id);
 
-/* Remove feed files of session incarnations that are gone; returns how many. */
+/*
+ * Remove feed files of session incarnations that are gone, and first the
+ * segment itself if every member is dead (a last member killed after the
+ * others left); returns how many files were removed (the segment not
+ * counted), or -errno.
+ */
 int ts_feed_clean_stale(const char *session_name);
 
 #endif

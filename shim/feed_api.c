@@ -39,6 +39,26 @@ _Atomic int ts_feed_active;
 static pthread_mutex_t feeds_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ts_feed *feeds[MAX_FEEDS];
 static struct feed_gpu *feed_gpus[MAX_FEEDS];
+/*
+ * Every feed session this process has been in (under feeds_lock), swept once
+ * more at exit: the PyTorch layer closes its feeds in an atexit handler, and
+ * a member still there then may be SIGKILLed before this process is gone.
+ * Nobody would remove its feed after that; the sweep at exit does.
+ */
+static char been_in[MAX_FEEDS][TS_NAME_MAX];
+static unsigned nbeen_in;
+
+static void remember_feed(const char *name)
+{
+	for (unsigned i = 0; i < nbeen_in; i++)
+		if (strcmp(been_in[i], name) == 0)
+			return;
+	if (nbeen_in == MAX_FEEDS) {
+		ts_debug("feed '%s' is not swept at exit: %u feeds already are", name, MAX_FEEDS);
+		return;
+	}
+	snprintf(been_in[nbeen_in++], TS_NAME_MAX, "%s", name);
+}
 
 /* Run a core call with the file hooks passing straight through, errno kept. */
 #define FEED_CALL(h, f, expr)                                           \
@@ -90,6 +110,7 @@ TS_EXPORT int tsshim_feed_open(const char *key, const char *label, uint64_t nind
 		if (ret == 0) {
 			feeds[i] = f;
 			ret = i;
+			remember_feed(name);
 			atomic_store(&ts_feed_active, 1);
 		}
 		break;
@@ -134,21 +155,31 @@ TS_EXPORT void tsshim_feed_close(int h)
 	errno = saved;
 }
 
-/* At exit: leave every feed, so a producer hands over at once. */
+/*
+ * At exit: leave every feed, so a producer hands over at once; then sweep
+ * every feed we were in, closed long ago or just now: if its members are all
+ * dead by now, it is removed with its files (ts_feed_clean_stale).
+ */
 void ts_feed_api_fini(void)
 {
 	int saved = errno;
+	if (atomic_load(&ts_is_fork_child))
+		return; /* a worker: its job leaves and sweeps, it never does */
 	ts_in_hook = 1;
 	pthread_mutex_lock(&feeds_lock);
 	for (int i = 0; i < MAX_FEEDS; i++) {
 		struct ts_feed *f = feeds[i];
-		if (!f || atomic_load(&ts_is_fork_child) || f->s.me.pid != (uint32_t)getpid())
+		if (!f || f->s.me.pid != (uint32_t)getpid())
 			continue;
 		feeds[i] = NULL;
 		gpu_close(i, f, 1);
 		ts_feed_close(f);
 		free(f);
 	}
+	for (unsigned i = 0; i < nbeen_in; i++)
+		if (ts_feed_clean_stale(been_in[i]) > 0)
+			ts_info("feed '%s' removed at exit: its last members died after we left it", been_in[i]);
+	nbeen_in = 0;
 	pthread_mutex_unlock(&feeds_lock);
 	errno = saved;
 }

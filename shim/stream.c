@@ -603,7 +603,7 @@ void ts_stream_fini(void)
 		struct loader *L = loaders[i];
 		if (!L || !L->f || L->f->s.me.pid != (uint32_t)getpid())
 			continue;
-		char name[TS_NAME_MAX], path[TS_PATH_MAX];
+		char name[TS_NAME_MAX];
 		snprintf(name, sizeof(name), "%s", L->f->s.name);
 		ts_stream_drop(L);
 		ts_gpu_free(L->gpu, 1);
@@ -613,8 +613,7 @@ void ts_stream_fini(void)
 		L->f = NULL;
 		/* a member that died (a killed producer) keeps its slot: if only
 		 * such are left, nobody else will remove the feed */
-		if (ts_segment_path(path, sizeof(path), getuid(), name) == 0 && ts_session_remove_if_stale(path) == 1)
-			ts_feed_clean_stale(name);
+		ts_feed_clean_stale(name);
 	}
 	pthread_mutex_unlock(&mu);
 	errno = saved;

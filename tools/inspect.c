@@ -11,7 +11,8 @@
  * Segments are mapped read-only and every value read from them is
  * validated before use: a member may be buggy, dead half-way through a
  * write, or hostile. Only --clean removes anything, and only through
- * ts_session_remove_if_stale(), which never touches a live session.
+ * ts_session_remove_if_stale(), which never touches a live session (then,
+ * for a removed session, the files of a DataLoader feed of that name).
  *
  * JSON schema 1
  * -------------
@@ -87,6 +88,7 @@
  * line on stderr.
  */
 #include "cache.h"
+#include "feed.h"
 #include "gpuring.h"
 #include "ring.h"
 #include "session.h"
@@ -1107,8 +1109,12 @@ static int clean_one(struct entry *e)
 		return 0; /* gone meanwhile */
 	if (r == 0)
 		r = ts_session_remove_if_stale(e->path);
-	if (r == 1)
+	if (r == 1) {
+		/* A feed's ledger and batch files live beside its segment; gone
+		 * with it, nothing can reach them any more. */
+		ts_feed_clean_stale(e->name);
 		return 1;
+	}
 	if (r == 0)
 		snprintf(e->left, sizeof(e->left), "has live members");
 	else if (why[0])
@@ -1213,8 +1219,9 @@ static void usage(FILE *f)
 		"  --interval SEC   seconds between refreshes (default 1, 0.01..86400)\n"
 		"  --count N        stop after N refreshes\n"
 		"  --clean          remove sessions (only NAME if given) whose members\n"
-		"                   are all dead, and temporary files of creators that\n"
-		"                   died; never touches a live or unreadable session\n"
+		"                   are all dead (a DataLoader feed's files with them),\n"
+		"                   and temporary files of creators that died; never\n"
+		"                   touches a live or unreadable session\n"
 		"  -h, --help       this text\n"
 		"\n"
 		"Member states: live; stale (alive but silent for longer than the\n"

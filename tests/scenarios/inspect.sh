@@ -198,10 +198,20 @@ run_inspect "$SLEEPY" --json
 check "a SIGSTOPped member shows as stale" [ "$(py "[m['state'] for m in d['session']['members']]")" = "['stale']" ]
 run_inspect "$LIVE" --json
 live_before=$(py "[(m['slot'], m['pid'], m['role']) for m in d['session']['members']], d['session']['producer']['epoch']")
+# What a DataLoader feed keeps beside its segment (core/feed.h): a ledger and
+# batch files named after the session; they go with a dead session, and a
+# live session's stay.
+feed_file() { echo "/dev/shm/tsshim-feed.$(id -u).$1.18eaf2f07c44d400.$2"; }
+for f in "$(feed_file "$DEAD" ledger)" "$(feed_file "$DEAD" w0.e1.s0.g0)" "$(feed_file "$LIVE" ledger)"; do
+	(umask 077; : >"$f")
+done
 run_inspect --clean
 check "--clean exits 0" [ "$RC" = 0 ]
 check "--clean removed the dead session and says so" cond '[ ! -e "$(seg_path "$DEAD")" ] && grep -Eq "^removed +$DEAD" <<<"$OUT"'
 check "--clean left the live session and says so" cond '[ -e "$(seg_path "$LIVE")" ] && grep -Eq "^left +$LIVE \(has live members\)" <<<"$OUT"'
+check "--clean removed the dead session's feed files" cond '[ ! -e "$(feed_file "$DEAD" ledger)" -a ! -e "$(feed_file "$DEAD" w0.e1.s0.g0)" ]'
+check "--clean left the live session's feed files" [ -e "$(feed_file "$LIVE" ledger)" ]
+rm -f "$(feed_file "$LIVE" ledger)"
 check "--clean left the session of a stopped (stale, alive) member" [ -e "$(seg_path "$SLEEPY")" ]
 check "--clean left the unsafe 0644 file alone" cond '[ -e "$(seg_path "$UNSAFE")" ] && grep -Eq "^left +$UNSAFE \(corrupt: refused" <<<"$OUT"'
 check "--clean left the corrupt segment alone" [ -e "$(seg_path "${PREFIX}bad-magic")" ]

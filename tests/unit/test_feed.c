@@ -299,6 +299,46 @@ Test(feed, stale_files_of_an_ended_session_are_removed)
 	cr_expect_eq(count_feed_files(name), 0);
 }
 
+/*
+ * The last member of a feed can be SIGKILLed after every other member left:
+ * a job that ended first had left while it was still alive (the PyTorch
+ * layer closes its feeds in an atexit handler, the process lives on a while),
+ * so no one was there to remove the segment, the ledger and the slot files.
+ * A process that was in the feed sweeps it once more on its way out
+ * (ts_feed_clean_stale from the shim's destructor): a feed whose members are
+ * all dead is gone, files and segment.
+ */
+Test(feed, a_feed_whose_last_member_was_killed_after_we_left_is_removed_by_the_sweep)
+{
+	struct ts_feed f;
+	int64_t idx[2] = { 0, 1 };
+	int ready[2], go[2];
+	char seg[TS_PATH_MAX];
+	cr_assert_eq(ts_segment_path(seg, sizeof(seg), getuid(), name), 0);
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	peer_pipe(ready, 1);
+	peer_pipe(go, 0);
+	/* ts-feedpeer stall: attached, it waits on go (it will never hear) */
+	pid_t pid = spawn_peer("stall", 2, ready[1], go[0]);
+	close(ready[1]);
+	close(go[0]);
+	hear(ready[0], "consumer did not attach");
+	close(ready[0]);
+	for (int k = 0; k < 2; k++)
+		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
+	ts_feed_close(&f);
+	cr_assert_eq(access(seg, F_OK), 0, "a live member is left: the feed stays");
+	cr_assert_geq(count_feed_files(name), 3, "ledger and two slot files stay while a member lives");
+	cr_expect_eq(ts_feed_clean_stale(name), 0, "the member lives: nothing of its feed is stale");
+	cr_expect_geq(count_feed_files(name), 3);
+	cr_assert_eq(kill(pid, SIGKILL), 0);
+	cr_expect_eq(wait_exit(pid), 100 + SIGKILL);
+	close(go[1]);
+	cr_expect_geq(ts_feed_clean_stale(name), 3, "every member is dead: the ledger and slot files go");
+	cr_expect_eq(count_feed_files(name), 0, "nothing of the feed is left in /dev/shm");
+	cr_expect_eq(access(seg, F_OK), -1, "the segment is removed with its files");
+}
+
 Test(feed, successor_fences_a_replaced_producers_open_claim)
 {
 	struct ts_feed f;
