@@ -367,6 +367,16 @@ void ts_gpuring_slot_drop(struct ts_gpuring *g, unsigned slot)
 		atomic_store(&g->t->slots[slot].word, ts_gpu_slot_word(TS_GPU_FREE, 0, 0, 0));
 }
 
+int ts_gpuring_slot_pending(const struct ts_gpuring *g, uint64_t seq, int writer)
+{
+	uint32_t depth = depth_of(g);
+	if (!depth)
+		return 0;
+	uint64_t w = atomic_load_explicit(&g->t->slots[seq % depth].word, memory_order_acquire);
+	return ts_gpu_slot_state(w) == TS_GPU_WRITING && ts_gpu_slot_writer(w) == writer &&
+	       ts_gpu_slot_seq(w) == (seq & ((1ULL << 46) - 1));
+}
+
 /* The snapshot `out` of a READY slot and its buffer, checked against itself. */
 static int snapshot(const struct ts_gpuring *g, const struct ts_gpu_slot *s, unsigned b, struct ts_gpu_held *out)
 {

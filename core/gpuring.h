@@ -162,6 +162,8 @@ int ts_gpuring_slot_ready(struct ts_gpuring *g, unsigned slot, uint64_t uniq, ui
 			  const uint64_t *len);
 /* Give up a slot we began (READY never comes). */
 void ts_gpuring_slot_drop(struct ts_gpuring *g, unsigned slot);
+/* Is `writer` keeping `seq` now (WRITING): READY, or a drop, is coming? */
+int ts_gpuring_slot_pending(const struct ts_gpuring *g, uint64_t seq, int writer);
 
 /* ---- consumer ---------------------------------------------------------------------- */
 

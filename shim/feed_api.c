@@ -390,6 +390,7 @@ static int keep_published(int h, struct ts_feed *f, uint32_t npos, void *const *
 		return -EPERM;
 	/* the program may change its batch before uploading it: the upload proves it did not */
 	ts_stream_add_published(f, feed_gpus[h]->gpu, f->w.seq, npos, ptr, len, TS_CHECK_HASH);
+	ts_gpu_keep_announce(feed_gpus[h]->gpu, f->w.seq, npos, len);
 	return 0;
 }
 

@@ -139,6 +139,7 @@ struct ts_gpu {
 		unsigned slot;
 		int own;
 		uint32_t npos;
+		int stream_set;          /* announced: the first upload's stream is the batch's */
 		CUstream stream;
 		uint64_t len[TS_MAX_POSITIONS], off[TS_MAX_POSITIONS], done[TS_MAX_POSITIONS];
 	} k;
@@ -297,7 +298,20 @@ static int keep_begin(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint6
 	g->k.own = i;
 	g->k.npos = npos;
 	g->k.stream = s;
+	g->k.stream_set = s != NULL;
 	return 0;
+}
+
+void ts_gpu_keep_announce(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len)
+{
+	CUcontext ctx = NULL;
+	if (!drv_ready() || npos < 1 || npos > TS_MAX_POSITIONS)
+		return;
+	pthread_mutex_lock(&g->mu);
+	/* a batch still being kept is not given up for the next (a loop that fetches ahead) */
+	if (!ring_open(g) && !g->k.active && drv.CtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)
+		(void)keep_begin(g, seq, npos, len, NULL);
+	pthread_mutex_unlock(&g->mu);
 }
 
 void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, uint32_t p, uint64_t off,
@@ -319,10 +333,14 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
 		goto drop;
 	if (!g->k.active && keep_begin(g, seq, npos, len, s))
 		goto out;
-	/* one stream orders the copies before the event: positions on other streams are not kept */
-	if (g->k.stream != s || off > g->k.len[p] || n > g->k.len[p] - off)
-		goto drop;
+	if (!g->k.stream_set) { /* announced: this is the batch's first upload */
+		g->k.stream = s;
+		g->k.stream_set = 1;
+	}
 	struct own_buf *o = &g->own[g->k.own];
+	/* one stream orders the copies before the event: positions on other streams are not kept */
+	if (g->k.stream != s || o->ctx != ctx || off > g->k.len[p] || n > g->k.len[p] - off)
+		goto drop;
 	if (drv.MemcpyAsync(o->ptr + g->k.off[p] + off, dst, n, s) != CUDA_SUCCESS)
 		goto drop;
 	g->k.done[p] += n;
@@ -432,14 +450,19 @@ static void unhold_unused(struct ts_gpu *g, const struct ts_gpu_held *h, unsigne
 /* Hold every buffer the pieces lie in; pass through when one is not there soon. */
 static int hold_pieces(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npieces, struct ts_gpu_held *h)
 {
-	/* a producer that keeps its batches uploads right after it publishes: give it a moment */
+	/*
+	 * A producer that keeps its batches uploads right after it publishes:
+	 * give it 20 ms; one that announced it keeps this batch (WRITING: its
+	 * READY or its drop is coming), up to half a second.
+	 */
 	int patient = atomic_load_explicit(&g->ring.t->counters.batches_kept, memory_order_relaxed) > 0;
 	for (unsigned i = 0; i < npieces; i++) {
 		int ret;
 		h[i].buf = UINT32_MAX;
 		for (int tries = 0;; tries++) {
 			ret = ts_gpuring_hold_again(&g->ring, g->f->s.self, pc[i].seq, pc[i].writer, &h[i]);
-			if (ret != -EAGAIN || !patient || tries >= 200)
+			if (ret != -EAGAIN || !patient || tries >= 5000 ||
+			    (tries >= 200 && !ts_gpuring_slot_pending(&g->ring, pc[i].seq, pc[i].writer)))
 				break;
 			struct timespec ts = {0, 100000};
 			nanosleep(&ts, NULL);

@@ -50,6 +50,13 @@ void ts_gpu_free(struct ts_gpu *g, int exiting);
  */
 void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, uint32_t p, uint64_t off,
 		 CUdeviceptr dst, size_t n, CUstream s);
+/*
+ * Producer, when it registers batch `seq`: begin keeping it now (its ring
+ * slot says WRITING), so that a consumer whose upload comes before ours
+ * waits for it rather than copying from the host. Nothing when a batch is
+ * still being kept. Its first upload then fixes the stream.
+ */
+void ts_gpu_keep_announce(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len);
 /* Producer: the batch being kept is over (a new one was registered); an unfinished one is dropped. */
 void ts_gpu_keep_end(struct ts_gpu *g);
 

@@ -326,12 +326,12 @@ def main():
                 data_cpu += time.process_time() - c
                 break
             data_cpu += time.process_time() - c
-            up = {}
-            if gpu:
-                h = [sample_hash(s) for s in x]  # the batch as the loader yielded it
+            up, h = {}, None
+            if gpu:  # right after next(), as a training loop uploads (a producer's upload fills the ring)
                 role = layer_role()
                 mut = a.mutate_before_upload == {1: "producer", 2: "consumer"}.get(role)
                 if mut:
+                    h = [sample_hash(s) for s in x]  # the batch as the loader yielded it
                     x.neg_()
                 (okx, nx), (oky, ny) = gpu.upload(x), gpu.upload(y)
                 up = dict(dev=int(okx and oky), up=nx + ny, xb=nx, mut=int(mut), role=role)
@@ -340,7 +340,7 @@ def main():
             loss.backward()
             opt.step()
             if rec.f:  # hashing costs CPU a benchmark must not count
-                rec(loader="train", epoch=epoch, batch=i, n=len(y), h=h if gpu else [sample_hash(s) for s in x],
+                rec(loader="train", epoch=epoch, batch=i, n=len(y), h=h or [sample_hash(s) for s in x],
                     y=y.tolist(), loss=round(loss.item(), 6), **up)
             if a.scribble:
                 x.zero_()
