@@ -19,7 +19,7 @@ chmod 755 "$D"
 cp "$BUILD/libtsshim.so" "$MEMBER" "$INSPECT" "$D/"
 chmod 755 "$D"/*
 PRE=${TS_PRELOAD/$PWD\/$BUILD\/libtsshim.so/$D/libtsshim.so}
-trap 'rm -rf "$D"; rm -f /dev/shm/tsshim.$OTHER.t-$$-*; cleanup' EXIT
+trap 'rm -rf "$D"; rm -f /dev/shm/tsshim*.$OTHER.t-$$-* /dev/shm/tsshim*.0.t-$$-*; cleanup' EXIT
 
 S=$(session_name iso)
 ROOT_SEG=/dev/shm/tsshim.0.$S
@@ -91,6 +91,84 @@ rc=$?
 check "a symlink at its segment path: refused, the program exits 0, the target untouched" \
 	cond '[ $rc = 0 ] && [[ "$out" == join=-* ]] && [ "$(cat "$T_TMP/target")" = keep ]'
 rm -f "/dev/shm/tsshim.$OTHER.$P"
+
+# --- The decoded-image cache (exact mode, tsshim-train) -----------------------
+TRAIN="$PWD/$BUILD/tsshim-train"
+MKDATA="$PWD/$BUILD/tsshim-mkdata"
+cp "$TRAIN" "$D/"
+chmod 755 "$D/tsshim-train"
+"$MKDATA" --classes 2 --train 6 --val 1 --seed 9 "$D/data" >/dev/null 2>&1
+chmod -R a+rX "$D/data"
+TARGS=(--batch 4 --size 32 --epochs 2 --seed 3 --workers 2)
+sum() { sed -n 's/.*trained_checksum=\([0-9a-f]*\).*/\1/p' "$1"; }
+"$D/tsshim-train" "${TARGS[@]}" "$D/data/train" >"$T_TMP/tref.out" 2>/dev/null
+REF=$(sum "$T_TMP/tref.out")
+# train WHO NAME SESSION [ARGS...]: tsshim-train as root or the other user, exact
+# mode, with the shim; $T_TMP/NAME.out, .err, .rc.
+train() {
+	local who=$1 name=$2 sess=$3; shift 3
+	local run=(env); [ "$who" = other ] && run=(setpriv --reuid=$OTHER --regid=$OTHER --clear-groups env)
+	"${run[@]}" TSSHIM_MODE=exact TSSHIM_SESSION="$sess" TSSHIM_CACHE_MB=64 LD_PRELOAD="$PRE" \
+		"$D/tsshim-train" "${TARGS[@]}" "$@" "$D/data/train" >"$T_TMP/$name.out" 2>"$T_TMP/$name.err"
+	echo $? >"$T_TMP/$name.rc"
+}
+shimlines() { grep -c '^tsshim\[' "$1"; }
+
+# Both users at once, one session name: each its own cache, each right.
+C=$(session_name cache)
+ROOT_C=/dev/shm/tsshim-cache.0.$C OTHER_C=/dev/shm/tsshim-cache.$OTHER.$C
+TSSHIM_LOG=info train root croot "$C" --step-ms 150 &
+rpid=$!
+TSSHIM_LOG=info train other cother "$C" --step-ms 150 &
+opid=$!
+for ((i = 0; i < 500; i++)); do [ -f "$ROOT_C" ] && [ -f "$OTHER_C" ] && break; sleep 0.01; done
+modes="$(stat -c %u:%a "$ROOT_C" 2>&1) $(stat -c %u:%a "$OTHER_C" 2>&1)"
+wait $rpid $opid
+check "root and the other user in cache session '$C' at once: two caches, each its user's, 0600 ($modes)" \
+	[ "$modes" = "0:600 $OTHER:600" ]
+hits() { sed -n 's/.*removed, last out: \([0-9]*\) hits, \([0-9]*\) fills.*/\1 \2/p' "$1"; }
+check "... each job trained as without the shim ($REF; rc $(cat "$T_TMP/croot.rc") $(cat "$T_TMP/cother.rc"))" \
+	cond '[ "$(sum "$T_TMP/croot.out")" = "$REF" ] && [ "$(sum "$T_TMP/cother.out")" = "$REF" ]'
+check "... each from its own cache: 12 fills, then 12 hits in epoch 2 (root: $(hits "$T_TMP/croot.err"), other: $(hits "$T_TMP/cother.err"))" \
+	cond '[ "$(hits "$T_TMP/croot.err")" = "12 12" ] && [ "$(hits "$T_TMP/cother.err")" = "12 12" ]'
+check "... and both caches removed at the end" cond '[ ! -e "$ROOT_C" ] && [ ! -e "$OTHER_C" ]'
+
+# planted_cache WHO PATH DESCRIPTION: a job of WHO finds PATH planted: it runs
+# without the cache, right, with one line naming it; the planted object stays.
+planted_cache() {
+	local who=$1 path=$2 d=$3 before
+	before=$(stat -c %u:%a:%s:%F "$path"; readlink "$path")
+	train "$who" planted "$P"
+	check "$d: the job exits 0 and trains as without the shim ($(sum "$T_TMP/planted.out"))" \
+		cond '[ "$(cat "$T_TMP/planted.rc")" = 0 ] && [ "$(sum "$T_TMP/planted.out")" = "$REF" ]'
+	check "... with one line naming it ($(grep "^tsshim\[" "$T_TMP/planted.err" | head -n 1 | cut -c 1-200))" \
+		cond '[ "$(shimlines "$T_TMP/planted.err")" = 1 ] && grep -qF "$path: refused: " "$T_TMP/planted.err"'
+	check "... the planted object left as it was" [ "$(stat -c %u:%a:%s:%F "$path"; readlink "$path")" = "$before" ]
+	rm -f "$path"
+}
+P=$(session_name cplant)
+echo planted >"/dev/shm/tsshim-cache.$OTHER.$P"
+chmod 600 "/dev/shm/tsshim-cache.$OTHER.$P"
+planted_cache other "/dev/shm/tsshim-cache.$OTHER.$P" "a cache root planted under the other user's name"
+# The other user's own cache, linked under root's name (by the other user).
+mkfifo "$T_TMP/chold"; chmod 666 "$T_TMP/chold"
+cp "$PWD/$BUILD/tests/ts-cachetool" "$D/"; chmod 755 "$D/ts-cachetool"
+as_other "$D/ts-cachetool" hold "$P-real" --budget-mb 16 <"$T_TMP/chold" >/dev/null 2>&1 &
+holder=$!
+exec 8>"$T_TMP/chold"
+for ((i = 0; i < 300; i++)); do [ -f "/dev/shm/tsshim-cache.$OTHER.$P-real" ] && break; sleep 0.01; done
+as_other ln "/dev/shm/tsshim-cache.$OTHER.$P-real" "/dev/shm/tsshim-cache.0.$P"
+planted_cache root "/dev/shm/tsshim-cache.0.$P" "a valid cache of the other user's, linked under root's name"
+exec 8>&-
+wait "$holder"
+echo planted >"/dev/shm/tsshim-cache.$OTHER.$P"
+chown $OTHER:$OTHER "/dev/shm/tsshim-cache.$OTHER.$P"
+chmod 644 "/dev/shm/tsshim-cache.$OTHER.$P"
+planted_cache other "/dev/shm/tsshim-cache.$OTHER.$P" "a cache of the other user's own but mode 0644"
+echo keep >"$T_TMP/ctarget"
+as_other ln -s "$T_TMP/ctarget" "/dev/shm/tsshim-cache.0.$P"
+planted_cache root "/dev/shm/tsshim-cache.0.$P" "a symlink the other user planted at root's cache path"
+check "... its target untouched" [ "$(cat "$T_TMP/ctarget")" = keep ]
 
 # Nothing tsshim made is readable by others, whoever made it.
 bad=$(find /dev/shm -maxdepth 1 -name 'tsshim*' -perm /077 2>/dev/null | head -n 3)
