@@ -170,6 +170,109 @@ as_other ln -s "$T_TMP/ctarget" "/dev/shm/tsshim-cache.0.$P"
 planted_cache root "/dev/shm/tsshim-cache.0.$P" "a symlink the other user planted at root's cache path"
 check "... its target untouched" [ "$(cat "$T_TMP/ctarget")" = keep ]
 
+# --- A shared PyTorch DataLoader's feed (tsshim-feed.<uid>.<session>...) -----
+PY=/usr/bin/python3
+if "$PY" -c 'import torch, torchvision, PIL' 2>/dev/null; then
+	cp -r "$BUILD/python" "$PWD/tests/py/share_job.py" "$D/"
+	chmod -R a+rX "$D"
+	mkdir "$D/o"
+	chown $OTHER "$D/o"
+	VERIFY=(timeout 120 "$PY" "$PWD/tests/py/share_verify.py" --root "$D/data" --cache "$T_TMP/table.json")
+	# pyjob WHO NAME SESSION [ARGS...]: share_job.py in the background, as root or
+	# the other user, with the shim; record $D/o/NAME.jsonl, $T_TMP/NAME.err.
+	pyjob() {
+		local who=$1 name=$2 sess=$3; shift 3
+		local run=(env); [ "$who" = other ] && run=(setpriv --reuid=$OTHER --regid=$OTHER --clear-groups env)
+		"${run[@]}" TSSHIM_SESSION="$sess" TSSHIM_LOG="${PYLOG:-warn}" LD_PRELOAD="$PRE" timeout -s ABRT 120 \
+			"$PY" "$D/share_job.py" --root "$D/data" --workers 2 --epochs 2 --batch-size 4 \
+			--record "$D/o/$name.jsonl" "$@" >/dev/null 2>"$T_TMP/$name.err" &
+		JOBS+=($!)
+		T_PIDS+=($!)
+	}
+	jobs_ok() { # every job of JOBS exited 0
+		local p rc=0
+		for p in "${JOBS[@]}"; do wait "$p" || rc=1; done
+		JOBS=()
+		return $rc
+	}
+	JOBS=()
+	# Both users at once, one session name, two jobs each: two feeds.
+	F=$(session_name feed)
+	PYLOG=info pyjob root fr1 "$F" --seed 1 --sleep 0.2 --barrier "$D/o/fr:2"
+	PYLOG=info pyjob root fr2 "$F" --seed 2 --sleep 0.2 --barrier "$D/o/fr:2"
+	PYLOG=info pyjob other fo1 "$F" --seed 3 --sleep 0.2 --barrier "$D/o/fo:2"
+	PYLOG=info pyjob other fo2 "$F" --seed 4 --sleep 0.2 --barrier "$D/o/fo:2"
+	for ((i = 0; i < 3000; i++)); do
+		# each user's first batch published
+		ls /dev/shm/tsshim-feed.0."$F".*.s0.g0 /dev/shm/tsshim-feed.$OTHER."$F".*.s0.g0 >/dev/null 2>&1 && break
+		sleep 0.01
+	done
+	(cd /dev/shm && stat -c '%U %a %n' tsshim*."$F".*) >"$T_TMP/feed.ls" 2>&1
+	check "root and the other user's jobs in session '$F' at once all finished" jobs_ok
+	KEY=$(sed -n 's/.*DataLoader shares as feed \([0-9a-f]*\) .*/\1/p' "$T_TMP/fr1.err" | head -n 1)
+	fobjs() { grep -cE "^$1 600 tsshim[a-z-]*\.$2\.$F\.$KEY(\.|\$)" "$T_TMP/feed.ls"; }
+	check "... each user's feed files and feed segment are its own, 0600 (root $(fobjs root 0), other $(fobjs nobody $OTHER) of $(grep -c . "$T_TMP/feed.ls"))" \
+		cond '[ -n "$KEY" ] && [ "$(fobjs root 0)" -ge 3 ] && [ "$(fobjs nobody $OTHER)" -ge 3 ] && [ $(($(fobjs root 0) + $(fobjs nobody $OTHER))) = "$(grep -c . "$T_TMP/feed.ls")" ]'
+	"${VERIFY[@]}" --expect-one-producer "$D/o/fr1.jsonl" "$D/o/fr2.jsonl" >"$T_TMP/vr" 2>&1
+	check "... root's two jobs shared one stream, one producer ($(tail -n 1 "$T_TMP/vr"))" grep -q 'verify: OK' "$T_TMP/vr"
+	"${VERIFY[@]}" --expect-one-producer "$D/o/fo1.jsonl" "$D/o/fo2.jsonl" >"$T_TMP/vo" 2>&1
+	check "... the other user's two, their own ($(tail -n 1 "$T_TMP/vo"))" grep -q 'verify: OK' "$T_TMP/vo"
+	check "... nothing of '$F' left in /dev/shm" [ -z "$(ls /dev/shm | grep -F ".$F.")" ]
+
+	# refused_feed NAME... : each job exited 0, said why in one line, and trained
+	# on its own loader (every epoch whole, labels right).
+	refused_feed() {
+		local d=$1 pat=$2 n; shift 2
+		check "$d: the jobs finish" jobs_ok
+		for n in "$@"; do
+			check "... $n: one line ($(grep '^tsshim\[' "$T_TMP/$n.err" | head -n 1 | cut -c 1-230))" \
+				cond '[ "$(grep -c "^tsshim\[" "$T_TMP/$n.err")" = 1 ] && grep -qE "$pat" "$T_TMP/$n.err"'
+		done
+		"${VERIFY[@]}" --mode plain $(for n in "$@"; do echo "$D/o/$n.jsonl"; done) >"$T_TMP/vp" 2>&1
+		check "... each trained on its own DataLoader, right ($(tail -n 1 "$T_TMP/vp"))" grep -q 'verify: OK' "$T_TMP/vp"
+	}
+	if [ -n "$KEY" ]; then
+		# A feed segment root planted under the other user's name.
+		Q=$(session_name fplant)
+		echo planted >"/dev/shm/tsshim.$OTHER.$Q.$KEY"
+		chmod 600 "/dev/shm/tsshim.$OTHER.$Q.$KEY"
+		pyjob other fp1 "$Q" --barrier "$D/o/fp:2"
+		pyjob other fp2 "$Q" --barrier "$D/o/fp:2"
+		refused_feed "a feed segment root planted under the other user's name" \
+			"cannot open feed $KEY: EACCES: .*tsshim\.$OTHER\.$Q\.$KEY: Permission denied" fp1 fp2
+		check "... left as it was" [ "$(stat -c %u:%s "/dev/shm/tsshim.$OTHER.$Q.$KEY")" = 0:8 ]
+		rm -f "/dev/shm/tsshim.$OTHER.$Q.$KEY"
+		# A symlink the other user planted at root's feed segment path.
+		as_other ln -s "$T_TMP/ctarget" "/dev/shm/tsshim.0.$Q.$KEY"
+		pyjob root fs1 "$Q" --barrier "$D/o/fs:2"
+		pyjob root fs2 "$Q" --barrier "$D/o/fs:2"
+		refused_feed "a symlink the other user planted at root's feed segment path" \
+			"cannot open feed $KEY: ELOOP: .*tsshim\.0\.$Q\.$KEY" fs1 fs2
+		check "... its target untouched" [ "$(cat "$T_TMP/ctarget")" = keep ]
+		rm -f "/dev/shm/tsshim.0.$Q.$KEY"
+		# The ledger of the other user's live feed replaced by root's file, then
+		# by its own file with mode 0644: the job that joins next refuses it.
+		for how in root 0644; do
+			Q=$(session_name "l$how")
+			pyjob other "lp$how" "$Q" --sleep 0.4
+			for ((i = 0; i < 3000; i++)); do
+				L=$(ls /dev/shm/tsshim-feed.$OTHER."$Q".*.ledger 2>/dev/null) && [ -n "$L" ] && break
+				sleep 0.01
+			done
+			echo planted >"$T_TMP/ledger"
+			if [ "$how" = root ]; then chmod 600 "$T_TMP/ledger"; else chown $OTHER "$T_TMP/ledger"; chmod 644 "$T_TMP/ledger"; fi
+			mv "$T_TMP/ledger" "$L"
+			pyjob other "lc$how" "$Q"
+			refused_feed "the other user's feed ledger replaced by $([ $how = root ] && echo "a file of root's" || echo "its own file, mode 0644")" \
+				"cannot open feed $KEY: EACCES: $L refused: not a 0600 file owned by uid $OTHER" "lc$how"
+			check "... while its producer trained on" cond '[ "$(grep -c "\"end\":true" "$D/o/lp$how.jsonl")" = 2 ]'
+			rm -f "$L"
+		done
+	fi
+else
+	echo "# python3-torch/torchvision/pil not installed: the feed cases are skipped"
+fi
+
 # Nothing tsshim made is readable by others, whoever made it.
 bad=$(find /dev/shm -maxdepth 1 -name 'tsshim*' -perm /077 2>/dev/null | head -n 3)
 check "no tsshim object in /dev/shm is readable or writable by group or others${bad:+ ($bad)}" [ -z "$bad" ]
