@@ -107,7 +107,7 @@ REF=$(sum "$T_TMP/tref.out")
 # mode, with the shim; $T_TMP/NAME.out, .err, .rc.
 train() {
 	local who=$1 name=$2 sess=$3; shift 3
-	local run=(env); [ "$who" = other ] && run=(setpriv --reuid=$OTHER --regid=$OTHER --clear-groups env)
+	local run=(env); [ "$who" = other ] && run=(setpriv --reuid="$OTHER" --regid="$OTHER" --clear-groups env)
 	"${run[@]}" TSSHIM_MODE=exact TSSHIM_SESSION="$sess" TSSHIM_CACHE_MB=64 LD_PRELOAD="$PRE" \
 		"$D/tsshim-train" "${TARGS[@]}" "$@" "$D/data/train" >"$T_TMP/$name.out" 2>"$T_TMP/$name.err"
 	echo $? >"$T_TMP/$name.rc"
@@ -182,7 +182,7 @@ if "$PY" -c 'import torch, torchvision, PIL' 2>/dev/null; then
 	# the other user, with the shim; record $D/o/NAME.jsonl, $T_TMP/NAME.err.
 	pyjob() {
 		local who=$1 name=$2 sess=$3; shift 3
-		local run=(env); [ "$who" = other ] && run=(setpriv --reuid=$OTHER --regid=$OTHER --clear-groups env)
+		local run=(env); [ "$who" = other ] && run=(setpriv --reuid="$OTHER" --regid="$OTHER" --clear-groups env)
 		"${run[@]}" TSSHIM_SESSION="$sess" TSSHIM_LOG="${PYLOG:-warn}" LD_PRELOAD="$PRE" timeout -s ABRT 120 \
 			"$PY" "$D/share_job.py" --root "$D/data" --workers 2 --epochs 2 --batch-size 4 \
 			--record "$D/o/$name.jsonl" "$@" >/dev/null 2>"$T_TMP/$name.err" &
@@ -254,7 +254,7 @@ if "$PY" -c 'import torch, torchvision, PIL' 2>/dev/null; then
 		# by its own file with mode 0644: the job that joins next refuses it.
 		for how in root 0644; do
 			Q=$(session_name "l$how")
-			pyjob other "lp$how" "$Q" --sleep 0.4
+			pyjob other "lp$how" "$Q" --sleep 0.8 # 5 s: the next job joins it well before its end
 			for ((i = 0; i < 3000; i++)); do
 				L=$(ls /dev/shm/tsshim-feed.$OTHER."$Q".*.ledger 2>/dev/null) && [ -n "$L" ] && break
 				sleep 0.01
