@@ -1429,6 +1429,11 @@ static int open_once(struct ts_cache *c, uint64_t budget, const struct ts_ident 
 		if (fd == -EEXIST)
 			return -EAGAIN;
 		created = fd >= 0;
+	} else if (fd < 0 && errno == ELOOP) {
+		fd = fail(why, whylen, -ELOOP, "%s: refused: a symbolic link", c->path);
+	} else if (fd < 0 && errno == EACCES) { /* another user's, or not rw for us */
+		fd = fail(why, whylen, -EACCES, "%s: refused: not a 0600 file owned by uid %u", c->path,
+			  (unsigned)getuid());
 	} else if (fd < 0) {
 		int e = errno;
 		fd = fail(why, whylen, -e, "cannot open %s: %s", c->path, strerror(e));

@@ -152,10 +152,23 @@ static int ledger_open(struct ts_feed *f)
 		if (fd >= 0) {
 			ret = ledger_map(f, fd);
 			close(fd);
+			if (ret == -EACCES || ret == -EINVAL)
+				snprintf(f->s.why, sizeof(f->s.why), "%s refused: not a 0600 file owned by uid %u", path,
+					 (unsigned)getuid());
+			else if (ret)
+				snprintf(f->s.why, sizeof(f->s.why), "%s refused: not a valid ledger", path);
 			return ret;
 		}
-		if (errno != ENOENT)
-			return -errno;
+		ret = -errno;
+		if (ret != -ENOENT) {
+			if (ret == -EACCES) /* another user's, or not rw for us */
+				snprintf(f->s.why, sizeof(f->s.why), "%s refused: not a 0600 file owned by uid %u", path,
+					 (unsigned)getuid());
+			else
+				snprintf(f->s.why, sizeof(f->s.why), "%s refused: %s", path,
+					 ret == -ELOOP ? "a symbolic link" : strerror(-ret));
+			return ret;
+		}
 		if ((fd = ts_shm_create_tmp(path, tmp, sizeof(tmp))) < 0)
 			return fd;
 		uint64_t size = ledger_bytes(f->nindex);

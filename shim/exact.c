@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "io.h"
@@ -16,6 +17,12 @@ enum { CACHE_UNTRIED = 0, CACHE_OPEN = 1, CACHE_FAILED = 2 };
 static struct ts_cache cache;
 static _Atomic int cache_state;
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The configuration allows the cache: every mode but off shares decodes. */
+static int cache_configured(void)
+{
+	return ts_cfg.mode != TS_MODE_OFF && ts_cfg.cache_mb > 0;
+}
+
 /*
  * The job a forked child belongs to: the nearest ancestor that is not itself
  * a fork child (DataLoader workers are forked per epoch by the job). A child
@@ -24,24 +31,31 @@ static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
  * exit (exact_fini), and the last one out removes the cache.
  */
 static struct ts_ident job;
+/*
+ * Whether the job said why the cache is unavailable: a word shared with the
+ * workers it forks (made before its first fork), so a refused cache costs a
+ * job one line, not one per worker and epoch. NULL: say it (no fork yet).
+ */
+static _Atomic int *told_unavailable;
 
 /* Before fork, holding no lock (the first call reads /proc through our own
  * open hook): the child's job is this process unless it is a fork child. */
 void ts_exact_fork_note_job(void)
 {
-	if (!atomic_load(&ts_is_fork_child) && ts_self_ident(&job) != 0)
+	if (atomic_load(&ts_is_fork_child))
+		return;
+	if (ts_self_ident(&job) != 0)
 		job.pid = 0;
+	if (!told_unavailable && cache_configured()) {
+		void *m = mmap(NULL, sizeof(*told_unavailable), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		if (m != MAP_FAILED)
+			told_unavailable = m;
+	}
 }
 
 /* Fork handlers: a child must not inherit open_lock held by another thread. */
 void ts_exact_fork_lock(void) { pthread_mutex_lock(&open_lock); }
 void ts_exact_fork_unlock(void) { pthread_mutex_unlock(&open_lock); }
-
-/* The configuration allows the cache: every mode but off shares decodes. */
-static int cache_configured(void)
-{
-	return ts_cfg.mode != TS_MODE_OFF && ts_cfg.cache_mb > 0;
-}
 
 int ts_exact_enabled(void)
 {
@@ -65,8 +79,11 @@ static int cache_ready(void)
 		char why[200] = "";
 		int ret = ts_cache_open(&cache, ts_cfg.session, ts_cfg.cache_mb << 20, why, sizeof(why));
 		if (ret) {
-			ts_warn("decoded-image cache of session '%s' unavailable: %s%s%s; decoding privately",
-				ts_cfg.session, strerror(-ret), why[0] ? ": " : "", why);
+			/* Once per job; its other workers say it only at debug. */
+			int told = told_unavailable && atomic_exchange(told_unavailable, 1);
+			ts_log(told ? TS_LOG_DEBUG : TS_LOG_WARN,
+			       "decoded-image cache of session '%s' unavailable: %s%s%s; decoding privately",
+			       ts_cfg.session, strerror(-ret), why[0] ? ": " : "", why);
 			atomic_store_explicit(&cache_state, CACHE_FAILED, memory_order_release);
 		} else {
 			ts_info("decoded-image cache of session '%s': %llu MiB", ts_cfg.session,

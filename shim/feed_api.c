@@ -59,6 +59,7 @@ static void remember_feed(const char *name)
 	}
 	snprintf(been_in[nbeen_in++], TS_NAME_MAX, "%s", name);
 }
+static __thread char open_why[sizeof(((struct ts_session *)0)->why)];
 
 /* Run a core call with the file hooks passing straight through, errno kept. */
 #define FEED_CALL(h, f, expr)                                           \
@@ -97,6 +98,7 @@ TS_EXPORT int tsshim_feed_open(const char *key, const char *label, uint64_t nind
 		return -ENAMETOOLONG;
 	if (!ts_session_name_valid(name))
 		return -EINVAL;
+	open_why[0] = '\0';
 	struct ts_feed *f = malloc(sizeof(*f));
 	if (!f)
 		return -ENOMEM;
@@ -117,10 +119,18 @@ TS_EXPORT int tsshim_feed_open(const char *key, const char *label, uint64_t nind
 	}
 	pthread_mutex_unlock(&feeds_lock);
 	ts_in_hook = prev;
-	if (ret < 0)
+	if (ret < 0) {
+		snprintf(open_why, sizeof(open_why), "%s", f->s.why);
 		free(f);
+	}
 	errno = saved;
 	return ret;
+}
+
+/* Why this thread's last tsshim_feed_open() failed, if the core said ("" otherwise). */
+TS_EXPORT const char *tsshim_feed_open_why(void)
+{
+	return open_why;
 }
 
 /* Forget the feed's ranges, then its GPU side (exiting: no CUDA call). */

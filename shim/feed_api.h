@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 int tsshim_feed_open(const char *key, const char *label, uint64_t nindex);
+const char *tsshim_feed_open_why(void);
 void tsshim_feed_close(int h);
 int tsshim_feed_role(int h);
 int tsshim_feed_timeout_ms(int h);

@@ -71,7 +71,7 @@ def _bind():
     u32, u64, i32, vp, cp = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p
     pu64, pi32, pu32 = ctypes.POINTER(u64), ctypes.POINTER(i32), ctypes.POINTER(u32)
     sig = {
-        "open": (i32, [cp, cp, u64]), "close": (None, [i32]), "role": (i32, [i32]),
+        "open": (i32, [cp, cp, u64]), "open_why": (cp, []), "close": (None, [i32]), "role": (i32, [i32]),
         "timeout_ms": (i32, [i32]), "stall_ms": (i32, [i32]),
         "take_idle": (i32, [i32]), "set_idle": (i32, [i32, i32]),
         "flags": (i32, [i32]), "set_unshareable": (i32, [i32]),
@@ -106,7 +106,9 @@ class _Feed:
         self.lib, self.key = lib, key
         self.h = lib.tsshim_feed_open(key.encode(), label.encode("utf-8", "replace")[:95], nindex)
         if self.h < 0:
-            raise Fallback("cannot open feed %s: %s" % (key, _err(self.h)))
+            why = lib.tsshim_feed_open_why() or b""
+            raise Fallback("cannot open feed %s: %s%s" % (key, _err(self.h),
+                                                          ": " + why.decode("utf-8", "replace") if why else ""))
         self.timeout_ms = max(10, lib.tsshim_feed_timeout_ms(self.h))
         # how long we wait on a consumer that does not read: the ring's own rule
         self.stall_ms = max(self.timeout_ms, lib.tsshim_feed_stall_ms(self.h))
