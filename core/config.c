@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "prim.h"
 #include "session.h"
 
 const char *const ts_config_vars[] = {
@@ -29,10 +30,16 @@ const char *ts_mode_name(enum ts_mode m)
 uint64_t ts_config_default_cache_mb(void)
 {
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-	if (pages <= 0 || page <= 0)
-		return 512;
-	uint64_t mb = (uint64_t)pages / 8 * (uint64_t)page >> 20;
-	return mb > 8192 ? 8192 : mb;
+	uint64_t mb = pages <= 0 || page <= 0 ? 512 : (uint64_t)pages / 8 * (uint64_t)page >> 20;
+	/*
+	 * The cache lives in /dev/shm, beside the shared memory the job itself
+	 * needs (a DataLoader's workers hand their batches over there, and a
+	 * container's /dev/shm is often 64 MiB): it takes at most a quarter.
+	 */
+	uint64_t shm_mb = ts_shm_fs_bytes() / 4 >> 20;
+	if (shm_mb && shm_mb < mb)
+		mb = shm_mb;
+	return mb > 8192 ? 8192 : mb ? mb : 1;
 }
 
 /* One line: NAME='value' is invalid: expected ...; tsshim is off ... */

@@ -46,7 +46,7 @@ typedef const char *(*ts_getenv_fn)(const char *name);
  */
 int ts_config_parse(struct ts_config *c, ts_getenv_fn get, char *err, size_t errlen);
 
-/* Default decoded-cache budget: an eighth of RAM, at most 8 GiB. */
+/* Default decoded-cache budget: an eighth of RAM, at most 8 GiB and a quarter of /dev/shm. */
 uint64_t ts_config_default_cache_mb(void);
 
 const char *ts_mode_name(enum ts_mode m);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -214,6 +215,15 @@ int ts_pages_unwritten(const void *addr, size_t len)
 	close(fd);
 	errno = saved;
 	return ret;
+}
+
+uint64_t ts_shm_fs_bytes(void)
+{
+	struct statvfs v;
+	int saved = errno;
+	uint64_t n = statvfs(ts_shm_dir(), &v) == 0 ? (uint64_t)v.f_blocks * v.f_frsize : 0;
+	errno = saved;
+	return n;
 }
 
 const char *ts_shm_dir(void)

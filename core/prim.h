@@ -81,6 +81,9 @@ int ts_shm_create_tmp(const char *path, char *tmp, size_t tmplen);
  */
 int ts_pages_unwritten(const void *addr, size_t len);
 
+/* Size of the file system that holds them (statvfs); 0 when unknown. */
+uint64_t ts_shm_fs_bytes(void);
+
 /* Directory that holds POSIX shared-memory objects ("/dev/shm"). */
 const char *ts_shm_dir(void);
 

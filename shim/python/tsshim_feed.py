@@ -56,6 +56,10 @@ class NotProducer(Exception):
     """Replaced as producer while we were about to produce."""
 
 
+class _Unshareable(Fallback):
+    """The producer gave up publishing (it found its batches cannot be shared)."""
+
+
 # --- the C side ----------------------------------------------------------------
 
 def _bind():
@@ -274,6 +278,11 @@ def _run(loader, st, orig_iter, length):
             return
         except Fallback as e:
             st.disable(str(e))
+            if ep.rest_plan is not None:
+                # we had read all that was published: the rest of the stream's epoch,
+                # made privately, completes ours (no sample twice, none lost)
+                yield from ep.private_rest()
+                return
         except NotCarried as e:
             st.disable("batches cannot be shared: %s" % e)
         # the rest of the epoch from the job's own loader
@@ -299,6 +308,7 @@ class _Epoch:
         self.yielded = 0
         self.viewed = self.copied = 0  # consumer batches without / with a copy
         self.gpu = False          # the process uses CUDA: yielded batches are registered for upload
+        self.rest_plan = None     # (indices not published, samples published, carried batch part)
 
     # -- helpers --
     def role(self):
@@ -454,15 +464,18 @@ class _Epoch:
             if publishing:
                 try:
                     ok = self.publish(batch, indices, eoe, cost)
-                except NotCarried:
+                except (NotCarried, Fallback) as e:
+                    # consumers see the flag and finish the epoch on their own; ours goes on
+                    # from our own loader, unshared: no sample twice, none lost
                     self.lib.tsshim_feed_set_unshareable(self.h)
-                    raise
+                    self.st.disable(str(e) if isinstance(e, Fallback) else "batches cannot be shared: %s" % e)
+                    publishing = ok = None
                 if ok:
                     _, leaves, _ = describe_batch(batch, torch)
                     lens = [t.numel() * t.element_size() for t in leaves]
                     self.skip_own(lens)
                     self.register_upload(leaves, lens, published=True)
-                else:
+                elif ok is False:
                     # replaced while we worked: the successor produces the rest of the
                     # epoch, this batch included, and we read it like everyone else
                     hook.log("info", "feed %s: no longer producer; reading the rest of the epoch"
@@ -507,8 +520,13 @@ class _Epoch:
             if not viewed:
                 outs = [torch.empty([bs] + n["shape"], dtype=dt, pin_memory=pin) for n, dt in zip(nodes, dtypes)]
                 dst = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in outs])
-                self.retry(lambda: self.lib.tsshim_feed_read(self.h, npos, want, dst, got, ctypes.byref(eoe),
-                                                             SLICE_MS))
+                try:
+                    self.retry(lambda: self.lib.tsshim_feed_read(self.h, npos, want, dst, got, ctypes.byref(eoe),
+                                                                 SLICE_MS))
+                except _Unshareable:
+                    n = got[0] // sample_bytes[0]
+                    self.plan_rest((node, [t[:n] for t in outs]) if n else None)
+                    raise
                 n = got[0] // sample_bytes[0]
                 leaves = [t[:n] if n < bs else t for t in outs]
             self.waited_ms = 0
@@ -552,8 +570,13 @@ class _Epoch:
         torch = self.torch
         ptr = (ctypes.c_void_p * npos)()
         vid = ctypes.c_uint64()
-        if self.retry(lambda: self.lib.tsshim_feed_read_view(self.h, npos, want, ptr, got, ctypes.byref(eoe),
-                                                             ctypes.byref(vid), SLICE_MS)):
+        try:
+            ret = self.retry(lambda: self.lib.tsshim_feed_read_view(self.h, npos, want, ptr, got, ctypes.byref(eoe),
+                                                                    ctypes.byref(vid), SLICE_MS))
+        except _Unshareable:
+            self.plan_rest(None)  # a view is all or nothing: nothing was read
+            raise
+        if ret:
             return None  # -EXDEV
         n = got[0] // sample_bytes[0]
         lo = min(ptr[p] for p in range(npos))
@@ -584,7 +607,7 @@ class _Epoch:
     def on_wait(self):
         """No data yet: is someone producing? Otherwise we do."""
         if self.lib.tsshim_feed_flags(self.h) & UNSHAREABLE:
-            raise Fallback("the producer found the batches cannot be shared")
+            raise _Unshareable("the producer found the batches cannot be shared")
         self.waited_ms += SLICE_MS
         role = self.role()
         if role != ROLE_PRODUCER and self.waited_ms >= self.feed.timeout_ms:
@@ -597,6 +620,38 @@ class _Epoch:
             self.start_source()
         if self.source is not None and self.source != "done":
             self.produce_one()
+
+    def plan_rest(self, carry):
+        """The producer stopped publishing while we waited for data at the head: we
+        read all it published of the stream's epoch. Note what is left of that epoch
+        (and the part of a batch we hold), for private_rest once the feed is closed."""
+        try:
+            _, ended, rest, npub = self.stream_state(True)
+        except (Fallback, NotProducer):
+            return
+        if not ended:
+            self.rest_plan = (rest, npub, carry)
+
+    def private_rest(self):
+        """The rest of the stream's epoch from a private DataLoader (nothing published),
+        cut at our batch size after the part of a batch we carry."""
+        rest, npub, carry = self.rest_plan
+        torch, bs = self.torch, self.loader.batch_size
+        n0 = carry[1][0].shape[0] if carry else 0
+        try:
+            src = self.st.remainder(self.loader, self.orig_iter, rest, npub, first=bs - n0)
+        except Fallback:  # nothing left: what we carry is the epoch's last batch
+            if carry:
+                yield _build(*carry)
+            return
+        hook.log("info", "feed %s: finishing the epoch privately (%d samples nobody published)"
+                 % (self.feed.key, max(0, self.st.epoch_samples - npub)))
+        for batch, _, _ in src:
+            if carry:
+                _, more, _ = describe_batch(batch, torch)
+                batch = _build(carry[0], [torch.cat([a, b]) for a, b in zip(carry[1], more)])
+                carry = None
+            yield batch
 
     def start_source(self):
         try:
@@ -685,8 +740,9 @@ class LoaderState:
             object.__setattr__(loader, "batch_sampler", inner)
         return it, self.rec
 
-    def remainder(self, loader, orig_iter, rest, npub):
-        """(batch, indices, last) for the samples of the stream epoch not published yet."""
+    def remainder(self, loader, orig_iter, rest, npub, first=None):
+        """(batch, indices, last) for the samples of the stream epoch not published yet,
+        in batches of the loader's size (the first one of `first` samples if given)."""
         torch = sys.modules["torch"]
         data = sys.modules["torch.utils.data"]
         count = self.epoch_samples - npub
@@ -700,7 +756,13 @@ class LoaderState:
         if self.kind != "sequential":
             idx = idx[torch.randperm(len(idx), generator=g)]
         idx = idx[:count].tolist()
-        kw = dict(batch_size=loader.batch_size, sampler=idx, num_workers=loader.num_workers,
+        bs = loader.batch_size
+        cuts, at = [], 0
+        while at < len(idx):
+            size = first if first and not cuts else bs
+            cuts.append(idx[at:at + size])
+            at += size
+        kw = dict(batch_sampler=cuts, num_workers=loader.num_workers,
                   collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn,
                   multiprocessing_context=loader.multiprocessing_context, generator=g,
                   timeout=loader.timeout)
@@ -708,12 +770,10 @@ class LoaderState:
             kw["prefetch_factor"] = loader.prefetch_factor
         private = data.DataLoader(loader.dataset, **kw)
         private._tsshim_private = True
-        bs = loader.batch_size
-        nb = (len(idx) + bs - 1) // bs
 
         def gen():
             for k, batch in enumerate(orig_iter(private)):
-                yield batch, idx[k * bs:(k + 1) * bs], k == nb - 1
+                yield batch, cuts[k], k == len(cuts) - 1
         return gen()
 
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "prim.h"
 
 /* ---- fake environment --------------------------------------------------- */
 
@@ -195,6 +196,10 @@ Test(config, defaults_with_empty_environment)
 	uint64_t mb = ts_config_default_cache_mb();
 	cr_expect_gt(mb, 0, "default cache budget must be > 0 MiB");
 	cr_expect_leq(mb, 8192, "default cache budget must be at most 8 GiB, got %llu", (unsigned long long)mb);
+	uint64_t shm = ts_shm_fs_bytes();
+	if (shm >= 8u << 20)
+		cr_expect_leq(mb, shm / 4 >> 20, "at most a quarter of /dev/shm (%llu MiB), got %llu",
+			      (unsigned long long)(shm >> 20), (unsigned long long)mb);
 	cr_expect_eq(c.cache_mb, mb, "default cache_mb must be ts_config_default_cache_mb() = %llu, got %llu",
 		     (unsigned long long)mb, (unsigned long long)c.cache_mb);
 }

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Shared memory at its size limit (issue 7, fault injection): jobs run in a
+# private mount namespace whose /dev/shm is a tmpfs of a few MiB, so that the
+# shim's objects do not fit. Whatever does not fit, the jobs must train as
+# without the shim, say so in one line, and leave nothing behind:
+#   torch  two PyTorch jobs sharing a DataLoader (no workers: torch itself
+#          needs no /dev/shm then) in 2700 KiB: the session segments and one
+#          batch file fit, the second batch does not. The producer's publish
+#          fails mid-epoch (ENOSPC): it finishes its epoch from its own loader;
+#          the consumer, which had read all that was published, makes the
+#          rest of that stream epoch privately. Every epoch of each job whole,
+#          no sample twice (share_verify --mode plain).
+#   exact  three same-seed tsshim-train jobs in exact mode, in 2 MiB (the
+#          decoded-image cache does not fit: decoding privately) and in 12 MiB
+#          (the cache's default budget is a quarter of /dev/shm: it fits and
+#          is hit): the trained checksum of each is the one without the shim.
+# Needs root (a mount namespace); exit 77 otherwise.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+. tests/lib.sh
+[ "$(id -u)" = 0 ] || { echo "needs root for a private /dev/shm"; exit 77; }
+command -v unshare >/dev/null || { echo "needs unshare (util-linux)"; exit 77; }
+unshare -m --propagation private true 2>/dev/null || { echo "cannot make a mount namespace here"; exit 77; }
+TRAIN="$PWD/$BUILD/tsshim-train"
+MKDATA="$PWD/$BUILD/tsshim-mkdata"
+[ -x "$TRAIN" ] && [ -x "$MKDATA" ] || { echo "needs tsshim-train and tsshim-mkdata"; exit 77; }
+unset TSSHIM_MODE TSSHIM_CACHE_MB TSSHIM_DEPTH
+export TSSHIM_LOG=info
+
+# in_small_shm SIZE CMD...: run CMD with /dev/shm a fresh tmpfs of SIZE; then
+# print "left N": the objects still in that /dev/shm once CMD is done.
+in_small_shm() {
+	local size=$1; shift
+	unshare -m --propagation private bash -c '
+		mount -t tmpfs -o "size=$1,mode=1777" tmpfs /dev/shm || exit 9
+		shift
+		"$@"
+		echo "left $(ls -A /dev/shm | wc -l)"' in_small_shm "$size" "$@"
+}
+
+# --- torch ------------------------------------------------------------------------
+PY=/usr/bin/python3
+if "$PY" -c 'import torch, torchvision, PIL' 2>/dev/null; then
+	"$MKDATA" --classes 4 --train 40 --val 4 --seed 7 "$T_TMP/data" >/dev/null 2>&1 || { echo "mkdata failed"; exit 1; }
+	torch_jobs() { # RECORD DIR: two jobs sharing a loader, in the background; wait
+		local i
+		for i in 1 2; do
+			LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$SESS_T" timeout -s ABRT 120 "$PY" \
+				tests/py/share_job.py --root "$DATA" --record "$1/$i.jsonl" --seed "$i" \
+				--batch-size 64 --workers 0 --epochs 2 --barrier "$1/go:2" >"$1/$i.out" 2>"$1/$i.err" &
+		done
+		local bad=0
+		for i in 1 2; do wait -n || bad=1; done
+		return $bad
+	}
+	# (the jobs run in a fresh bash inside the namespace: it gets them exported)
+	SESS_T=$(session_name full) DATA="$T_TMP/data"
+	export -f torch_jobs
+	export TS_PRELOAD PY SESS_T DATA
+	mkdir -p "$T_TMP/torch"
+	in_small_shm 2700k torch_jobs "$T_TMP/torch" >"$T_TMP/torch.out" 2>&1
+	rc=$?
+	check "torch: both jobs exit 0 in a 2700 KiB /dev/shm" [ "$rc" = 0 ] ||
+		tail -n 20 "$T_TMP/torch/1.err" "$T_TMP/torch/2.err" | sed 's/^/#   /'
+	check "torch: nothing of theirs left in that /dev/shm ($(grep '^left' "$T_TMP/torch.out"))" \
+		grep -qx 'left 0' "$T_TMP/torch.out"
+	cat "$T_TMP/torch/1.err" "$T_TMP/torch/2.err" >"$T_TMP/torch.err"
+	check "torch: the producer's publish failed with ENOSPC, said once" \
+		cond '[ "$(grep -c "sharing off for this loader: cannot publish a batch: ENOSPC" "$T_TMP/torch.err")" = 1 ]'
+	check "torch: the consumer made the rest of the stream's epoch privately, said once" \
+		cond '[ "$(grep -c "finishing the epoch privately" "$T_TMP/torch.err")" = 1 ]'
+	if timeout 120 "$PY" tests/py/share_verify.py --mode plain --root "$T_TMP/data" \
+		"$T_TMP/torch/1.jsonl" "$T_TMP/torch/2.jsonl" >"$T_TMP/torch.verify" 2>&1; then
+		ok "torch: every epoch of each job whole, no sample twice, labels paired: $(tail -n 1 "$T_TMP/torch.verify")"
+	else
+		not_ok "torch: share_verify --mode plain: $(tail -n 1 "$T_TMP/torch.verify")"
+		grep -v '^verify:' "$T_TMP/torch.verify" | head -n 8 | sed 's/^/#   /'
+	fi
+else
+	echo "# torch: skipped (python3-torch/torchvision/pil not installed)"
+fi
+
+# --- exact ------------------------------------------------------------------------
+"$MKDATA" --classes 3 --train 8 --val 2 --seed 3 "$T_TMP/tdata" >/dev/null 2>&1 || { echo "mkdata failed"; exit 1; }
+TDATA="$T_TMP/tdata/train" # the jobs: tsshim-train --batch 8 --size 64 --epochs 2 --seed 4 --workers 2
+"$TRAIN" --batch 8 --size 64 --epochs 2 --seed 4 --workers 2 "$TDATA" >"$T_TMP/ref.out" 2>&1 ||
+	{ echo "tsshim-train alone failed"; exit 1; }
+REF=$(sed -n 's/.*trained_checksum=\([0-9a-f]*\).*/\1/p' "$T_TMP/ref.out")
+exact_jobs() { # DIR: three same-seed jobs in exact mode; wait
+	local i bad=0
+	for i in 1 2 3; do
+		TSSHIM_MODE=exact TSSHIM_SESSION="$SESS_X" LD_PRELOAD="$TS_PRELOAD" timeout 60 \
+			"$TRAIN" --batch 8 --size 64 --epochs 2 --seed 4 --workers 2 "$TDATA" >"$1/$i.out" 2>"$1/$i.err" &
+	done
+	for i in 1 2 3; do wait -n || bad=1; done
+	return $bad
+}
+SESS_X=$(session_name fullx)
+export -f exact_jobs
+export TS_PRELOAD TRAIN TDATA SESS_X
+for size in 2m 12m; do
+	d="$T_TMP/exact-$size"
+	mkdir -p "$d"
+	in_small_shm "$size" exact_jobs "$d" >"$d.out" 2>&1
+	rc=$?
+	sums=$(sed -n 's/.*trained_checksum=\([0-9a-f]*\).*/\1/p' "$d"/?.out | sort -u | xargs)
+	check "exact, $size: the three jobs exit 0 with the checksum of a job without the shim ($sums vs $REF)" \
+		cond "[ $rc = 0 ] && [ '$sums' = '$REF' ]"
+	check "exact, $size: nothing left in that /dev/shm ($(grep '^left' "$d.out"))" grep -qx 'left 0' "$d.out"
+	cat "$d"/?.err >"$d.err"
+	if [ "$size" = 2m ]; then
+		check "exact, 2m: the cache did not fit, and each job said so once" \
+			cond "[ \"\$(grep -c 'decoded-image cache of session .* unavailable: .*No space left' '$d.err')\" = 3 ]"
+	else
+		hits=$(sed -n 's/.*removed, last out: \([0-9]*\) hits.*/\1/p' "$d.err" | head -n 1)
+		check "exact, 12m: a cache of a quarter of /dev/shm (3 MiB) fit and was hit (${hits:-no} hits)" \
+			cond "grep -q \"decoded-image cache of session '.*': 3 MiB\" '$d.err' && [ '${hits:-0}' -gt 0 ]"
+	fi
+done
+
+finish shmfull
