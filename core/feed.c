@@ -240,7 +240,7 @@ int ts_feed_open(struct ts_feed *f, const char *name, const struct ts_session_pa
 		return ret;
 	}
 	f->incarnation = f->s.seg->st.created_unix_ns;
-	ts_feed_clean_stale(name);
+	ts_feed_clean_stale(name, 0);
 	if ((ret = ledger_open(f)) == 0 &&
 	    (ret = ts_heartbeat_start(&f->hb, &f->s, on_role, &f->s)) == 0) {
 		f->hb_running = 1;
@@ -277,7 +277,7 @@ void ts_feed_close(struct ts_feed *f)
 	snprintf(name, sizeof(name), "%s", f->s.name);
 	ts_session_leave(&f->s);
 	if (name[0])
-		ts_feed_clean_stale(name);
+		ts_feed_clean_stale(name, f->incarnation);
 }
 
 enum ts_role ts_feed_role(struct ts_feed *f)
@@ -295,22 +295,43 @@ enum ts_role ts_feed_role(struct ts_feed *f)
  * feed ends whose last member was SIGKILLed after every other member had
  * left: the others left while it lived, and it could not leave.
  */
-int ts_feed_clean_stale(const char *session_name)
+/* The incarnation of a valid segment at seg_path: 0; -ENOENT: none there; else unreadable. */
+static int segment_incarnation(const char *seg_path, uint64_t *inc)
 {
-	char seg_path[TS_PATH_MAX], prefix[TS_PATH_MAX], path[TS_PATH_MAX * 2], why[160];
-	uint64_t live = 0;
+	char why[160];
 	struct ts_view v;
+	int ret = ts_view_open(&v, seg_path, why, sizeof(why));
+	if (ret == 0) {
+		if ((ret = ts_segment_validate(v.seg, v.map_size, getuid(), why, sizeof(why))) == 0)
+			*inc = v.seg->st.created_unix_ns;
+		ts_view_close(&v);
+	} else if (access(seg_path, F_OK) != 0) {
+		ret = -ENOENT;
+	}
+	return ret;
+}
+
+int ts_feed_clean_stale(const char *session_name, uint64_t ended)
+{
+	char seg_path[TS_PATH_MAX], prefix[TS_PATH_MAX], path[TS_PATH_MAX * 2];
+	uint64_t live = 0, ended2 = 0;
+	/*
+	 * A joiner may create the session anew while we look (the segment we
+	 * read was gone, or was removed just above): its files are named by an
+	 * incarnation it stamped a moment before linking its segment, after our
+	 * start or within a second before it. Those are never ours to remove: a
+	 * file that young goes only when its incarnation is known to have ended
+	 * (`ended`, or the segment removed below), else at the next sweep.
+	 */
+	uint64_t young = ts_prim_realtime_ns() - 1000000000ull, seen = 0;
 	if (ts_segment_path(seg_path, sizeof(seg_path), getuid(), session_name))
 		return -EINVAL;
-	/* Its own result does not matter: whatever it left in place is judged below. */
-	(void)ts_session_remove_if_stale(seg_path);
-	if (ts_view_open(&v, seg_path, why, sizeof(why)) == 0) {
-		if (ts_segment_validate(v.seg, v.map_size, getuid(), why, sizeof(why)) == 0)
-			live = v.seg->st.created_unix_ns;
-		ts_view_close(&v);
-	} else if (access(seg_path, F_OK) == 0) {
+	/* A segment whose members are all dead: its incarnation ends here, young or not. */
+	int got = segment_incarnation(seg_path, &seen);
+	if (ts_session_remove_if_stale(seg_path) == 1 && got == 0)
+		ended2 = seen;
+	if ((got = segment_incarnation(seg_path, &live)) != 0 && got != -ENOENT)
 		return 0; /* there but unreadable: do not guess */
-	}
 	int plen = snprintf(prefix, sizeof(prefix), TS_FEED_PREFIX "%u.%s.", (unsigned)getuid(), session_name);
 	DIR *d = opendir(ts_shm_dir());
 	if (!d)
@@ -323,7 +344,7 @@ int ts_feed_clean_stale(const char *session_name)
 		if (strncmp(e->d_name, prefix, (size_t)plen) != 0)
 			continue;
 		inc = strtoull(e->d_name + plen, &end, 16);
-		if (*end != '.' || (live && inc == live))
+		if (*end != '.' || (live && inc == live) || (inc >= young && inc != ended && inc != ended2))
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", ts_shm_dir(), e->d_name);
 		removed += unlink(path) == 0;

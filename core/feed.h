@@ -196,8 +196,10 @@ void ts_feed_release_view(struct ts_feed *f, uint64_t id);
  * Remove feed files of session incarnations that are gone, and first the
  * segment itself if every member is dead (a last member killed after the
  * others left); returns how many files were removed (the segment not
- * counted), or -errno.
+ * counted), or -errno. Files of an incarnation younger than a second are
+ * removed only when it is `ended` (the caller's own, left) or the segment
+ * removed here: a session made anew meanwhile keeps its files.
  */
-int ts_feed_clean_stale(const char *session_name);
+int ts_feed_clean_stale(const char *session_name, uint64_t ended);
 
 #endif

@@ -187,7 +187,7 @@ void ts_feed_api_fini(void)
 		free(f);
 	}
 	for (unsigned i = 0; i < nbeen_in; i++)
-		if (ts_feed_clean_stale(been_in[i]) > 0)
+		if (ts_feed_clean_stale(been_in[i], 0) > 0)
 			ts_info("feed '%s' removed at exit: its last members died after we left it", been_in[i]);
 	nbeen_in = 0;
 	pthread_mutex_unlock(&feeds_lock);

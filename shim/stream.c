@@ -613,7 +613,7 @@ void ts_stream_fini(void)
 		L->f = NULL;
 		/* a member that died (a killed producer) keeps its slot: if only
 		 * such are left, nobody else will remove the feed */
-		ts_feed_clean_stale(name);
+		ts_feed_clean_stale(name, 0);
 	}
 	pthread_mutex_unlock(&mu);
 	errno = saved;

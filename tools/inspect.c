@@ -1102,9 +1102,16 @@ static int clean_one(struct entry *e)
 {
 	char why[160] = "";
 	struct ts_view v;
+	uint64_t inc = 0;
 	/* Open it first for a readable reason: remove_if_stale only says -errno. */
 	int r = ts_view_open(&v, e->path, why, sizeof(why));
-	ts_view_close(&v);
+	if (r == 0) {
+		char ignored[160];
+		/* the incarnation whose feed files go with it, should it be removed */
+		if (ts_segment_validate(v.seg, v.map_size, getuid(), ignored, sizeof(ignored)) == 0)
+			inc = v.seg->st.created_unix_ns;
+		ts_view_close(&v);
+	}
 	if (r == -ENOENT)
 		return 0; /* gone meanwhile */
 	if (r == 0)
@@ -1112,7 +1119,7 @@ static int clean_one(struct entry *e)
 	if (r == 1) {
 		/* A feed's ledger and batch files live beside its segment; gone
 		 * with it, nothing can reach them any more. */
-		ts_feed_clean_stale(e->name);
+		ts_feed_clean_stale(e->name, inc);
 		return 1;
 	}
 	if (r == 0)

@@ -41,7 +41,7 @@ static uint8_t src0[NSAMPLES * 12], src1[NSAMPLES * 4];
 /* The last iteration's slot files and ledger (a crash leaves them: ts_feed_clean_stale(NAME) removes them). */
 static void cleanup(void)
 {
-	ts_feed_clean_stale(name);
+	ts_feed_clean_stale(name, 0);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);

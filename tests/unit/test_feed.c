@@ -297,6 +297,17 @@ Test(feed, stale_files_of_an_ended_session_are_removed)
 	cr_expect_eq(access(path, F_OK), -1, "a file of another incarnation is removed at open");
 	ts_feed_close(&f);
 	cr_expect_eq(count_feed_files(name), 0);
+
+	/* A session made anew while a sweep looks: its files carry an incarnation
+	 * of a moment ago, and the sweep that found no segment leaves them. */
+	snprintf(path, sizeof(path), "%s/" TS_FEED_PREFIX "%u.%s.%llx.ledger", ts_shm_dir(), (unsigned)getuid(), name,
+		 (unsigned long long)ts_prim_realtime_ns());
+	fd = open(path, O_CREAT | O_EXCL | O_RDWR, 0600);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	cr_expect_eq(ts_feed_clean_stale(name, 0), 0);
+	cr_expect_eq(access(path, F_OK), 0, "a file of an incarnation younger than a second is not removed");
+	unlink(path);
 }
 
 /*
@@ -329,12 +340,12 @@ Test(feed, a_feed_whose_last_member_was_killed_after_we_left_is_removed_by_the_s
 	ts_feed_close(&f);
 	cr_assert_eq(access(seg, F_OK), 0, "a live member is left: the feed stays");
 	cr_assert_geq(count_feed_files(name), 3, "ledger and two slot files stay while a member lives");
-	cr_expect_eq(ts_feed_clean_stale(name), 0, "the member lives: nothing of its feed is stale");
+	cr_expect_eq(ts_feed_clean_stale(name, 0), 0, "the member lives: nothing of its feed is stale");
 	cr_expect_geq(count_feed_files(name), 3);
 	cr_assert_eq(kill(pid, SIGKILL), 0);
 	cr_expect_eq(wait_exit(pid), 100 + SIGKILL);
 	close(go[1]);
-	cr_expect_geq(ts_feed_clean_stale(name), 3, "every member is dead: the ledger and slot files go");
+	cr_expect_geq(ts_feed_clean_stale(name, 0), 3, "every member is dead: the ledger and slot files go");
 	cr_expect_eq(count_feed_files(name), 0, "nothing of the feed is left in /dev/shm");
 	cr_expect_eq(access(seg, F_OK), -1, "the segment is removed with its files");
 }
