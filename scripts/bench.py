@@ -23,6 +23,9 @@ Configurations (job counts by --jobs):
   gpu3      3 tsshim-train --device cuda --tsshim jobs on the CUDA test
             device (emulated GPU), socket mode: host-to-device bytes (without
             the shim --tsshim changes nothing: the API symbol is weak)
+  gpu3py    socket3's PyTorch jobs uploading each batch to the CUDA test
+            device (share_job.py --emu-cuda: by ctypes, as x.cuda() does;
+            Debian's torch has no CUDA): host-to-device bytes
 
 Pass-through overhead: tsshim-overhead (4 KiB pread and open+read+close of a
 non-dataset file, a non-batch cudaMemcpyAsync on the test device) and
@@ -100,30 +103,39 @@ def run_jobs(cmds, env, tmp, barrier=None):
     return cpu, time.monotonic() - t0, rss, outputs
 
 
-def torch_jobs(args, k, seeds, barrier, pin=False):
+def torch_jobs(args, k, seeds, barrier, pin=False, emu=None):
     cmds = []
     for i in range(k):
         cmd = [PY, JOB, "--root", args.data, "--seed", str(seeds[i]), "--model", "abc"[i % 3],
                "--batch-size", "64", "--workers", str(args.workers), "--epochs", str(args.epochs),
                "--transform", args.transform,
-               "--barrier", "%s:%d" % (barrier, k)]
+               "--barrier", "%s:%d" % (barrier, k)] + (["--emu-cuda", emu] if emu else [])
         cmds.append((["taskset", "-c", "0"] if pin else []) + cmd)
     return cmds
 
 
-def run_torch(args, name, k, shim, mode, same_seed=False, pin=False, rnd=0):
+def run_torch(args, name, k, shim, mode, same_seed=False, pin=False, gpu=False, rnd=0):
     tmp = tempfile.mkdtemp(prefix="tsshim-bench.")
     try:
         env = dict(os.environ)
         env.pop("LD_PRELOAD", None)
         if shim:
             env.update(LD_PRELOAD=args.lib, TSSHIM_MODE=mode, TSSHIM_SESSION="bench-%d-%s-%d" % (os.getpid(), name, rnd))
+        emu = stats = None
+        if gpu:
+            emu = os.path.join(args.build, "emu", "libcudart.so.13")
+            stats = os.path.join(tmp, "emu.stats")
+            env.update(LD_LIBRARY_PATH=os.path.dirname(emu), TSEMU_DEVICES="1", TSEMU_STATS=stats)
         seeds = [1] * k if same_seed else list(range(1, k + 1))
         go = os.path.join(tmp, "go")
-        cpu, wall, rss, outs = run_jobs(torch_jobs(args, k, seeds, go, pin), env, tmp, barrier=go)
+        cpu, wall, rss, outs = run_jobs(torch_jobs(args, k, seeds, go, pin, emu), env, tmp, barrier=go)
         samples = sum(int(m.group(1)) for o in outs for m in re.finditer(r"^job: .*samples=(\d+)", o, re.M))
         startup = sum(float(m.group(1)) for o in outs for m in re.finditer(r"^job: .*startup_cpu_s=([\d.]+)", o, re.M))
-        return Run(name, "shim" if shim else "plain", cpu, wall, samples, rss, startup=startup)
+        h2d = None
+        if stats:
+            with open(stats) as f:
+                h2d = sum(json.loads(line).get("h2d_bytes", 0) for line in f if line.strip())
+        return Run(name, "shim" if shim else "plain", cpu, wall, samples, rss, h2d, startup=startup)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -199,6 +211,7 @@ def configs(args):
         out.append(("starved3", lambda shim, r: run_torch(args, "starved3", 3, shim, "socket", pin=True, rnd=r)))
         if os.path.exists(os.path.join(args.build, "emu", "libcudart.so.13")):
             out.append(("gpu3", lambda shim, r: run_gpu(args, "gpu3", 3, shim, rnd=r)))
+            out.append(("gpu3py", lambda shim, r: run_torch(args, "gpu3py", 3, shim, "socket", gpu=True, rnd=r)))
     if args.only:
         keep = set(args.only.split(","))
         out = [c for c in out if c[0] in keep]
