@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cuda_hooks.h"
 #include "feed.h"
 #include "feed_api.h"
 #include "gpu.h"
@@ -358,9 +359,15 @@ TS_EXPORT int tsshim_feed_release_view(int h, uint64_t id)
 
 static int gpu_open(int h, struct ts_feed *f)
 {
+	struct tsshim_cuda_stats cs = {0};
 	if (feed_gpus[h])
 		return 1;
-	if (!ts_gpu_driver_ready())
+	/*
+	 * A job that trains on the GPU has uploaded its model by now; one that
+	 * only asked whether CUDA is there (which loads the driver) has not,
+	 * and pays nothing for batches it never uploads.
+	 */
+	if (!ts_gpu_driver_ready() || tsshim_cuda_stats(&cs, sizeof(cs)) || !cs.h2d_copies)
 		return 0;
 	struct feed_gpu *fg = calloc(1, sizeof(*fg));
 	if (!fg || !(fg->gpu = ts_gpu_new(f))) {
@@ -373,8 +380,9 @@ static int gpu_open(int h, struct ts_feed *f)
 
 /*
  * 1 when the batches of this feed can be served on the GPU here: the process
- * has loaded the CUDA driver (a CPU-only job never pays for what follows);
- * 0 when not (yet: asking again later is cheap).
+ * has loaded the CUDA driver and copied something to a device (a CPU-only
+ * job never pays for what follows); 0 when not (yet: asking again later is
+ * cheap).
  */
 TS_EXPORT int tsshim_feed_gpu(int h)
 {

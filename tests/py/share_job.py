@@ -52,7 +52,8 @@ then also carry "dev": 1 when the device bytes equal the host bytes, "up"
 changed in place before its upload (--mutate-before-upload), and "role" (the
 loader's role in the layer at that batch: 1 producer, 2 consumer, null not
 shared); the done line carries "gpu": the runtime's h2d/d2d/peer byte counts
-of this process.
+of this process since its first upload (a model-sized tensor, as a GPU job
+moves its model before the loop: the shim serves batches only then).
 
 Prints one line at the end (training loader only):
   job: batches=N samples=M epochs=E cpu_s=X wall_s=Y startup_cpu_s=Z
@@ -161,6 +162,8 @@ class EmuUploads:
         if rt.cudaSetDevice(0) or rt.cudaStreamCreate(ctypes.byref(self.stream)):
             raise SystemExit("emu-cuda: no device")
         self.bufs = {}
+        self.upload(torch.zeros(1024))  # the model's parameters, as a GPU job moves them first
+        self.base = self.stats(raw=True)  # counted apart: stats() are the batches' bytes
 
     def buf(self, n):
         if n not in self.bufs:
@@ -182,14 +185,15 @@ class EmuUploads:
             return False, n
         return back.numpy().tobytes() == t.numpy().tobytes(), n
 
-    def stats(self):
+    def stats(self, raw=False):
         class St(self.c.Structure):  # struct tsemu_stats (tools/cudaemu/tsemu.h), then room to spare
             _fields_ = [("version", self.c.c_uint32), ("devices", self.c.c_uint32)] + \
                 [(k, self.c.c_uint64) for k in ("h2d_bytes", "d2h_bytes", "d2d_bytes", "peer_bytes", "h2h_bytes")] + \
                 [("rest", self.c.c_uint64 * 256)]
         st = St()
         self.rt.tsemu_stats(self.c.byref(st))
-        return {"h2d_bytes": st.h2d_bytes, "d2d_bytes": st.d2d_bytes, "peer_bytes": st.peer_bytes}
+        out = {"h2d_bytes": st.h2d_bytes, "d2d_bytes": st.d2d_bytes, "peer_bytes": st.peer_bytes}
+        return out if raw else {k: v - self.base[k] for k, v in out.items()}
 
 
 def layer_role():
