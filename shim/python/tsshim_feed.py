@@ -639,7 +639,8 @@ class _Epoch:
         torch, bs = self.torch, self.loader.batch_size
         n0 = carry[1][0].shape[0] if carry else 0
         try:
-            src = self.st.remainder(self.loader, self.orig_iter, rest, npub, first=bs - n0)
+            src = self.st.remainder(self.loader, self.orig_iter, rest, npub, first=bs - n0,
+                                    pin=bool(self.loader.pin_memory))
         except Fallback:  # nothing left: what we carry is the epoch's last batch
             if carry:
                 yield _build(*carry)
@@ -740,9 +741,10 @@ class LoaderState:
             object.__setattr__(loader, "batch_sampler", inner)
         return it, self.rec
 
-    def remainder(self, loader, orig_iter, rest, npub, first=None):
+    def remainder(self, loader, orig_iter, rest, npub, first=None, pin=False):
         """(batch, indices, last) for the samples of the stream epoch not published yet,
-        in batches of the loader's size (the first one of `first` samples if given)."""
+        in batches of the loader's size (the first one of `first` samples if given;
+        pinned if asked: batches the job trains on, not ones it publishes)."""
         torch = sys.modules["torch"]
         data = sys.modules["torch.utils.data"]
         count = self.epoch_samples - npub
@@ -762,7 +764,7 @@ class LoaderState:
             size = first if first and not cuts else bs
             cuts.append(idx[at:at + size])
             at += size
-        kw = dict(batch_sampler=cuts, num_workers=loader.num_workers,
+        kw = dict(batch_sampler=cuts, num_workers=loader.num_workers, pin_memory=pin,
                   collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn,
                   multiprocessing_context=loader.multiprocessing_context, generator=g,
                   timeout=loader.timeout)
