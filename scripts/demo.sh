@@ -167,4 +167,4 @@ echo "Exact mode: 3 same-seed jobs used $shared CPU seconds instead of $plain, e
 echo "3 jobs shared one session: 1 producer, 2 consumers; the producer died and exactly"
 echo "one consumer took over in ${ms} ms; the last job out cleaned up. Consumers read the"
 echo "producer's batches of 64 at batch sizes 48 and 100, every sample exactly once."
-echo "GPU uploads are shared too (socket mode, a GPU ring): make bench measures it on the test device (gpu3)."
+echo "GPU uploads are shared too (socket mode, a GPU ring): make bench measures it on the test device (gpu3: C trainers; gpu3py: PyTorch jobs)."
