@@ -726,6 +726,18 @@ static void raise_hwm(struct ts_cache_header *h, uint64_t seen, uint64_t nhwm)
 }
 
 /*
+ * The cache's images never take more than a quarter of the file system
+ * /dev/shm is (size unknown: no limit): the job's own shared memory, its
+ * DataLoader workers' batches, needs the rest, and a container's /dev/shm
+ * is often 64 MiB. (The default budget is that quarter: ts_config.)
+ */
+static int within_shm_share(uint64_t arena_bytes)
+{
+	uint64_t fs = ts_shm_fs_bytes();
+	return !fs || arena_bytes <= fs / 4;
+}
+
+/*
  * Outside the lock, after a FILL that came within half a chunk of the
  * reserved part: reserve the next chunk ahead of need, so that the next
  * reserve() under the lock finds nothing to do. One process per chunk does
@@ -745,7 +757,7 @@ static void reserve_ahead(struct ts_cache *c, uint64_t hwm)
 		return;
 	uint64_t to = min_u64(hwm + h->st.chunk_size, c->arena_size);
 	int fd = c->fd; /* read once: reserve() may replace it under the lock */
-	if (hwm < to && fd_is_ours(c, fd) &&
+	if (hwm < to && fd_is_ours(c, fd) && within_shm_share(to) &&
 	    posix_fallocate(fd, (off_t)(h->st.arena_off + hwm), (off_t)(to - hwm)) == 0) {
 		uint64_t expect = hwm;
 		(void)atomic_compare_exchange_strong_explicit(&h->falloc_hwm, &expect, to, memory_order_release,
@@ -780,10 +792,10 @@ static int reserve(struct ts_cache *c, uint64_t end)
 		}
 		c->fd = nfd;
 	}
-	int r, tries = 0;
-	do
-		r = posix_fallocate(c->fd, (off_t)(h->st.arena_off + hwm), (off_t)(nhwm - hwm));
-	while (r == EINTR && ++tries < 8);
+	int r = within_shm_share(nhwm) ? 0 : ENOSPC, tries = 0;
+	while (!r && (r = posix_fallocate(c->fd, (off_t)(h->st.arena_off + hwm), (off_t)(nhwm - hwm))) == EINTR &&
+	       ++tries < 8)
+		r = 0;
 	if (r) {
 		static _Atomic int warned;
 		if (!atomic_exchange(&warned, 1))
@@ -1222,6 +1234,12 @@ static int create_segment(const char *path, const char *session, uint64_t budget
 	 * touching them can never SIGBUS. */
 	if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)geo.segment_size) != 0) {
 		ret = fail(why, whylen, -errno, "cannot size %s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	/* a first chunk of images must fit our share of /dev/shm, or the cache is no use */
+	if (!within_shm_share(min_u64(geo.chunk_size, geo.arena_size))) {
+		ret = fail(why, whylen, -ENOSPC, "%llu MiB of images would be more than a quarter of %s",
+			   (unsigned long long)(min_u64(geo.chunk_size, geo.arena_size) >> 20), ts_shm_dir());
 		goto out;
 	}
 	if ((ret = -posix_fallocate(fd, 0, (off_t)geo.arena_off)) != 0) {

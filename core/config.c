@@ -36,9 +36,9 @@ uint64_t ts_config_default_cache_mb(void)
 	 * needs (a DataLoader's workers hand their batches over there, and a
 	 * container's /dev/shm is often 64 MiB): it takes at most a quarter.
 	 */
-	uint64_t shm_mb = ts_shm_fs_bytes() / 4 >> 20;
-	if (shm_mb && shm_mb < mb)
-		mb = shm_mb;
+	uint64_t shm = ts_shm_fs_bytes(); /* 0: unknown */
+	if (shm && shm / 4 >> 20 < mb)
+		mb = shm / 4 >> 20;
 	return mb > 8192 ? 8192 : mb ? mb : 1;
 }
 

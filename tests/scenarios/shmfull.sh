@@ -11,9 +11,11 @@
 #          rest of that stream epoch privately. Every epoch of each job whole,
 #          no sample twice (share_verify --mode plain).
 #   exact  three same-seed tsshim-train jobs in exact mode, in 2 MiB (the
-#          decoded-image cache does not fit: decoding privately) and in 12 MiB
-#          (the cache's default budget is a quarter of /dev/shm: it fits and
-#          is hit): the trained checksum of each is the one without the shim.
+#          decoded-image cache does not fit: decoding privately; its jobs'
+#          workers still find the shared memory they need), in 12 MiB (the
+#          cache's default budget is a quarter of /dev/shm: it fits and is
+#          hit) and in 12 MiB with TSSHIM_CACHE_MB=64 (more than a quarter:
+#          refused): the trained checksum of each is the one without the shim.
 # Needs root (a mount namespace); exit 77 otherwise.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -89,8 +91,8 @@ REF=$(sed -n 's/.*trained_checksum=\([0-9a-f]*\).*/\1/p' "$T_TMP/ref.out")
 exact_jobs() { # DIR: three same-seed jobs in exact mode; wait
 	local i bad=0
 	for i in 1 2 3; do
-		TSSHIM_MODE=exact TSSHIM_SESSION="$SESS_X" LD_PRELOAD="$TS_PRELOAD" timeout 60 \
-			"$TRAIN" --batch 8 --size 64 --epochs 2 --seed 4 --workers 2 "$TDATA" >"$1/$i.out" 2>"$1/$i.err" &
+		env ${CACHE_MB:+TSSHIM_CACHE_MB=$CACHE_MB} TSSHIM_MODE=exact TSSHIM_SESSION="$SESS_X" \
+			LD_PRELOAD="$TS_PRELOAD" timeout 60 "$TRAIN" --batch 8 --size 64 --epochs 2 --seed 4 --workers 2 "$TDATA" >"$1/$i.out" 2>"$1/$i.err" &
 	done
 	for i in 1 2 3; do wait -n || bad=1; done
 	return $bad
@@ -98,18 +100,22 @@ exact_jobs() { # DIR: three same-seed jobs in exact mode; wait
 SESS_X=$(session_name fullx)
 export -f exact_jobs
 export TS_PRELOAD TRAIN TDATA SESS_X
-for size in 2m 12m; do
+# 12m+64: TSSHIM_CACHE_MB=64 asks for more than a quarter of that /dev/shm: refused
+for size in 2m 12m 12m+64; do
 	d="$T_TMP/exact-$size"
 	mkdir -p "$d"
-	in_small_shm "$size" exact_jobs "$d" >"$d.out" 2>&1
+	CACHE_MB=${size#*+}
+	[ "$CACHE_MB" = "$size" ] && CACHE_MB=
+	export CACHE_MB
+	in_small_shm "${size%+*}" exact_jobs "$d" >"$d.out" 2>&1
 	rc=$?
 	sums=$(sed -n 's/.*trained_checksum=\([0-9a-f]*\).*/\1/p' "$d"/?.out | sort -u | xargs)
 	check "exact, $size: the three jobs exit 0 with the checksum of a job without the shim ($sums vs $REF)" \
 		cond "[ $rc = 0 ] && [ '$sums' = '$REF' ]"
 	check "exact, $size: nothing left in that /dev/shm ($(grep '^left' "$d.out"))" grep -qx 'left 0' "$d.out"
 	cat "$d"/?.err >"$d.err"
-	if [ "$size" = 2m ]; then
-		check "exact, 2m: the cache did not fit, and each job said so once" \
+	if [ "$size" != 12m ]; then
+		check "exact, $size: the cache did not fit, and each job said so once" \
 			cond "[ \"\$(grep -c 'decoded-image cache of session .* unavailable: .*No space left' '$d.err')\" = 3 ]"
 	else
 		hits=$(sed -n 's/.*removed, last out: \([0-9]*\) hits.*/\1/p' "$d.err" | head -n 1)
