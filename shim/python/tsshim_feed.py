@@ -363,6 +363,7 @@ class _Epoch:
         return e.value, bool(ended.value), rest[:nrest.value], npub.value
 
     def publish(self, batch, indices, eoe, cpu_ns):
+        """The batch's contiguous tensors once published; False: replaced as producer."""
         schema, leaves, n = describe_batch(batch, self.torch)
         if self.schema is None:
             self.schema = schema
@@ -393,7 +394,7 @@ class _Epoch:
         if ret:
             self.lib.tsshim_feed_set_unshareable(self.h)
             raise Fallback("cannot publish a batch: %s" % _err(ret))
-        return True
+        return leaves  # the batch as published (what the job uploads)
 
     def skip_own(self, batch_bytes):
         """Move our reader past the batch we just published (no copy)."""
@@ -444,7 +445,7 @@ class _Epoch:
 
     def produce_real(self):
         """This epoch runs on the job's own DataLoader; each batch is also published."""
-        loader, torch = self.loader, self.torch
+        loader = self.loader
         real, rec = self.st.real_iter(loader, self.orig_iter)
         nb = len(real) if hasattr(real, "__len__") else None
         workers = lambda: [w.pid for w in getattr(real, "_workers", []) if w.pid]  # noqa: E731
@@ -471,7 +472,7 @@ class _Epoch:
                     self.st.disable(str(e) if isinstance(e, Fallback) else "batches cannot be shared: %s" % e)
                     publishing = ok = None
                 if ok:
-                    _, leaves, _ = describe_batch(batch, torch)
+                    leaves = ok
                     lens = [t.numel() * t.element_size() for t in leaves]
                     self.skip_own(lens)
                     self.register_upload(leaves, lens, published=True)
