@@ -465,6 +465,34 @@ Test(cache, job_departing_removes_what_its_workers_left)
 }
 
 /*
+ * The body of a forked DataLoader-like worker: open cache `name`, adopt `job`,
+ * say on ready whether both worked, then wait until the test closes release
+ * (EOF), and leave with _exit as workers do. ready/release: pipes made
+ * before the fork; the test keeps ready[0] and release[1].
+ */
+__attribute__((noreturn)) static void adopting_worker(const char *name, const struct ts_ident *job, int ready[2], int release[2])
+{
+	close(release[1]); /* EOF on release[0] once the test closes its end */
+	close(ready[0]);
+	struct ts_cache w;
+	char err[200], b = 0;
+	if (ts_cache_open(&w, name, 4 * MIB, err, sizeof(err)) == 0 && ts_cache_adopt(&w, job) == 0)
+		b = 1;
+	(void)!write(ready[1], &b, 1);
+	(void)!read(release[0], &b, 1);
+	_exit(0);
+}
+
+/* The test's side: 1 when the worker said it opened the cache and adopted its job. */
+static int worker_adopted(int ready[2], int release[2])
+{
+	char ok = 0;
+	close(ready[1]);
+	close(release[0]);
+	return read(ready[0], &ok, 1) == 1 && ok == 1;
+}
+
+/*
  * A job killed with its worker still running (a DataLoader worker notices
  * its parent's death only within seconds): the orphan must not keep the
  * last job out from removing the cache.
@@ -481,26 +509,13 @@ Test(cache, orphaned_worker_does_not_keep_the_cache)
 		struct ts_ident me;
 		if (ts_self_ident(&me) != 0)
 			_exit(1);
-		if (fork() == 0) { /* the worker */
-			close(release[1]); /* EOF on release[0] once the test closes its end */
-			close(ready[0]);
-			struct ts_cache w;
-			char err[200], b = 0;
-			if (ts_cache_open(&w, name, 4 * MIB, err, sizeof(err)) == 0 && ts_cache_adopt(&w, &me) == 0)
-				b = 1;
-			(void)!write(ready[1], &b, 1);
-			(void)!read(release[0], &b, 1); /* until the test is done */
-			_exit(0);
-		}
+		if (fork() == 0)
+			adopting_worker(name, &me, ready, release);
 		pause(); /* killed */
 		_exit(0);
 	}
 	cr_assert(job > 0);
-	close(ready[1]);
-	close(release[0]);
-	char ok = 0;
-	cr_assert_eq(read(ready[0], &ok, 1), 1);
-	cr_assert_eq(ok, 1, "the worker opened the cache and adopted its job");
+	cr_assert(worker_adopted(ready, release), "the worker opened the cache and adopted its job");
 
 	struct ts_cache c;
 	open_ok(&c, name, 4 * MIB);
@@ -535,23 +550,10 @@ Test(cache, worker_of_a_job_that_opened_the_cache_counts)
 	cr_assert_eq(pipe(ready), 0);
 	cr_assert_eq(pipe(release), 0);
 	pid_t worker = fork();
-	if (worker == 0) {
-		close(release[1]);
-		close(ready[0]);
-		struct ts_cache w;
-		char err[200], b = 0;
-		if (ts_cache_open(&w, name, 4 * MIB, err, sizeof(err)) == 0 && ts_cache_adopt(&w, &me) == 0)
-			b = 1;
-		(void)!write(ready[1], &b, 1);
-		(void)!read(release[0], &b, 1);
-		_exit(0);
-	}
+	if (worker == 0)
+		adopting_worker(name, &me, ready, release);
 	cr_assert(worker > 0);
-	close(ready[1]);
-	close(release[0]);
-	char ok = 0;
-	cr_assert_eq(read(ready[0], &ok, 1), 1);
-	cr_assert_eq(ok, 1);
+	cr_assert(worker_adopted(ready, release));
 	open_ok(&d, name, 4 * MIB); /* reaps whoever no longer counts */
 	cr_expect_eq(stats(&d).users, 3u, "the job (an opener), its worker, this handle: none reaped");
 	close(release[1]);

@@ -120,6 +120,22 @@ static pid_t start_consumer(int bs)
 	return pid;
 }
 
+/* Start ts-feedpeer ROLE with a "ready" pipe it writes once attached and a
+ * "go" pipe it waits on; returns once it is attached, *go_fd the test's end. */
+static pid_t start_held_peer(const char *role, int *go_fd)
+{
+	int ready[2], go[2];
+	peer_pipe(ready, 1);
+	peer_pipe(go, 0);
+	pid_t pid = spawn_peer(role, 2, ready[1], go[0]);
+	close(ready[1]);
+	close(go[0]);
+	hear(ready[0], "consumer did not attach");
+	close(ready[0]);
+	*go_fd = go[1];
+	return pid;
+}
+
 static int wait_exit(pid_t pid)
 {
 	int st;
@@ -233,22 +249,16 @@ Test(feed, corrupt_slot_header_is_refused_not_trusted)
 {
 	struct ts_feed f;
 	int64_t idx[4] = { 0, 1, 2, 3 };
-	int ready[2], go[2];
+	int go;
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	peer_pipe(ready, 1);
-	peer_pipe(go, 0);
 	/* ts-feedpeer corrupt: attached, it reads the batch when told: -EBADMSG, exit 0 */
-	pid_t pid = spawn_peer("corrupt", 2, ready[1], go[0]);
-	close(ready[1]);
-	close(go[0]);
-	hear(ready[0], "consumer did not attach");
+	pid_t pid = start_held_peer("corrupt", &go);
 	cr_assert_eq(publish(&f, idx, 4, 1, 0, schema), 0);
 	/* Scribble over the published slot's header. */
 	uint64_t *h = f.own[0].base;
 	h[4] ^= 0xffffff; /* nsamples: no longer what the ring says */
-	say(go[1]);
-	close(go[1]);
-	close(ready[0]);
+	say(go);
+	close(go);
 	cr_expect_eq(wait_exit(pid), 0, "a header that disagrees with the ring is -EBADMSG");
 	ts_feed_close(&f);
 }
@@ -257,16 +267,10 @@ Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
 {
 	struct ts_feed f;
 	int64_t idx[2] = { 0, 1 };
-	int ready[2], go[2];
+	int go;
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	peer_pipe(ready, 1);
-	peer_pipe(go, 0);
 	/* ts-feedpeer stall: attaches, stalls until told, then reads: -ESTALE, exit 0 */
-	pid_t pid = spawn_peer("stall", 2, ready[1], go[0]);
-	close(ready[1]);
-	close(go[0]);
-	hear(ready[0], "consumer did not attach");
-	close(ready[0]);
+	pid_t pid = start_held_peer("stall", &go);
 	for (int k = 0; k < 4; k++)
 		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
 	uint64_t len[2] = { 24, 16 };
@@ -278,9 +282,9 @@ Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
 	cr_expect_eq(ts_feed_publish(&f, &b, SEC / 10), -ETIMEDOUT, "held back by the stalled consumer");
 	cr_expect_eq(ts_feed_evict_laggards(&f), 1);
 	cr_expect_eq(ts_feed_publish(&f, &b, SEC / 10), 0, "free again");
-	say(go[1]);
+	say(go);
 	cr_expect_eq(wait_exit(pid), 0, "the evicted consumer learns it with -ESTALE");
-	close(go[1]);
+	close(go);
 	ts_feed_close(&f);
 }
 
@@ -323,18 +327,12 @@ Test(feed, a_feed_whose_last_member_was_killed_after_we_left_is_removed_by_the_s
 {
 	struct ts_feed f;
 	int64_t idx[2] = { 0, 1 };
-	int ready[2], go[2];
+	int go;
 	char seg[TS_PATH_MAX];
 	cr_assert_eq(ts_segment_path(seg, sizeof(seg), getuid(), name), 0);
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	peer_pipe(ready, 1);
-	peer_pipe(go, 0);
 	/* ts-feedpeer stall: attached, it waits on go (it will never hear) */
-	pid_t pid = spawn_peer("stall", 2, ready[1], go[0]);
-	close(ready[1]);
-	close(go[0]);
-	hear(ready[0], "consumer did not attach");
-	close(ready[0]);
+	pid_t pid = start_held_peer("stall", &go);
 	for (int k = 0; k < 2; k++)
 		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
 	ts_feed_close(&f);
@@ -344,7 +342,7 @@ Test(feed, a_feed_whose_last_member_was_killed_after_we_left_is_removed_by_the_s
 	cr_expect_geq(count_feed_files(name), 3);
 	cr_assert_eq(kill(pid, SIGKILL), 0);
 	cr_expect_eq(wait_exit(pid), 100 + SIGKILL);
-	close(go[1]);
+	close(go);
 	cr_expect_geq(ts_feed_clean_stale(name, 0), 3, "every member is dead: the ledger and slot files go");
 	cr_expect_eq(count_feed_files(name), 0, "nothing of the feed is left in /dev/shm");
 	cr_expect_eq(access(seg, F_OK), -1, "the segment is removed with its files");
@@ -455,20 +453,14 @@ Test(feed, a_view_keeps_its_bytes_while_the_producer_writes_on)
 Test(feed, a_request_across_two_slots_is_not_a_view_and_consumes_nothing)
 {
 	struct ts_feed f;
-	int ready[2], go[2];
+	int go;
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	peer_pipe(ready, 1);
-	peer_pipe(go, 0);
 	/* ts-feedpeer across: once told both batches are published, it asks for
 	 * a view of 15 samples (-EXDEV, nothing consumed), then copies 15. */
-	pid_t pid = spawn_peer("across", 2, ready[1], go[0]);
-	close(ready[1]);
-	close(go[0]);
-	hear(ready[0], "consumer did not attach");
-	close(ready[0]);
+	pid_t pid = start_held_peer("across", &go);
 	publish_batches(&f, 1, 0, 2);
-	say(go[1]);
-	close(go[1]);
+	say(go);
+	close(go);
 	cr_expect_eq(wait_exit(pid), 0, "-EXDEV, then the same bytes by copy (exit 11: not EXDEV, 12: copy wrong)");
 	ts_feed_close(&f);
 }
