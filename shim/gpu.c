@@ -140,9 +140,19 @@ struct ts_gpu {
 		int own;
 		uint32_t npos;
 		int stream_set;          /* announced: the first upload's stream is the batch's */
+		int recorded;            /* the event follows every position complete so far */
 		CUstream stream;
 		uint64_t len[TS_MAX_POSITIONS], off[TS_MAX_POSITIONS], done[TS_MAX_POSITIONS];
 	} k;
+	/*
+	 * The positions this job uploads of each batch, learnt: at first all;
+	 * a batch left with some never uploaded (labels kept on the host, an
+	 * index tensor) is made READY with those, and the next is READY as soon
+	 * as they are in. A later upload of a READY batch widens it again.
+	 */
+	uint32_t expect, expect_npos;
+	int have_ready;
+	uint64_t ready_seq;      /* the last batch made READY: nothing more of it is kept */
 	/* consumer */
 	struct peer_buf peer[TS_GPU_MAX_BUFS];
 	struct pending pend[MAX_PENDING];
@@ -270,11 +280,60 @@ static int slot_buffer(struct ts_gpu *g, unsigned slot, uint64_t seq, uint64_t s
 	return i;
 }
 
+static uint32_t all_positions(uint32_t npos)
+{
+	return npos >= 32 ? UINT32_MAX : (1u << npos) - 1;
+}
+
+static int position_complete(const struct ts_gpu *g, uint32_t p)
+{
+	return g->k.done[p] >= g->k.len[p];
+}
+
+/*
+ * The batch being kept is READY with every position complete so far (the
+ * others read as 0 bytes: a consumer's upload of them goes from the host);
+ * with none, or no event behind them, it is dropped. Called with g->mu.
+ */
+static void keep_finish(struct ts_gpu *g)
+{
+	uint64_t len[TS_MAX_POSITIONS], total = 0;
+	uint32_t got = 0;
+	struct own_buf *o = &g->own[g->k.own];
+	for (uint32_t q = 0; q < g->k.npos; q++) {
+		len[q] = position_complete(g, q) ? g->k.len[q] : 0;
+		if (len[q] || !g->k.len[q])
+			got |= 1u << q;
+		total += len[q];
+	}
+	g->k.active = 0;
+	if (!total || !g->k.recorded ||
+	    ts_gpuring_slot_ready(&g->ring, g->k.slot, o->uniq, g->k.npos, g->k.off, len)) {
+		ts_gpuring_slot_drop(&g->ring, g->k.slot);
+		return;
+	}
+	g->expect = got;
+	g->expect_npos = g->k.npos;
+	g->have_ready = 1;
+	g->ready_seq = g->k.seq;
+	atomic_fetch_add_explicit(&g->ring.t->counters.batches_kept, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&g->ring.t->counters.bytes_kept, total, memory_order_relaxed);
+}
+
+/* Every position this job is known to upload is in. */
+static int keep_expected_in(const struct ts_gpu *g)
+{
+	for (uint32_t q = 0; q < g->k.npos; q++)
+		if ((g->expect >> q & 1) && !position_complete(g, q))
+			return 0;
+	return 1;
+}
+
 void ts_gpu_keep_end(struct ts_gpu *g)
 {
 	pthread_mutex_lock(&g->mu);
 	if (g->k.active && g->ring_state > 0)
-		ts_gpuring_slot_drop(&g->ring, g->k.slot);
+		keep_finish(g);
 	g->k.active = 0;
 	pthread_mutex_unlock(&g->mu);
 }
@@ -292,11 +351,16 @@ static int keep_begin(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint6
 	int i = slot_buffer(g, slot, seq, size ? size : TS_GPU_ALIGN);
 	if (i < 0)
 		return -1;
+	if (g->expect_npos != npos) { /* another kind of batch: learn its positions anew */
+		g->expect = all_positions(npos);
+		g->expect_npos = npos;
+	}
 	g->k.active = 1;
 	g->k.seq = seq;
 	g->k.slot = slot;
 	g->k.own = i;
 	g->k.npos = npos;
+	g->k.recorded = 0;
 	g->k.stream = s;
 	g->k.stream_set = s != NULL;
 	return 0;
@@ -322,15 +386,21 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
 	pthread_mutex_lock(&g->mu);
 	if (ring_open(g))
 		goto out;
-	if (g->k.active && g->k.seq != seq) {
-		ts_gpuring_slot_drop(&g->ring, g->k.slot);
-		g->k.active = 0;
+	if (g->have_ready && g->ready_seq == seq) {
+		/* a tensor of a batch already READY: kept from the next batch on */
+		if (g->expect_npos == npos)
+			g->expect |= 1u << p;
+		goto out;
 	}
+	if (g->k.active && seq < g->k.seq)
+		goto out; /* a late tensor of an earlier batch */
+	if (g->k.active && g->k.seq != seq)
+		keep_finish(g); /* the next batch: the last one is over, with what it has */
 	/* The ring buffer lies in the current context: keep only what is uploaded there. */
 	CUcontext ctx = NULL, dctx = NULL;
 	if (drv.CtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
 	    drv.PointerGetAttribute(&dctx, CU_POINTER_ATTRIBUTE_CONTEXT, dst) != CUDA_SUCCESS || dctx != ctx)
-		goto drop;
+		goto skip;
 	if (!g->k.active && keep_begin(g, seq, npos, len, s))
 		goto out;
 	if (!g->k.stream_set) { /* announced: this is the batch's first upload */
@@ -339,24 +409,29 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
 	}
 	struct own_buf *o = &g->own[g->k.own];
 	/* one stream orders the copies before the event: positions on other streams are not kept */
-	if (g->k.stream != s || o->ctx != ctx || off > g->k.len[p] || n > g->k.len[p] - off)
-		goto drop;
+	/* a position is kept as one run of bytes from its start: done[] is what is covered */
+	if (g->k.stream != s || o->ctx != ctx || off != g->k.done[p] || n > g->k.len[p] - off)
+		goto skip;
 	if (drv.MemcpyAsync(o->ptr + g->k.off[p] + off, dst, n, s) != CUDA_SUCCESS)
 		goto drop;
 	g->k.done[p] += n;
-	for (uint32_t q = 0; q < g->k.npos; q++)
-		if (g->k.done[q] < g->k.len[q])
-			goto out;
-	/* every position is in: the event, then READY (release) */
-	if (drv.EventRecord(o->ev, s) != CUDA_SUCCESS ||
-	    ts_gpuring_slot_ready(&g->ring, g->k.slot, o->uniq, g->k.npos, g->k.off, g->k.len))
-		goto drop;
-	uint64_t total = 0;
-	for (uint32_t q = 0; q < g->k.npos; q++)
-		total += g->k.len[q];
-	atomic_fetch_add_explicit(&g->ring.t->counters.batches_kept, 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&g->ring.t->counters.bytes_kept, total, memory_order_relaxed);
-	g->k.active = 0;
+	if (position_complete(g, p)) {
+		/* the event follows every complete position: READY needs no CUDA call later */
+		if (drv.EventRecord(o->ev, s) != CUDA_SUCCESS)
+			goto drop;
+		g->k.recorded = 1;
+	}
+	if (keep_expected_in(g))
+		keep_finish(g);
+	goto out;
+skip:
+	/* this tensor is not kept (another context or stream): nor waited for, from now on */
+	if (g->k.active && g->k.seq == seq && !position_complete(g, p)) {
+		g->expect &= ~(1u << p);
+		g->k.done[p] = 0;
+		if (keep_expected_in(g))
+			keep_finish(g);
+	}
 	goto out;
 drop:
 	if (g->k.active)

@@ -45,8 +45,11 @@ void ts_gpu_free(struct ts_gpu *g, int exiting);
 /*
  * Producer, after the real upload of bytes [off, off + n) of position p of
  * ring seq `seq` (npos positions of len[] bytes) to dst on stream s: copy
- * them into the ring buffer of that seq; once every position is complete,
- * record the buffer's event and mark the slot READY.
+ * them into the ring buffer of that seq (a position is kept as one run from
+ * its start, on the stream of the batch's first upload; each complete one
+ * records the buffer's event). Once every position this job uploads is
+ * complete (learnt from its earlier batches; at first all of them), the
+ * slot is READY; positions not complete then read as 0 bytes.
  */
 void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, uint32_t p, uint64_t off,
 		 CUdeviceptr dst, size_t n, CUstream s);
@@ -57,7 +60,8 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
  * still being kept. Its first upload then fixes the stream.
  */
 void ts_gpu_keep_announce(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len);
-/* Producer: the batch being kept is over (a new one was registered); an unfinished one is dropped. */
+/* Producer: the batch being kept is over (a new one was registered): READY with the positions
+ * complete, dropped when none is. */
 void ts_gpu_keep_end(struct ts_gpu *g);
 
 /*

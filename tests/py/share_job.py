@@ -249,6 +249,8 @@ def main():
                          "what the job does with its batch must never reach another job")
     ap.add_argument("--emu-cuda", metavar="LIB", help="upload each training batch through this CUDA runtime "
                     "(ctypes) and check the device bytes (see above)")
+    ap.add_argument("--upload", choices=["all", "images"], default="all",
+                    help="with --emu-cuda: upload images and labels, or the images only (labels stay on the host)")
     ap.add_argument("--mutate-before-upload", choices=["producer", "consumer"],
                     help="with --emu-cuda: in that role, change each batch in place (x.neg_()) before its upload")
     ap.add_argument("--break-after", type=int, default=0, metavar="N",
@@ -337,7 +339,8 @@ def main():
                 if mut:
                     h = [sample_hash(s) for s in x]  # the batch as the loader yielded it
                     x.neg_()
-                (okx, nx), (oky, ny) = gpu.upload(x), gpu.upload(y)
+                okx, nx = gpu.upload(x)
+                oky, ny = gpu.upload(y) if a.upload == "all" else (True, 0)
                 up = dict(dev=int(okx and oky), up=nx + ny, xb=nx, mut=int(mut), role=role)
             opt.zero_grad()
             loss = loss_fn(model(x), y)

@@ -406,7 +406,7 @@ if stopped_producer l; then
 	[ -z "$other" ] || echo "$other" | head -n 5 | sed 's/^/#   /'
 fi
 
-# --- m, n, o: GPU jobs (tsemu, the test device) -----------------------------------
+# --- m, n, o, p: GPU jobs (tsemu, the test device) -----------------------------------
 # Each job uploads every training batch right after next(), as x.cuda() does
 # (Debian's torch has no CUDA: share_job.py calls the runtime through
 # ctypes), and reads it back. The layer registers each yielded batch with
@@ -414,8 +414,11 @@ fi
 # consumer's are served from it device to device. A batch the job changed in
 # place before uploading it must never be replaced by the ring's bytes:
 #   m  nothing changed: the consumers' uploads come from the ring
-#   n  the producer negates its images first: nothing is served
+#   n  the producer negates its images first: no image is served (its labels are)
 #   o  the consumers negate theirs first: their images go from the host
+#   p  every job uploads its images only (labels stay on the host): the
+#      producer's batches, of which one tensor is never uploaded, are kept
+#      with the tensor it uploads, and the consumers' images come from the ring
 # tests/py/upload_check.py checks every batch's device bytes against the
 # host's and where each job's bytes came from.
 EMU="$PWD/$BUILD/emu"
@@ -427,11 +430,12 @@ if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 	# lock, 2 runs in 47; no tsshim frame). glibc's malloc is fork-safe.
 	GPU_WORKERS=2
 	[[ "$TS_PRELOAD" == *libasan* ]] && GPU_WORKERS=0
-	for c in m n o; do
+	for c in m n o p; do
 		case $c in
 		m) mut=() what="served" ;;
 		n) mut=(--mutate-before-upload producer) what="producer-changed" ;;
 		o) mut=(--mutate-before-upload consumer) what="consumer-changed" ;;
+		p) mut=(--upload images) what="served" ;;
 		esac
 		bs=(64 48 100)
 		for i in 1 2 3; do
@@ -449,7 +453,7 @@ if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 		fi
 	done
 else
-	echo "# (m-o) skipped: tsemu not built"
+	echo "# (m-p) skipped: tsemu not built"
 fi
 
 # --- nothing left behind ----------------------------------------------------------
