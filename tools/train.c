@@ -70,6 +70,7 @@ static struct options {
 	uint64_t limit, val_limit, seed, epochs, val_every, break_after;
 	unsigned batch, val_batch, size, prefetch;
 	int workers, start, shm, shuffle, persistent, pin, device, step_spin, readback, tsshim, gpu;
+	int labels_on_host;
 	double step_ms, val_step_ms, timeout_s;
 } opt = {
 	.seed = 0, .epochs = 1, .batch = 32, .size = 224, .prefetch = 2, .workers = 2,
@@ -704,9 +705,16 @@ static int device_init(size_t img_cap, size_t lbl_cap)
 		return -1;
 	if (opt.gpu && cuda_ok(cu.SetDevice(opt.gpu), "cudaSetDevice (--gpu)") < 0)
 		return -1;
-	if (cuda_ok(cu.Malloc(&dev.img, img_cap), "cudaMalloc (images)") < 0 ||
-	    cuda_ok(cu.Malloc(&dev.lbl, lbl_cap), "cudaMalloc (labels)") < 0)
+	if (cuda_ok(cu.Malloc(&dev.img, img_cap), "cudaMalloc (images)") < 0)
 		return -1;
+	if (opt.labels_on_host) {
+		if (!(dev.lbl = malloc(lbl_cap))) {
+			fprintf(stderr, PROG ": out of memory for the %zu-byte label buffer\n", lbl_cap);
+			return -1;
+		}
+	} else if (cuda_ok(cu.Malloc(&dev.lbl, lbl_cap), "cudaMalloc (labels)") < 0) {
+		return -1;
+	}
 	if (opt.pin) {
 		if (cuda_ok(cu.StreamCreate(&cu.stream), "cudaStreamCreate") < 0)
 			return -1;
@@ -728,7 +736,9 @@ static void device_free(void)
 	if (opt.device == DEV_CUDA && cu.lib) {
 		if (dev.img)
 			cu.Free(dev.img);
-		if (dev.lbl)
+		if (opt.labels_on_host)
+			free(dev.lbl);
+		else if (dev.lbl)
 			cu.Free(dev.lbl);
 		/* The stream and the library stay until exit, as in PyTorch. */
 	} else {
@@ -749,17 +759,21 @@ static int upload(const void *img, size_t img_bytes, const void *lbl, size_t lbl
 		memcpy(dev.lbl, lbl, lbl_bytes);
 		return 0;
 	}
+	if (opt.labels_on_host) /* the loss is taken on the host: the labels stay there */
+		memcpy(dev.lbl, lbl, lbl_bytes);
 	if (pinned) {
 		if (cuda_ok(cu.MemcpyAsync(dev.img, img, img_bytes, cudaMemcpyHostToDevice, cu.stream),
 			    "cudaMemcpyAsync (images)") < 0 ||
-		    cuda_ok(cu.MemcpyAsync(dev.lbl, lbl, lbl_bytes, cudaMemcpyHostToDevice, cu.stream),
-			    "cudaMemcpyAsync (labels)") < 0 ||
+		    (!opt.labels_on_host &&
+		     cuda_ok(cu.MemcpyAsync(dev.lbl, lbl, lbl_bytes, cudaMemcpyHostToDevice, cu.stream),
+			     "cudaMemcpyAsync (labels)") < 0) ||
 		    cuda_ok(cu.StreamSynchronize(cu.stream), "cudaStreamSynchronize") < 0)
 			return -1;
 		return 0;
 	}
 	if (cuda_ok(cu.Memcpy(dev.img, img, img_bytes, cudaMemcpyHostToDevice), "cudaMemcpy (images)") < 0 ||
-	    cuda_ok(cu.Memcpy(dev.lbl, lbl, lbl_bytes, cudaMemcpyHostToDevice), "cudaMemcpy (labels)") < 0)
+	    (!opt.labels_on_host &&
+	     cuda_ok(cu.Memcpy(dev.lbl, lbl, lbl_bytes, cudaMemcpyHostToDevice), "cudaMemcpy (labels)") < 0))
 		return -1;
 	return 0;
 }
@@ -773,10 +787,11 @@ static int readback(size_t img_bytes, size_t lbl_bytes, const void **img, const 
 		return 0;
 	}
 	if (cuda_ok(cu.Memcpy(dev.rb_img, dev.img, img_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (read back)") < 0 ||
-	    cuda_ok(cu.Memcpy(dev.rb_lbl, dev.lbl, lbl_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (read back)") < 0)
+	    (!opt.labels_on_host &&
+	     cuda_ok(cu.Memcpy(dev.rb_lbl, dev.lbl, lbl_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (read back)") < 0))
 		return -1;
 	*img = dev.rb_img;
-	*lbl = dev.rb_lbl;
+	*lbl = opt.labels_on_host ? dev.lbl : dev.rb_lbl;
 	return 0;
 }
 
@@ -1780,6 +1795,9 @@ static void usage(FILE *f)
 "  --break-after K       leave each epoch after K batches, like `break` in the\n"
 "                        loop over the loader (default 0: never)\n"
 "  --gpu N               with --device cuda: the CUDA device to use (default 0)\n"
+"  --labels-on-host      with --device cuda: upload the images only; the labels\n"
+"                        stay on the host (a loss taken there); --readback then\n"
+"                        reads them from there\n"
 "  --readback            copy each uploaded batch back from the device and record\n"
 "                        its checksums too (dimg=, dlbl=, device_checksum=)\n"
 "  --tsshim              hand every training batch to the shim right before its\n"
@@ -1894,7 +1912,7 @@ static void parse_args(int argc, char **argv)
 	enum {
 		O_VAL = 256, O_LIMIT, O_VAL_LIMIT, O_SIZE, O_BATCH, O_VAL_BATCH, O_WORKERS, O_START, O_PERSIST,
 		O_PREFETCH, O_SHM, O_TIMEOUT, O_PIN, O_SEED, O_SHUFFLE, O_EPOCHS, O_DEVICE, O_CUDART, O_STEP,
-		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_GPU, O_READBACK, O_TSSHIM, O_RECORD, O_HELP, O_WORKER_FD,
+		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_GPU, O_READBACK, O_LABELS_HOST, O_TSSHIM, O_RECORD, O_HELP, O_WORKER_FD,
 	};
 	static const struct option lo[] = {
 		{"val", required_argument, 0, O_VAL},
@@ -1922,6 +1940,7 @@ static void parse_args(int argc, char **argv)
 		{"break-after", required_argument, 0, O_BREAK},
 		{"gpu", required_argument, 0, O_GPU},
 		{"readback", no_argument, 0, O_READBACK},
+		{"labels-on-host", no_argument, 0, O_LABELS_HOST},
 		{"tsshim", no_argument, 0, O_TSSHIM},
 		{"record", required_argument, 0, O_RECORD},
 		{"help", no_argument, 0, O_HELP},
@@ -1958,6 +1977,7 @@ static void parse_args(int argc, char **argv)
 		case O_BREAK: opt.break_after = parse_u64("break-after", a, 0, UINT64_MAX / 2); break;
 		case O_GPU: opt.gpu = (int)parse_u64("--gpu", a, 0, 63); break;
 		case O_READBACK: opt.readback = 1; break;
+		case O_LABELS_HOST: opt.labels_on_host = 1; break;
 		case O_TSSHIM: opt.tsshim = 1; break;
 		case O_RECORD: opt.record = a; break;
 		case O_HELP: usage(stdout); exit(0);

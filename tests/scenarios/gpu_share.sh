@@ -8,8 +8,10 @@
 # pageable and worker start methods, validation and --break-after, a late
 # joiner, a consumer killed, a producer killed at random points (takeover),
 # TSSHIM_MODE=off and no preload, tsshim-inspect's counters during a run,
-# a takeover from a producer idle after an epoch (validating), and a
-# consumer giving up on a live producer that publishes nothing. Every job runs under `timeout`; no /dev/shm object of a case's
+# a takeover from a producer idle after an epoch (validating), a
+# consumer giving up on a live producer that publishes nothing, and jobs that
+# keep their labels on the host. Every job runs under `timeout`; no
+# /dev/shm object of a case's
 # session may survive its jobs.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -467,6 +469,27 @@ check "12: the consumer was served its first batch, then trained on its own (sha
 check "12: it said so once" \
 	cond '[ "$(grep -c "not shared in this job any more: the producer publishes nothing" "$T_TMP/c12a.err")" = 1 ]'
 echo "# cases 11, 12: $((SECONDS - T1)) s"
+
+# === 13. labels kept on the host ============================================================
+# Every job uploads its images only (--labels-on-host). The producer's
+# batches, of which one tensor is never uploaded, are kept with their images
+# (READY once the images are in, learnt from its first batch, which is made
+# READY when its second begins): the consumers' images come from the ring.
+T1=$SECONDS
+S=$(session_name c13)
+job c13p "$S" -- --seed 1 --batch 16 --epochs 3 --step-ms 15 --labels-on-host "$TR"
+started c13p
+job c13a "$S" -- --seed 2 --batch 16 --epochs 3 --labels-on-host "$TR"
+job c13b "$S" -- --seed 3 --batch 24 --epochs 3 --labels-on-host --pin --workers 2 "$TR"
+wait_jobs c13p c13a c13b
+case_end "13 (labels on the host)" "$S" c13p c13a c13b
+hp=$(stat c13p h2d_bytes)
+for n in c13a c13b; do
+	h=$(stat $n h2d_bytes)
+	check "13: $n's image uploads served from the ring: h2d_bytes $h <= 25% of the producer's $hp (d2d_bytes=$(stat $n d2d_bytes))" \
+		cond '[ "$hp" -gt 0 ] && [ "$h" -ge 0 ] && [ $((h * 4)) -le "$hp" ] && [ "$(nlines $n " share=served ")" -gt 0 ]'
+done
+echo "# case 13: $((SECONDS - T1)) s"
 
 echo "# total: $((SECONDS - T0)) s"
 finish gpu_share
