@@ -301,9 +301,9 @@ static void keep_finish(struct ts_gpu *g)
 	uint32_t got = 0;
 	struct own_buf *o = &g->own[g->k.own];
 	for (uint32_t q = 0; q < g->k.npos; q++) {
-		len[q] = position_complete(g, q) ? g->k.len[q] : 0;
-		if (len[q] || !g->k.len[q])
-			got |= 1u << q;
+		int in = position_complete(g, q);
+		len[q] = in ? g->k.len[q] : 0;
+		got |= (uint32_t)in << q;
 		total += len[q];
 	}
 	g->k.active = 0;
