@@ -64,13 +64,17 @@
 enum { DEV_CPU, DEV_CUDA };
 enum { START_FORK, START_SPAWN };
 enum { SHM_POSIX, SHM_MEMFD };
+/* --upload-pattern: how the tensors of a batch go up (see usage) */
+enum { UP_WHOLE, UP_HALVES, UP_REPEAT, UP_SIDE_STREAM, UP_LATE_LABELS };
+#define LATE_LABELS_UPLOADS 3 /* late-labels: uploads whose labels stay on the host */
+#define LATE_LABELS_STR     "3"
 
 static struct options {
 	const char *root, *val_root, *record, *cudart;
 	uint64_t limit, val_limit, seed, epochs, val_every, break_after;
 	unsigned batch, val_batch, size, prefetch;
 	int workers, start, shm, shuffle, persistent, pin, device, step_spin, readback, tsshim, gpu;
-	int labels_on_host;
+	int labels_on_host, upload;
 	double step_ms, val_step_ms, timeout_s;
 } opt = {
 	.seed = 0, .epochs = 1, .batch = 32, .size = 224, .prefetch = 2, .workers = 2,
@@ -618,6 +622,7 @@ static struct {
 	__typeof__(cudaGetLastError) *GetLastError;
 	__typeof__(cudaGetErrorString) *GetErrorString;
 	cudaStream_t stream;
+	cudaStream_t side;         /* --upload-pattern side-stream: the labels' */
 	int have_stream;
 } cu;
 
@@ -686,6 +691,9 @@ static struct {
 	void *img, *lbl;           /* device (cuda) or "device" host memory (cpu) */
 	size_t img_cap, lbl_cap;
 	void *rb_img, *rb_lbl;     /* --readback with cuda: host copies */
+	void *host_lbl;            /* late-labels: where the labels stay while not uploaded */
+	int lbl_on_host;           /* the last batch's labels stayed on the host (host_lbl) */
+	uint64_t uploads;          /* batches uploaded so far */
 } dev;
 
 static int device_init(size_t img_cap, size_t lbl_cap)
@@ -715,10 +723,16 @@ static int device_init(size_t img_cap, size_t lbl_cap)
 	} else if (cuda_ok(cu.Malloc(&dev.lbl, lbl_cap), "cudaMalloc (labels)") < 0) {
 		return -1;
 	}
-	if (opt.pin) {
+	if (opt.pin || opt.upload == UP_SIDE_STREAM) {
 		if (cuda_ok(cu.StreamCreate(&cu.stream), "cudaStreamCreate") < 0)
 			return -1;
 		cu.have_stream = 1;
+	}
+	if (opt.upload == UP_SIDE_STREAM && cuda_ok(cu.StreamCreate(&cu.side), "cudaStreamCreate (side)") < 0)
+		return -1;
+	if (opt.upload == UP_LATE_LABELS && !(dev.host_lbl = malloc(lbl_cap))) {
+		fprintf(stderr, PROG ": out of memory for the %zu-byte label buffer\n", lbl_cap);
+		return -1;
 	}
 	if (opt.readback) {
 		dev.rb_img = malloc(img_cap);
@@ -747,11 +761,27 @@ static void device_free(void)
 	}
 	free(dev.rb_img);
 	free(dev.rb_lbl);
+	free(dev.host_lbl);
 	memset(&dev, 0, sizeof dev);
 }
 
-/* Host-to-device copy of each tensor; pinned sources go through
- * cudaMemcpyAsync on the job's stream, pageable ones through cudaMemcpy. */
+/* One host-to-device copy of src[off, off + n) to dst + off: on stream s
+ * with cudaMemcpyAsync (pinned batches, or any batch on the side stream),
+ * else with cudaMemcpy. */
+static int copy_up(void *dst, const void *src, size_t off, size_t n, int async, cudaStream_t s, const char *what)
+{
+	if (async)
+		return cuda_ok(cu.MemcpyAsync((char *)dst + off, (const char *)src + off, n, cudaMemcpyHostToDevice, s),
+			       what);
+	return cuda_ok(cu.Memcpy((char *)dst + off, (const char *)src + off, n, cudaMemcpyHostToDevice), what);
+}
+
+/*
+ * Host-to-device copy of each tensor; pinned sources go through
+ * cudaMemcpyAsync on the job's stream, pageable ones through cudaMemcpy.
+ * --upload-pattern changes the order and the pieces, never what ends up on
+ * the device.
+ */
 static int upload(const void *img, size_t img_bytes, const void *lbl, size_t lbl_bytes, int pinned)
 {
 	if (opt.device == DEV_CPU) {
@@ -759,21 +789,43 @@ static int upload(const void *img, size_t img_bytes, const void *lbl, size_t lbl
 		memcpy(dev.lbl, lbl, lbl_bytes);
 		return 0;
 	}
+	size_t ih = img_bytes / 2, lh = lbl_bytes / 2;
+	int up_lbl = !opt.labels_on_host;
+	dev.lbl_on_host = 0;
+	if (opt.upload == UP_LATE_LABELS && dev.uploads < LATE_LABELS_UPLOADS) {
+		/* the first batches' labels stay on the host, the rest go up */
+		memcpy(dev.host_lbl, lbl, lbl_bytes);
+		dev.lbl_on_host = 1;
+		up_lbl = 0;
+	}
+	dev.uploads++;
 	if (opt.labels_on_host) /* the loss is taken on the host: the labels stay there */
 		memcpy(dev.lbl, lbl, lbl_bytes);
-	if (pinned) {
-		if (cuda_ok(cu.MemcpyAsync(dev.img, img, img_bytes, cudaMemcpyHostToDevice, cu.stream),
-			    "cudaMemcpyAsync (images)") < 0 ||
-		    (!opt.labels_on_host &&
-		     cuda_ok(cu.MemcpyAsync(dev.lbl, lbl, lbl_bytes, cudaMemcpyHostToDevice, cu.stream),
-			     "cudaMemcpyAsync (labels)") < 0) ||
-		    cuda_ok(cu.StreamSynchronize(cu.stream), "cudaStreamSynchronize") < 0)
-			return -1;
-		return 0;
+	int rc = 0;
+	switch (opt.upload) {
+	case UP_HALVES: /* each tensor in two copies */
+		rc = copy_up(dev.img, img, 0, ih, pinned, cu.stream, "images, first half") < 0 ||
+		     copy_up(dev.img, img, ih, img_bytes - ih, pinned, cu.stream, "images, second half") < 0 ||
+		     (up_lbl && (copy_up(dev.lbl, lbl, 0, lh, pinned, cu.stream, "labels, first half") < 0 ||
+				 copy_up(dev.lbl, lbl, lh, lbl_bytes - lh, pinned, cu.stream, "labels, second half") < 0));
+		break;
+	case UP_REPEAT: /* the images' first half twice, their second half after the labels */
+		rc = copy_up(dev.img, img, 0, ih, pinned, cu.stream, "images, first half") < 0 ||
+		     copy_up(dev.img, img, 0, ih, pinned, cu.stream, "images, first half again") < 0 ||
+		     (up_lbl && copy_up(dev.lbl, lbl, 0, lbl_bytes, pinned, cu.stream, "labels") < 0) ||
+		     copy_up(dev.img, img, ih, img_bytes - ih, pinned, cu.stream, "images, second half") < 0;
+		break;
+	case UP_SIDE_STREAM: /* the labels on a stream of their own */
+		rc = copy_up(dev.img, img, 0, img_bytes, 1, cu.stream, "images") < 0 ||
+		     (up_lbl && copy_up(dev.lbl, lbl, 0, lbl_bytes, 1, cu.side, "labels (side stream)") < 0) ||
+		     cuda_ok(cu.StreamSynchronize(cu.side), "cudaStreamSynchronize (side)") < 0;
+		pinned = 1; /* the job's stream is synchronised below */
+		break;
+	default:
+		rc = copy_up(dev.img, img, 0, img_bytes, pinned, cu.stream, "images") < 0 ||
+		     (up_lbl && copy_up(dev.lbl, lbl, 0, lbl_bytes, pinned, cu.stream, "labels") < 0);
 	}
-	if (cuda_ok(cu.Memcpy(dev.img, img, img_bytes, cudaMemcpyHostToDevice), "cudaMemcpy (images)") < 0 ||
-	    (!opt.labels_on_host &&
-	     cuda_ok(cu.Memcpy(dev.lbl, lbl, lbl_bytes, cudaMemcpyHostToDevice), "cudaMemcpy (labels)") < 0))
+	if (rc || (pinned && cuda_ok(cu.StreamSynchronize(cu.stream), "cudaStreamSynchronize") < 0))
 		return -1;
 	return 0;
 }
@@ -786,12 +838,13 @@ static int readback(size_t img_bytes, size_t lbl_bytes, const void **img, const 
 		*lbl = dev.lbl;
 		return 0;
 	}
+	int lbl_host = opt.labels_on_host || dev.lbl_on_host;
 	if (cuda_ok(cu.Memcpy(dev.rb_img, dev.img, img_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (read back)") < 0 ||
-	    (!opt.labels_on_host &&
+	    (!lbl_host &&
 	     cuda_ok(cu.Memcpy(dev.rb_lbl, dev.lbl, lbl_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (read back)") < 0))
 		return -1;
 	*img = dev.rb_img;
-	*lbl = opt.labels_on_host ? dev.lbl : dev.rb_lbl;
+	*lbl = opt.labels_on_host ? dev.lbl : dev.lbl_on_host ? dev.host_lbl : dev.rb_lbl;
 	return 0;
 }
 
@@ -1798,6 +1851,16 @@ static void usage(FILE *f)
 "  --labels-on-host      with --device cuda: upload the images only; the labels\n"
 "                        stay on the host (a loss taken there); --readback then\n"
 "                        reads them from there\n"
+"  --upload-pattern P    with --device cuda: how a batch's tensors go up; what\n"
+"                        ends on the device is the same (default whole):\n"
+"                        whole: one copy per tensor, images then labels\n"
+"                        halves: each tensor in two copies\n"
+"                        repeat: the images' first half twice, then the\n"
+"                        labels, then the images' second half\n"
+"                        side-stream: the images on the job's stream, the\n"
+"                        labels on a second stream (both cudaMemcpyAsync)\n"
+"                        late-labels: the labels of the first " LATE_LABELS_STR " batches stay\n"
+"                        on the host (as --labels-on-host), later ones go up\n"
 "  --readback            copy each uploaded batch back from the device and record\n"
 "                        its checksums too (dimg=, dlbl=, device_checksum=)\n"
 "  --tsshim              hand every training batch to the shim right before its\n"
@@ -1907,12 +1970,21 @@ static int parse_choice(const char *name, const char *s, const char *a, const ch
 	bad_usage("--%s: expected %s or %s, got '%s'", name, a, b, s);
 }
 
+static int parse_pattern(const char *s)
+{
+	static const char *const names[] = {"whole", "halves", "repeat", "side-stream", "late-labels"};
+	for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+		if (!strcmp(s, names[i]))
+			return i;
+	bad_usage("--upload-pattern: expected whole, halves, repeat, side-stream or late-labels, got '%s'", s);
+}
+
 static void parse_args(int argc, char **argv)
 {
 	enum {
 		O_VAL = 256, O_LIMIT, O_VAL_LIMIT, O_SIZE, O_BATCH, O_VAL_BATCH, O_WORKERS, O_START, O_PERSIST,
 		O_PREFETCH, O_SHM, O_TIMEOUT, O_PIN, O_SEED, O_SHUFFLE, O_EPOCHS, O_DEVICE, O_CUDART, O_STEP,
-		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_GPU, O_READBACK, O_LABELS_HOST, O_TSSHIM, O_RECORD, O_HELP, O_WORKER_FD,
+		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_GPU, O_READBACK, O_LABELS_HOST, O_UPLOAD, O_TSSHIM, O_RECORD, O_HELP, O_WORKER_FD,
 	};
 	static const struct option lo[] = {
 		{"val", required_argument, 0, O_VAL},
@@ -1941,6 +2013,7 @@ static void parse_args(int argc, char **argv)
 		{"gpu", required_argument, 0, O_GPU},
 		{"readback", no_argument, 0, O_READBACK},
 		{"labels-on-host", no_argument, 0, O_LABELS_HOST},
+		{"upload-pattern", required_argument, 0, O_UPLOAD},
 		{"tsshim", no_argument, 0, O_TSSHIM},
 		{"record", required_argument, 0, O_RECORD},
 		{"help", no_argument, 0, O_HELP},
@@ -1978,6 +2051,7 @@ static void parse_args(int argc, char **argv)
 		case O_GPU: opt.gpu = (int)parse_u64("--gpu", a, 0, 63); break;
 		case O_READBACK: opt.readback = 1; break;
 		case O_LABELS_HOST: opt.labels_on_host = 1; break;
+		case O_UPLOAD: opt.upload = parse_pattern(a); break;
 		case O_TSSHIM: opt.tsshim = 1; break;
 		case O_RECORD: opt.record = a; break;
 		case O_HELP: usage(stdout); exit(0);

@@ -9,8 +9,9 @@
 # joiner, a consumer killed, a producer killed at random points (takeover),
 # TSSHIM_MODE=off and no preload, tsshim-inspect's counters during a run,
 # a takeover from a producer idle after an epoch (validating), a
-# consumer giving up on a live producer that publishes nothing, and jobs that
-# keep their labels on the host. Every job runs under `timeout`; no
+# consumer giving up on a live producer that publishes nothing, jobs that
+# keep their labels on the host, and producers that upload in pieces, twice,
+# on two streams or some labels only. Every job runs under `timeout`; no
 # /dev/shm object of a case's
 # session may survive its jobs.
 set -u
@@ -492,6 +493,55 @@ for n in c13a c13b; do
 		cond '[ "$h" -ge 0 ] && [ $((h * 4)) -le "$own" ] && [ "$(nlines $n " share=served ")" -gt 0 ]'
 done
 echo "# case 13: $((SECONDS - T1)) s"
+
+# === 14. how the producer uploads ===========================================================
+# A tensor is kept when it comes as one run of bytes from its start (in one
+# copy or several) on the stream of its batch's first upload; one that does
+# not is left out (its consumers' uploads of it go from the host) and the
+# rest of the batch is still kept. The producer uploads with
+# --upload-pattern, the consumers whole:
+#   halves       each tensor in two copies: everything kept
+#   repeat       the images' first half twice, their second half after the
+#                labels: the images are not kept (the second half was not
+#                in the ring when the labels made the batch READY: stale
+#                bytes served), the labels are
+#   side-stream  the labels on a second stream: the images kept, the labels
+#                not, and not waited for
+#   late-labels  no labels uploaded for 3 batches (learnt: images only),
+#                then uploaded after their batch was READY: kept again from
+#                the next batch on
+T1=$SECONDS
+img_own=$((3 * 100 * 16 * 16 * 3 * 4)) lbl_own=$((3 * 100 * 8)) # a consumer's bytes over its 3 epochs
+for pat in halves repeat side-stream late-labels; do
+	c=c14${pat:0:1}
+	S=$(session_name "$c")
+	job ${c}p "$S" -- --seed 1 --batch 16 --epochs 5 --step-ms 15 --upload-pattern $pat "$TR"
+	started ${c}p
+	job ${c}a "$S" -- --seed 2 --batch 16 --epochs 3 "$TR"
+	job ${c}b "$S" -- --seed 3 --batch 24 --epochs 3 --pin --workers 2 "$TR"
+	wait_jobs ${c}p ${c}a ${c}b
+	case_end "14 ($pat)" "$S" ${c}p ${c}a ${c}b
+	for n in ${c}a ${c}b; do
+		# (not d: the description, in check, whose condition is evaluated there)
+		h=$(stat $n h2d_bytes) d2d=$(stat $n d2d_bytes) calls=$(stat $n h2d_calls)
+		echo "# 14 ($pat): $n h2d_bytes=$h d2d_bytes=$d2d h2d_calls=$calls"
+		case $pat in
+		halves)
+			check "14 (halves): $n's uploads served from the ring: h2d_bytes $h <= 25% of its $((img_own + lbl_own))" \
+				cond '[ "$h" -ge 0 ] && [ $((h * 4)) -le $((img_own + lbl_own)) ]' ;;
+		repeat)
+			check "14 (repeat): $n's images went from the host (h2d_bytes $h >= 75% of its $img_own image bytes), its labels from the ring (d2d_bytes $d2d > 0)" \
+				cond '[ $((h * 4)) -ge $((img_own * 3)) ] && [ "$d2d" -gt 0 ]' ;;
+		side-stream)
+			check "14 (side-stream): $n's images served from the ring: h2d_bytes $h <= 25% of its $img_own image bytes + its $lbl_own label bytes" \
+				cond '[ "$h" -ge 0 ] && [ $((h * 4)) -le $((img_own + lbl_own * 4)) ]' ;;
+		late-labels)
+			check "14 (late-labels): $n's labels served again once uploaded: h2d_calls $calls" \
+				cond '[ "$calls" -ge 0 ] && [ "$calls" -le 12 ]' ;;
+		esac
+	done
+done
+echo "# case 14: $((SECONDS - T1)) s"
 
 echo "# total: $((SECONDS - T0)) s"
 finish gpu_share
