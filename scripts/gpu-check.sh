@@ -86,5 +86,20 @@ for r in 1 2 3 4 5; do
 	check "kill $r: tsshim-verify" "$VERIFY" "$T/kp$r.rec" "$T/kc$r.rec" "$T/kd$r.rec"
 done
 
+# 4. how the producer uploads (gpu_share case 14): in pieces, a piece twice,
+# the labels on a second stream, no labels at first. What the ring keeps of
+# such batches must still be exactly the stream's bytes.
+for pat in halves repeat side-stream late-labels; do
+	S=gc-$$-$pat
+	job up-$pat "$S" --seed 1 --batch 64 --epochs 3 --step-ms 20 --upload-pattern $pat
+	for _ in $(seq 200); do grep -q '^seq=' "$T/up-$pat.rec" 2>/dev/null && break; sleep 0.05; done
+	job uc-$pat "$S" --seed 2 --batch 48 --epochs 2 --pin
+	wait
+	check "$pat: both finish" finished up-$pat uc-$pat
+	check "$pat: tsshim-verify proves every served batch (device bytes)" "$VERIFY" "$T/up-$pat.rec" "$T/uc-$pat.rec"
+	check "$pat: the consumer was served ($(served_lines uc-$pat) lines)" test "$(served_lines uc-$pat)" -gt 0
+	check "$pat: nothing left in /dev/shm" no_leftovers "$S"
+done
+
 echo "gpu-check: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
