@@ -100,6 +100,7 @@ int ts_gpu_driver_ready(void)
 
 #define MAX_OWN     (2 * TS_MAX_DEPTH + 8)
 #define MAX_PENDING 64
+#define EARLY_WAITS 8            /* see hold_pieces */
 
 struct own_buf {                 /* an allocation of ours in the ring */
 	int rec;                 /* its record; -1: entry unused */
@@ -157,6 +158,7 @@ struct ts_gpu {
 	struct peer_buf peer[TS_GPU_MAX_BUFS];
 	struct pending pend[MAX_PENDING];
 	unsigned npend;
+	unsigned early_waits;    /* uploads that waited before the producer kept anything */
 };
 
 struct ts_gpu *ts_gpu_new(struct ts_feed *f)
@@ -372,7 +374,18 @@ void ts_gpu_keep_announce(struct ts_gpu *g, uint64_t seq, uint32_t npos, const u
 	if (!drv_ready() || npos < 1 || npos > TS_MAX_POSITIONS)
 		return;
 	pthread_mutex_lock(&g->mu);
-	/* a batch still being kept is not given up for the next (a loop that fetches ahead) */
+	/*
+	 * A batch still being kept is not given up for the next (a loop that
+	 * fetches ahead registers the next batch before it uploads this one),
+	 * with one exception: until the first batch is READY, one that has a
+	 * complete position ends here with what it has. Otherwise a job that
+	 * never uploads a tensor would leave its first batch open until the
+	 * second one's upload, and the second unannounced, so that consumers
+	 * reaching either first go from the host. A tensor of it uploaded
+	 * later widens what the next batches wait for, as after any READY.
+	 */
+	if (!ring_open(g) && g->k.active && !g->have_ready && seq > g->k.seq && g->k.recorded)
+		keep_finish(g);
 	if (!ring_open(g) && !g->k.active && drv.CtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)
 		(void)keep_begin(g, seq, npos, len, NULL);
 	pthread_mutex_unlock(&g->mu);
@@ -526,18 +539,28 @@ static void unhold_unused(struct ts_gpu *g, const struct ts_gpu_held *h, unsigne
 static int hold_pieces(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npieces, struct ts_gpu_held *h)
 {
 	/*
-	 * A producer that keeps its batches uploads right after it publishes:
-	 * give it 20 ms; one that announced it keeps this batch (WRITING: its
-	 * READY or its drop is coming), up to half a second.
+	 * A producer that keeps its batches announces each one (WRITING: its
+	 * READY or its drop is coming) right after it publishes it: give it
+	 * 20 ms to, then up to half a second for the READY (the first batch of
+	 * a job that never uploads a tensor is READY only when the job
+	 * registers its second, after a training step). Before it has kept a
+	 * batch it may be a job that keeps nothing (a CPU job): then only our
+	 * first few uploads wait those 20 ms, so that its first batches, which
+	 * a consumer often reaches before it is announced, are still served.
 	 */
-	int patient = atomic_load_explicit(&g->ring.t->counters.batches_kept, memory_order_relaxed) > 0;
+	int grace = 0;
+	if (atomic_load_explicit(&g->ring.t->counters.batches_kept, memory_order_relaxed) > 0 ||
+	    g->early_waits < EARLY_WAITS) {
+		grace = 200;
+		g->early_waits++;
+	}
 	for (unsigned i = 0; i < npieces; i++) {
-		int ret;
+		int ret, tries;
 		h[i].buf = UINT32_MAX;
-		for (int tries = 0;; tries++) {
+		for (tries = 0;; tries++) {
 			ret = ts_gpuring_hold_again(&g->ring, g->f->s.self, pc[i].seq, pc[i].writer, &h[i]);
-			if (ret != -EAGAIN || !patient || tries >= 5000 ||
-			    (tries >= 200 && !ts_gpuring_slot_pending(&g->ring, pc[i].seq, pc[i].writer)))
+			if (ret != -EAGAIN || tries >= 5000 ||
+			    (tries >= grace && !ts_gpuring_slot_pending(&g->ring, pc[i].seq, pc[i].writer)))
 				break;
 			struct timespec ts = {0, 100000};
 			nanosleep(&ts, NULL);
@@ -546,6 +569,8 @@ static int hold_pieces(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned
 				 pc[i].len > h[i].len[pc[i].pos] - pc[i].off))
 			ret = -EBADMSG;
 		if (ret) {
+			ts_debug("gpu: an upload of batch %llu is done from the host (%s after %d ms)",
+				 (unsigned long long)pc[i].seq, ret == -EAGAIN ? "not READY" : strerror(-ret), tries / 10);
 			unhold_unused(g, h, i + 1);
 			return -1;
 		}
