@@ -384,10 +384,12 @@ void ts_gpu_keep_announce(struct ts_gpu *g, uint64_t seq, uint32_t npos, const u
 	 * reaching either first go from the host. A tensor of it uploaded
 	 * later widens what the next batches wait for, as after any READY.
 	 */
-	if (!ring_open(g) && g->k.active && !g->have_ready && seq > g->k.seq && g->k.recorded)
-		keep_finish(g);
-	if (!ring_open(g) && !g->k.active && drv.CtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)
-		(void)keep_begin(g, seq, npos, len, NULL);
+	if (!ring_open(g)) {
+		if (g->k.active && !g->have_ready && seq > g->k.seq && g->k.recorded)
+			keep_finish(g);
+		if (!g->k.active && drv.CtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)
+			(void)keep_begin(g, seq, npos, len, NULL);
+	}
 	pthread_mutex_unlock(&g->mu);
 }
 
@@ -548,11 +550,12 @@ static int hold_pieces(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned
 	 * first few uploads wait those 20 ms, so that its first batches, which
 	 * a consumer often reaches before it is announced, are still served.
 	 */
-	int grace = 0;
-	if (atomic_load_explicit(&g->ring.t->counters.batches_kept, memory_order_relaxed) > 0 ||
-	    g->early_waits < EARLY_WAITS) {
-		grace = 200;
-		g->early_waits++;
+	int grace = 200;
+	if (!atomic_load_explicit(&g->ring.t->counters.batches_kept, memory_order_relaxed)) {
+		if (g->early_waits < EARLY_WAITS)
+			g->early_waits++;
+		else
+			grace = 0;
 	}
 	for (unsigned i = 0; i < npieces; i++) {
 		int ret, tries;

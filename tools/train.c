@@ -67,7 +67,8 @@ enum { SHM_POSIX, SHM_MEMFD };
 /* --upload-pattern: how the tensors of a batch go up (see usage) */
 enum { UP_WHOLE, UP_HALVES, UP_REPEAT, UP_SIDE_STREAM, UP_LATE_LABELS };
 #define LATE_LABELS_UPLOADS 3 /* late-labels: uploads whose labels stay on the host */
-#define LATE_LABELS_STR     "3"
+#define STR_(x) #x
+#define STR(x)  STR_(x)
 
 static struct options {
 	const char *root, *val_root, *record, *cudart;
@@ -691,8 +692,8 @@ static struct {
 	void *img, *lbl;           /* device (cuda) or "device" host memory (cpu) */
 	size_t img_cap, lbl_cap;
 	void *rb_img, *rb_lbl;     /* --readback with cuda: host copies */
-	void *host_lbl;            /* late-labels: where the labels stay while not uploaded */
-	int lbl_on_host;           /* the last batch's labels stayed on the host (host_lbl) */
+	void *host_lbl;            /* where labels that are not uploaded stay (a loss on the host) */
+	int lbl_on_host;           /* the last batch's labels stayed there */
 	uint64_t uploads;          /* batches uploaded so far */
 } dev;
 
@@ -715,12 +716,10 @@ static int device_init(size_t img_cap, size_t lbl_cap)
 		return -1;
 	if (cuda_ok(cu.Malloc(&dev.img, img_cap), "cudaMalloc (images)") < 0)
 		return -1;
-	if (opt.labels_on_host) {
-		if (!(dev.lbl = malloc(lbl_cap))) {
-			fprintf(stderr, PROG ": out of memory for the %zu-byte label buffer\n", lbl_cap);
-			return -1;
-		}
-	} else if (cuda_ok(cu.Malloc(&dev.lbl, lbl_cap), "cudaMalloc (labels)") < 0) {
+	if (!opt.labels_on_host && cuda_ok(cu.Malloc(&dev.lbl, lbl_cap), "cudaMalloc (labels)") < 0)
+		return -1;
+	if ((opt.labels_on_host || opt.upload == UP_LATE_LABELS) && !(dev.host_lbl = malloc(lbl_cap))) {
+		fprintf(stderr, PROG ": out of memory for the %zu-byte label buffer\n", lbl_cap);
 		return -1;
 	}
 	if (opt.pin || opt.upload == UP_SIDE_STREAM) {
@@ -730,10 +729,6 @@ static int device_init(size_t img_cap, size_t lbl_cap)
 	}
 	if (opt.upload == UP_SIDE_STREAM && cuda_ok(cu.StreamCreate(&cu.side), "cudaStreamCreate (side)") < 0)
 		return -1;
-	if (opt.upload == UP_LATE_LABELS && !(dev.host_lbl = malloc(lbl_cap))) {
-		fprintf(stderr, PROG ": out of memory for the %zu-byte label buffer\n", lbl_cap);
-		return -1;
-	}
 	if (opt.readback) {
 		dev.rb_img = malloc(img_cap);
 		dev.rb_lbl = malloc(lbl_cap);
@@ -750,9 +745,7 @@ static void device_free(void)
 	if (opt.device == DEV_CUDA && cu.lib) {
 		if (dev.img)
 			cu.Free(dev.img);
-		if (opt.labels_on_host)
-			free(dev.lbl);
-		else if (dev.lbl)
+		if (dev.lbl)
 			cu.Free(dev.lbl);
 		/* The stream and the library stay until exit, as in PyTorch. */
 	} else {
@@ -790,18 +783,12 @@ static int upload(const void *img, size_t img_bytes, const void *lbl, size_t lbl
 		return 0;
 	}
 	size_t ih = img_bytes / 2, lh = lbl_bytes / 2;
-	int up_lbl = !opt.labels_on_host;
-	dev.lbl_on_host = 0;
-	if (opt.upload == UP_LATE_LABELS && dev.uploads < LATE_LABELS_UPLOADS) {
-		/* the first batches' labels stay on the host, the rest go up */
-		memcpy(dev.host_lbl, lbl, lbl_bytes);
-		dev.lbl_on_host = 1;
-		up_lbl = 0;
-	}
+	/* the loss is taken on the host: the labels stay there (late-labels: for the first batches) */
+	dev.lbl_on_host = opt.labels_on_host || (opt.upload == UP_LATE_LABELS && dev.uploads < LATE_LABELS_UPLOADS);
 	dev.uploads++;
-	if (opt.labels_on_host) /* the loss is taken on the host: the labels stay there */
-		memcpy(dev.lbl, lbl, lbl_bytes);
-	int rc = 0;
+	if (dev.lbl_on_host)
+		memcpy(dev.host_lbl, lbl, lbl_bytes);
+	int up_lbl = !dev.lbl_on_host, sync = pinned, rc = 0;
 	switch (opt.upload) {
 	case UP_HALVES: /* each tensor in two copies */
 		rc = copy_up(dev.img, img, 0, ih, pinned, cu.stream, "images, first half") < 0 ||
@@ -819,13 +806,13 @@ static int upload(const void *img, size_t img_bytes, const void *lbl, size_t lbl
 		rc = copy_up(dev.img, img, 0, img_bytes, 1, cu.stream, "images") < 0 ||
 		     (up_lbl && copy_up(dev.lbl, lbl, 0, lbl_bytes, 1, cu.side, "labels (side stream)") < 0) ||
 		     cuda_ok(cu.StreamSynchronize(cu.side), "cudaStreamSynchronize (side)") < 0;
-		pinned = 1; /* the job's stream is synchronised below */
+		sync = 1; /* the images' stream */
 		break;
 	default:
 		rc = copy_up(dev.img, img, 0, img_bytes, pinned, cu.stream, "images") < 0 ||
 		     (up_lbl && copy_up(dev.lbl, lbl, 0, lbl_bytes, pinned, cu.stream, "labels") < 0);
 	}
-	if (rc || (pinned && cuda_ok(cu.StreamSynchronize(cu.stream), "cudaStreamSynchronize") < 0))
+	if (rc || (sync && cuda_ok(cu.StreamSynchronize(cu.stream), "cudaStreamSynchronize") < 0))
 		return -1;
 	return 0;
 }
@@ -838,13 +825,12 @@ static int readback(size_t img_bytes, size_t lbl_bytes, const void **img, const 
 		*lbl = dev.lbl;
 		return 0;
 	}
-	int lbl_host = opt.labels_on_host || dev.lbl_on_host;
 	if (cuda_ok(cu.Memcpy(dev.rb_img, dev.img, img_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (read back)") < 0 ||
-	    (!lbl_host &&
+	    (!dev.lbl_on_host &&
 	     cuda_ok(cu.Memcpy(dev.rb_lbl, dev.lbl, lbl_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (read back)") < 0))
 		return -1;
 	*img = dev.rb_img;
-	*lbl = opt.labels_on_host ? dev.lbl : dev.lbl_on_host ? dev.host_lbl : dev.rb_lbl;
+	*lbl = dev.lbl_on_host ? dev.host_lbl : dev.rb_lbl;
 	return 0;
 }
 
@@ -1859,7 +1845,7 @@ static void usage(FILE *f)
 "                        labels, then the images' second half\n"
 "                        side-stream: the images on the job's stream, the\n"
 "                        labels on a second stream (both cudaMemcpyAsync)\n"
-"                        late-labels: the labels of the first " LATE_LABELS_STR " batches stay\n"
+"                        late-labels: the labels of the first " STR(LATE_LABELS_UPLOADS) " batches stay\n"
 "                        on the host (as --labels-on-host), later ones go up\n"
 "  --readback            copy each uploaded batch back from the device and record\n"
 "                        its checksums too (dimg=, dlbl=, device_checksum=)\n"
