@@ -211,7 +211,7 @@ clean:
 FUZZ_CC      ?= clang
 FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := segment config ring feed
+FUZZ_TARGETS := segment config ring feed gpuring
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS  := -std=gnu11 -g -O1 -fno-omit-frame-pointer -pthread $(filter-out -Werror -Wno-format-truncation,$(WARN)) \
                 -Wno-unused-function -MMD -MP $(FUZZ_SAN)
@@ -221,6 +221,7 @@ FUZZ_MAXLEN_segment := 65536
 FUZZ_MAXLEN_config  := 8192
 FUZZ_MAXLEN_ring    := 4096
 FUZZ_MAXLEN_feed    := 1024
+FUZZ_MAXLEN_gpuring := 4096
 
 .PHONY: fuzz fuzz-build fuzz-replay fuzz-seeds fuzz-clean
 

@@ -25,6 +25,12 @@ static inline int uniq_is_claim(uint64_t u)
 	return (u & 1) != 0;
 }
 
+/* A record's identity: even and non-zero (0 is a free record, odd a claim). */
+static inline int uniq_is_identity(uint64_t u)
+{
+	return u != 0 && !uniq_is_claim(u);
+}
+
 static uint64_t claim_word(const struct ts_ident *me)
 {
 	return (uint64_t)me->pid << 32 | (me->start_time & 0x7fffffffull) << 1 | 1;
@@ -309,7 +315,8 @@ int ts_gpuring_buf_add(struct ts_gpuring *g, const struct ts_segment *seg, unsig
 
 void ts_gpuring_buf_remove(struct ts_gpuring *g, unsigned buf, uint64_t uniq)
 {
-	if (buf >= TS_GPU_MAX_BUFS)
+	/* 0 or a claim would "remove" a free or half-made record and skew the counters */
+	if (buf >= TS_GPU_MAX_BUFS || !uniq_is_identity(uniq))
 		return;
 	struct ts_gpu_buf *r = &g->t->bufs[buf];
 	uint64_t size = __atomic_load_n(&r->size, __ATOMIC_RELAXED);
@@ -321,7 +328,8 @@ void ts_gpuring_buf_remove(struct ts_gpuring *g, unsigned buf, uint64_t uniq)
 
 int ts_gpuring_buf_current(const struct ts_gpuring *g, unsigned buf, uint64_t uniq)
 {
-	return buf < TS_GPU_MAX_BUFS && atomic_load_explicit(&g->t->bufs[buf].uniq, memory_order_acquire) == uniq;
+	return buf < TS_GPU_MAX_BUFS && uniq_is_identity(uniq) &&
+	       atomic_load_explicit(&g->t->bufs[buf].uniq, memory_order_acquire) == uniq;
 }
 
 /* ---- slots ------------------------------------------------------------------------------------- */

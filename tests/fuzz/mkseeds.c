@@ -6,10 +6,11 @@
  * the output is checked in. Inputs found by fuzzing that exposed a bug are
  * added to the corpus by hand, named regress-*.
  *
- *   mkseeds DIR      writes DIR/segment, DIR/config, DIR/ring, DIR/feed
+ *   mkseeds DIR      writes DIR/segment, DIR/config, DIR/ring, DIR/feed, DIR/gpuring
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 
 #include "cache.h"
 #include "config.h"
+#include "gpuring.h"
 #include "ring.h"
 #include "session.h"
 
@@ -277,6 +279,70 @@ static void feed_seeds(void)
 	put("feed", "patch-npos-same", same, sizeof(same), NULL, 0);
 }
 
+/* ---- GPU ring ------------------------------------------------------------------- */
+
+/*
+ * GPU ring scripts (fuzz_gpuring.c): depth-1, members-2, then ops: low
+ * nibble the operation, high nibble the member (8..15 with CLOCK moves the
+ * clock; 15 with CLAIM scribbles).
+ */
+enum { G_ADD = 0, G_REMOVE = 1, G_RECLAIM = 2, G_BEGIN = 3, G_READY = 4, G_DROP = 5, G_HOLD = 6, G_HOLDAGAIN = 7,
+       G_UNHOLD = 8, G_UNHOLDALL = 9, G_KILL = 10, G_CLOCK = 11, G_HELD = 12, G_PENDING = 13, G_PRODUCE = 14,
+       G_CLAIM = 15 };
+
+static void gpuring_seeds(void)
+{
+	/* depth 4, 3 members: publish, hold, a neighbour seq, begin and ready by hand, drop */
+	static const unsigned char basic[] = {
+		3, 1,
+		OP(G_PRODUCE, 0), 5, 0,
+		OP(G_HOLD, 1), 1, 1, OP(G_HELD, 2), 0, 1, 0, OP(G_HOLDAGAIN, 1), 1, 1,
+		OP(G_HOLD, 2), 0x41, 1, OP(G_UNHOLD, 1), 0, 1, OP(G_PENDING, 0), 5,
+		OP(G_ADD, 0), 0, 0x10, 0, OP(G_BEGIN, 0), 6, 0, 1, OP(G_PENDING, 0), 6,
+		OP(G_READY, 0), 2, 0, 1, 0, 0, OP(G_HOLD, 1), 2, 1,
+		OP(G_UNHOLDALL, 1), OP(G_DROP, 0), 2, OP(G_HOLD, 2), 2, 1,
+	};
+	put("gpuring", "basic", basic, sizeof(basic), NULL, 0);
+	/* depth 2: the producer dies; its unheld record is reclaimed, the held one only once let go */
+	static const unsigned char reclaim[] = {
+		1, 1,
+		OP(G_PRODUCE, 0), 0, 4, OP(G_PRODUCE, 0), 1, 4, OP(G_HOLD, 1), 0, 1,
+		OP(G_KILL, 0), OP(G_RECLAIM, 0), OP(G_ADD, 2), 0, 1, 0,
+		OP(G_UNHOLD, 1), 0, 0, OP(G_RECLAIM, 0), OP(G_KILL, 0), OP(G_CLOCK, 8), 0xff, 0xff,
+		OP(G_HELD, 1), 0, 0, 1, OP(G_REMOVE, 2), 1, 0, OP(G_REMOVE, 2), 1, 1,
+	};
+	put("gpuring", "reclaim", reclaim, sizeof(reclaim), NULL, 0);
+	/* another process claims records and dies half-way; a live one's claim stays */
+	static const unsigned char claims[] = {
+		3, 2,
+		OP(G_CLAIM, 1), 0, OP(G_CLAIM, 2), 1, OP(G_ADD, 0), 0, 1, 0, OP(G_KILL, 1),
+		OP(G_RECLAIM, 0), OP(G_ADD, 3), 0, 2, 0, OP(G_REMOVE, 0), 1, 0,
+	};
+	put("gpuring", "claims", claims, sizeof(claims), NULL, 0);
+	/* layouts that do not fit, npos out of range, a wrong identity, a slot past the depth */
+	static const unsigned char layouts[] = {
+		7, 0,
+		OP(G_ADD, 0), 0, 1, 0, OP(G_BEGIN, 0), 3, 0, 1,
+		OP(G_READY, 0), 3, 0, 0x80, 0,
+		OP(G_READY, 0), 3, 0, 0, 0xf0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+		OP(G_READY, 0), 3, 1, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0,
+		OP(G_READY, 0), 8, 0, 0, 0, OP(G_BEGIN, 0), 3, 0x90, 1, OP(G_READY, 0), 3, 0, 0, 0,
+		OP(G_BEGIN, 0), 3, 0, 1, OP(G_READY, 0), 3, 0, 3, 1, 2, 3, 4, OP(G_HOLD, 1), 3, 1,
+		OP(G_READY, 0), 3, 0, 0x80, 17, /* npos 17: reads 16 positions' bytes, past the end */
+	};
+	put("gpuring", "layouts", layouts, sizeof(layouts), NULL, 0);
+	/* a peer scribbles over a published slot's layout; holds must stay inside the buffer */
+	unsigned char scribble[] = {
+		3, 1,
+		OP(G_PRODUCE, 0), 1, 0, OP(G_HOLD, 1), 1, 1,
+		OP(G_CLAIM, 15), 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, /* slot 1's len[0] */
+		OP(G_HOLD, 1), 1, 1, OP(G_HOLD, 2), 1, 1, OP(G_RECLAIM, 0), OP(G_ADD, 0), 0, 1, 0,
+	};
+	scribble[9] = (unsigned char)(offsetof(struct ts_gpu_table, slots[1].len[0]) / 8);
+	scribble[10] = (unsigned char)(offsetof(struct ts_gpu_table, slots[1].len[0]) / 8 >> 8);
+	put("gpuring", "scribble", scribble, sizeof(scribble), NULL, 0);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -290,5 +356,6 @@ int main(int argc, char **argv)
 	config_seeds();
 	ring_seeds();
 	feed_seeds();
+	gpuring_seeds();
 	return 0;
 }

@@ -488,6 +488,19 @@ Test(gpuring, records_fill_up_to_enospc_and_remove_needs_the_right_uniq)
 	cr_expect_eq(atomic_load(&g.t->counters.buffer_bytes), bytes - 1017);
 	ts_gpuring_buf_remove(&g, 17, uniq[17]);
 	cr_expect_eq(atomic_load(&g.t->counters.buffers_live), (uint64_t)TS_GPU_MAX_BUFS - 1, "removed once");
+	/* a free record's word is 0 and a claim is odd: neither is an identity to remove or to publish with */
+	ts_gpuring_buf_remove(&g, 17, 0);
+	cr_expect_eq(atomic_load(&g.t->counters.buffers_live), (uint64_t)TS_GPU_MAX_BUFS - 1, "0 removes nothing");
+	cr_expect_eq(atomic_load(&g.t->counters.buffer_bytes), bytes - 1017);
+	cr_expect_not(ts_gpuring_buf_current(&g, 17, 0), "a free record is no allocation");
+	ts_gpuring_slot_begin(&g, 1, 0, 1, 17);
+	cr_expect_eq(ts_gpuring_slot_ready(&g, 1, 0, 1, (uint64_t[]){ 0 }, (uint64_t[]){ 0 }), -EINVAL,
+		     "READY over a free record");
+	atomic_store(&g.t->bufs[17].uniq, 0x1235ull);
+	ts_gpuring_buf_remove(&g, 17, 0x1235ull);
+	cr_expect_eq(atomic_load(&g.t->bufs[17].uniq), 0x1235ull, "a claim is not removed by its word");
+	atomic_store(&g.t->bufs[17].uniq, 0);
+
 
 	cr_expect_eq(add(&g, 0, 77, &u), 17, "the freed record is used again");
 	cr_expect(u != uniq[17] && u > 1);
