@@ -69,6 +69,14 @@ int ts_gpuring_valid(const struct ts_gpu_table *t, size_t size, uint32_t uid)
 	return 0;
 }
 
+int ts_gpuring_intact(const struct ts_gpuring *g)
+{
+	if (!g->t || ts_gpuring_valid(g->t, g->size, (uint32_t)getuid()) ||
+	    __atomic_load_n(&g->t->depth, __ATOMIC_RELAXED) != g->depth)
+		return -EBADMSG;
+	return 0;
+}
+
 static int map_fd(struct ts_gpuring *g, int fd)
 {
 	struct stat sb;
@@ -82,12 +90,20 @@ static int map_fd(struct ts_gpuring *g, int fd)
 	void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (m == MAP_FAILED)
 		return ts_neg_errno();
-	if ((ret = ts_gpuring_valid(m, (size_t)sb.st_size, (uint32_t)getuid()))) {
+	/* the depth is read once, after validation, and range-checked again: a peer may write it in between */
+	uint32_t depth = 0;
+	if (!(ret = ts_gpuring_valid(m, (size_t)sb.st_size, (uint32_t)getuid()))) {
+		depth = __atomic_load_n(&((struct ts_gpu_table *)m)->depth, __ATOMIC_RELAXED);
+		if (depth < 1 || depth > TS_MAX_DEPTH)
+			ret = -EBADMSG;
+	}
+	if (ret) {
 		munmap(m, (size_t)sb.st_size);
 		return ret;
 	}
 	g->t = m;
 	g->size = (size_t)sb.st_size;
+	g->depth = depth;
 	return 0;
 }
 
@@ -150,13 +166,14 @@ void ts_gpuring_close(struct ts_gpuring *g)
 }
 
 /*
- * The table's depth, read once per use: ts_gpuring_valid() checked it at open,
- * but another process may have changed it since. 0 when out of range.
+ * The depth validated at open, while the table still says so: a table whose
+ * depth was rewritten since (a buggy or hostile peer) is corrupt, and every
+ * call refuses it rather than index slots by another geometry. 0 then.
  */
 static uint32_t depth_of(const struct ts_gpuring *g)
 {
 	uint32_t d = __atomic_load_n(&g->t->depth, __ATOMIC_RELAXED);
-	return d >= 1 && d <= TS_MAX_DEPTH ? d : 0;
+	return d == g->depth && d >= 1 && d <= TS_MAX_DEPTH ? d : 0;
 }
 
 /* ---- holds ------------------------------------------------------------------------------ */

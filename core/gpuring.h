@@ -113,7 +113,14 @@ struct ts_gpu_table {
 struct ts_gpuring {
 	struct ts_gpu_table *t;
 	size_t size;
+	uint32_t depth; /* the table's depth as validated at open: its geometry, whatever a peer writes later */
 };
+
+/* Slots of the ring (1..TS_MAX_DEPTH once open): index per-slot arrays with this, never t->depth. */
+static inline uint32_t ts_gpuring_depth(const struct ts_gpuring *g)
+{
+	return g->depth;
+}
 
 /* What a consumer holds after ts_gpuring_hold(): a private snapshot. */
 struct ts_gpu_held {
@@ -138,6 +145,8 @@ int ts_gpuring_open(struct ts_gpuring *g, const char *path, uint32_t depth);
 void ts_gpuring_close(struct ts_gpuring *g);
 /* Validate a mapped table of `size` bytes (possibly hostile). */
 int ts_gpuring_valid(const struct ts_gpu_table *t, size_t size, uint32_t uid);
+/* Is the open table still what was validated at open (a peer may rewrite it)? 0, else -EBADMSG. */
+int ts_gpuring_intact(const struct ts_gpuring *g);
 
 /* ---- producer ---------------------------------------------------------------------- */
 

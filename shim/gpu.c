@@ -129,7 +129,7 @@ struct pending {                 /* one served upload in flight */
 struct ts_gpu {
 	struct ts_feed *f;
 	struct ts_gpuring ring;
-	int ring_state;          /* 0 not tried, 1 open, -1 failed */
+	int ring_state;          /* 0 not tried, 1 open, 2 open but rewritten by a peer (not used), -1 failed */
 	pthread_mutex_t mu;
 	/* producer */
 	struct own_buf own[MAX_OWN];
@@ -175,10 +175,29 @@ struct ts_gpu *ts_gpu_new(struct ts_feed *f)
 	return g;
 }
 
+/*
+ * The table's geometry is fixed when it is made; one whose header changed
+ * since we mapped it was rewritten by a buggy or hostile peer: stop using it
+ * (our own buffers are still freed at the end), and say so once.
+ */
+static int ring_check(struct ts_gpu *g)
+{
+	if (ts_gpuring_intact(&g->ring) == 0)
+		return 0;
+	ts_warn("gpu: the GPU ring of '%s' was rewritten by another process (depth %u, was %u): uploads go "
+		"from the host", g->f->s.name, __atomic_load_n(&g->ring.t->depth, __ATOMIC_RELAXED),
+		ts_gpuring_depth(&g->ring));
+	g->ring_state = 2;
+	g->k.active = 0;
+	return -1;
+}
+
 static int ring_open(struct ts_gpu *g)
 {
+	if (g->ring_state == 1)
+		return ring_check(g);
 	if (g->ring_state)
-		return g->ring_state > 0 ? 0 : -1;
+		return -1;
 	char path[TS_PATH_MAX];
 	int ret = ts_gpuring_path(path, sizeof(path), g->f->s.name, g->f->incarnation);
 	if (!ret)
@@ -334,7 +353,7 @@ static int keep_expected_in(const struct ts_gpu *g)
 void ts_gpu_keep_end(struct ts_gpu *g)
 {
 	pthread_mutex_lock(&g->mu);
-	if (g->k.active && g->ring_state > 0)
+	if (g->k.active && g->ring_state == 1)
 		keep_finish(g);
 	g->k.active = 0;
 	pthread_mutex_unlock(&g->mu);
@@ -349,7 +368,7 @@ static int keep_begin(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint6
 		g->k.done[p] = 0;
 		size += (len[p] + TS_GPU_ALIGN - 1) / TS_GPU_ALIGN * TS_GPU_ALIGN;
 	}
-	unsigned slot = (unsigned)(seq % g->ring.t->depth);
+	unsigned slot = (unsigned)(seq % ts_gpuring_depth(&g->ring));
 	int i = slot_buffer(g, slot, seq, size ? size : TS_GPU_ALIGN);
 	if (i < 0)
 		return -1;
@@ -668,7 +687,7 @@ void ts_gpu_free(struct ts_gpu *g, int exiting)
 		for (int i = 0; i < (int)MAX_OWN; i++) {
 			if (g->own[i].rec < 0)
 				continue;
-			for (unsigned sl = 0; sl < g->ring.t->depth; sl++)
+			for (unsigned sl = 0; sl < ts_gpuring_depth(&g->ring); sl++)
 				if (g->slot_own[sl] == i)
 					ts_gpuring_slot_drop(&g->ring, sl);
 			if (exiting)

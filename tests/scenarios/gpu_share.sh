@@ -11,7 +11,8 @@
 # a takeover from a producer idle after an epoch (validating), a
 # consumer giving up on a live producer that publishes nothing, jobs that
 # keep their labels on the host, and producers that upload in pieces, twice,
-# on two streams or some labels only. Every job runs under `timeout`; no
+# on two streams or some labels only, and a peer that rewrites the GPU
+# ring's depth mid-run. Every job runs under `timeout`; no
 # /dev/shm object of a case's
 # session may survive its jobs.
 set -u
@@ -542,6 +543,33 @@ for pat in halves repeat side-stream late-labels; do
 	done
 done
 echo "# case 14: $((SECONDS - T1)) s"
+
+# === 15. a peer rewrites the GPU ring's depth ================================================
+# The table's geometry is fixed when it is made: a member that finds the
+# depth rewritten (0, or another depth) under a running session must neither
+# divide by it nor index slots by it. The ring refuses the corrupt table; the
+# jobs go on, uploading from the host where nothing can be served.
+T1=$SECONDS
+S=$(session_name c15)
+job c15p "$S" -- --seed 1 --batch 16 --epochs 6 --step-ms 15 "$TR"
+started c15p
+job c15a "$S" -- --seed 2 --batch 16 --epochs 4 --step-ms 5 "$TR"
+wait_for "$T_TMP/c15a.rec" '^seq=3 .* share=served' 30
+gpu_file=$(shm_list "$S" | grep '\.gpu$' | head -n 1)
+for depth in 0 7; do
+	[ -n "$gpu_file" ] && python3 -c 'import struct, sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(12)  # struct ts_gpu_table: magic (8), version (4), depth (4)
+    f.write(struct.pack("<I", int(sys.argv[2])))' "/dev/shm/$gpu_file" $depth
+	sleep 0.3
+done
+wait_jobs c15p c15a
+check "15: the GPU table was found and rewritten (${gpu_file:-none})" [ -n "$gpu_file" ]
+case_end "15 (depth rewritten)" "$S" c15p c15a
+check "15: no job died of a signal ($(rcs c15p c15a))" cond '[ "${JRC[c15p]}" -lt 128 ] && [ "${JRC[c15a]}" -lt 128 ]'
+check "15: the producer said the ring was rewritten, once ($(grep -c 'was rewritten by another process' "$T_TMP/c15p.err") lines)" \
+	cond '[ "$(grep -c "GPU ring of .* was rewritten by another process (depth [07], was 4)" "$T_TMP/c15p.err")" = 1 ]'
+echo "# case 15: $((SECONDS - T1)) s"
 
 echo "# total: $((SECONDS - T0)) s"
 finish gpu_share

@@ -156,6 +156,8 @@ Test(gpuring, open_creates_a_private_table_that_a_second_open_shares)
 	cr_assert_eq(ts_gpuring_open(&b, path, 9), 0);
 	cr_expect_neq((void *)a.t, (void *)b.t, "two mappings");
 	cr_expect_eq(b.t->depth, DEPTH);
+	cr_expect_eq(ts_gpuring_depth(&a), DEPTH);
+	cr_expect_eq(ts_gpuring_depth(&b), DEPTH, "the geometry is the table's, not the one asked for");
 	atomic_store(&a.t->counters.replaced, 4242);
 	cr_expect_eq(atomic_load(&b.t->counters.replaced), 4242u, "a write through one is seen in the other");
 	ts_gpuring_slot_begin(&b, 2, 1, 6, 5);
@@ -501,7 +503,6 @@ Test(gpuring, records_fill_up_to_enospc_and_remove_needs_the_right_uniq)
 	cr_expect_eq(atomic_load(&g.t->bufs[17].uniq), 0x1235ull, "a claim is not removed by its word");
 	atomic_store(&g.t->bufs[17].uniq, 0);
 
-
 	cr_expect_eq(add(&g, 0, 77, &u), 17, "the freed record is used again");
 	cr_expect(u != uniq[17] && u > 1);
 	cr_expect_eq(atomic_load(&g.t->counters.buffer_bytes), bytes - 1017 + 77);
@@ -656,9 +657,11 @@ Test(gpuring, a_hostile_table_is_refused_never_read_out_of_bounds)
 
 	/* the depth changed under us after open: never a division by 0 or a slot past the array */
 	republish(&g, b, uniq);
-	uint32_t depths[] = { 0, TS_MAX_DEPTH + 1, UINT32_MAX };
+	uint32_t depths[] = { 0, TS_MAX_DEPTH + 1, UINT32_MAX, DEPTH - 1, DEPTH + 1 };
 	for (size_t i = 0; i < sizeof(depths) / sizeof(depths[0]); i++) {
 		g.t->depth = depths[i];
+		cr_expect_eq(ts_gpuring_depth(&g), DEPTH, "the geometry stays the one validated at open");
+		cr_expect_eq(ts_gpuring_intact(&g), -EBADMSG, "depth %u: the table is no longer intact", depths[i]);
 		cr_expect_neq(ts_gpuring_hold(&g, 1, 1, 0, &h), 0, "depth %u", depths[i]);
 		cr_expect_neq(ts_gpuring_hold(&g, 1, (uint64_t)TS_MAX_DEPTH * 1000 + 7, 0, &h), 0, "depth %u",
 			      depths[i]);
@@ -671,6 +674,14 @@ Test(gpuring, a_hostile_table_is_refused_never_read_out_of_bounds)
 		cr_expect_eq(atomic_load(&g.t->bufs[0].uniq), before, "no slot written past the array");
 	}
 	g.t->depth = DEPTH;
+	cr_expect_eq(ts_gpuring_intact(&g), 0, "the depth as it was");
+	g.t->magic ^= 1;
+	cr_expect_eq(ts_gpuring_intact(&g), -EBADMSG, "magic rewritten");
+	g.t->magic ^= 1;
+	g.t->uid ^= 1;
+	cr_expect_eq(ts_gpuring_intact(&g), -EBADMSG, "uid rewritten");
+	g.t->uid ^= 1;
+	cr_expect_eq(ts_gpuring_intact(&g), 0);
 	republish(&g, b, uniq);
 #undef EXPECT_REFUSED
 	ts_gpuring_close(&g);
