@@ -202,14 +202,15 @@ static void ledger_mark(struct ts_feed *f, const struct ts_feed_batch *b)
 	if (atomic_load_explicit(&l->epoch, memory_order_relaxed) != b->stream_epoch) {
 		/* NO_EPOCH first: a reader that sees the new epoch sees cleared bits */
 		atomic_store_explicit(&l->epoch, NO_EPOCH, memory_order_seq_cst);
-		for (uint64_t i = 0; i < (l->nbits + 63) / 64; i++)
+		/* our nindex, not the file's nbits: checked equal at open, but a peer may rewrite it since */
+		for (uint64_t i = 0; i < (f->nindex + 63) / 64; i++)
 			atomic_store_explicit(&l->bits[i], 0, memory_order_relaxed);
 		atomic_store_explicit(&l->count, 0, memory_order_relaxed);
 		atomic_store_explicit(&l->epoch, b->stream_epoch, memory_order_release);
 	}
 	for (uint64_t i = 0; i < b->nsamples; i++) {
 		uint64_t x = (uint64_t)b->index[i];
-		if (x < l->nbits)
+		if (x < f->nindex)
 			atomic_fetch_or_explicit(&l->bits[x / 64], 1ull << (x % 64), memory_order_relaxed);
 	}
 	atomic_fetch_add_explicit(&l->count, b->nsamples, memory_order_relaxed);
@@ -527,13 +528,14 @@ static void fill_slot(struct ts_feed_hdr *h, const struct ts_feed_batch *b, uint
 	h->npos = b->npos;
 	h->schema_len = b->schema_len;
 	memcpy(h->schema, b->schema, b->schema_len);
+	/* offsets from our own values, never read back: consumers map this file read-write */
 	h->index_off = HDR_SIZE;
 	__atomic_store_n(&h->holders, 0, __ATOMIC_RELAXED); /* only gone members' bits were left */
 	if (b->index)
-		memcpy(base + h->index_off, b->index, b->nsamples * sizeof(int64_t));
+		memcpy(base + HDR_SIZE, b->index, b->nsamples * sizeof(int64_t));
 	else
-		memset(base + h->index_off, 0xff, b->nsamples * sizeof(int64_t));
-	uint64_t off = h->index_off + page_up(b->nsamples * sizeof(int64_t));
+		memset(base + HDR_SIZE, 0xff, b->nsamples * sizeof(int64_t));
+	uint64_t off = HDR_SIZE + page_up(b->nsamples * sizeof(int64_t));
 	for (uint32_t p = 0; p < TS_MAX_POSITIONS; p++) {
 		h->off[p] = p < b->npos ? off : 0;
 		h->len[p] = p < b->npos ? b->len[p] : 0;
@@ -679,7 +681,7 @@ int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t
 	const char *base;
 	unsigned writer;
 	uint64_t pub = atomic_load_explicit(&seg->ring.pub_seq, memory_order_acquire);
-	uint32_t d = seg->st.depth;
+	uint32_t d;
 	int ret;
 
 	*epoch = 0;
@@ -698,6 +700,8 @@ int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t
 	}
 	if (pub == 0)
 		return 0;
+	if (!(d = ts_ring_depth(seg))) /* read once, after the wait: divides and bounds the loop below */
+		return -EBADMSG;
 	if ((ret = ts_ring_slot_meta(seg, pub - 1, &m, &writer)) ||
 	    (ret = peer_file(f, writer, m.tag, (uint32_t)((pub - 1) % d), pub - 1, &h, &base)) ||
 	    (ret = hdr_matches(h, &m)))
@@ -811,10 +815,14 @@ int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *ou
 	unsigned writer;
 	int ret;
 
+	uint32_t d;
 	if (!f->attached)
 		return -ENOTCONN;
-	if ((ret = ts_ring_wait_next(f->s.seg, &f->r, timeout_ns, &m, &writer)) ||
-	    (ret = peer_file(f, writer, m.tag, (uint32_t)(f->r.seq % f->s.seg->st.depth), f->r.seq, &h, &base)) ||
+	if ((ret = ts_ring_wait_next(f->s.seg, &f->r, timeout_ns, &m, &writer)))
+		return ret;
+	if (!(d = ts_ring_depth(f->s.seg))) /* wait_next checked its own read of it: not this one */
+		return -EBADMSG;
+	if ((ret = peer_file(f, writer, m.tag, (uint32_t)(f->r.seq % d), f->r.seq, &h, &base)) ||
 	    (ret = hdr_matches(h, &m)))
 		return ret;
 	out->npos = m.npos;
@@ -848,7 +856,9 @@ static int range_slot(struct ts_feed *f, const struct ts_read *rd, uint32_t k, c
 	int ret;
 	if ((ret = ts_ring_slot_meta(f->s.seg, r0->seq, &m, &writer)))
 		return ret == -EAGAIN ? -ESTALE : ret;
-	if (writer != r0->writer || m.tag != r0->tag)
+	/* npos too: hdr_matches() ties the header's npos to this row's, and only
+	 * the header's positions were bounded against the file (hdr_fits) */
+	if (writer != r0->writer || m.tag != r0->tag || m.npos != rd->npos)
 		return -ESTALE;
 	if ((ret = peer_file(f, r0->writer, r0->tag, r0->slot, r0->seq, h, base)) || (ret = hdr_matches(*h, &m)))
 		return ret;

@@ -45,11 +45,8 @@ typedef unsigned __int128 u128;
 
 static inline int ring_depth(const struct ts_segment *seg, uint32_t *d)
 {
-	uint32_t v = seg->st.depth; /* read once: the whole call uses one value */
-	if (v == 0 || v > TS_MAX_DEPTH)
-		return -EBADMSG;
-	*d = v;
-	return 0;
+	*d = ts_ring_depth(seg); /* read once: the whole call uses one value */
+	return *d ? 0 : -EBADMSG;
 }
 
 static inline bool member_ok(int idx)

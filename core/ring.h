@@ -31,6 +31,17 @@ static inline unsigned ts_slot_writer1(uint64_t w) { return (unsigned)(w >> 55) 
 static inline uint32_t ts_slot_epoch(uint64_t w) { return (uint32_t)(w >> 46) & 0x1ff; }
 static inline uint64_t ts_slot_seq(uint64_t w) { return w & ((1ULL << TS_SLOT_SEQ_BITS) - 1); }
 
+/*
+ * The segment's ring depth, read once: a peer may rewrite the field at any
+ * time, so a caller that divides or indexes by it uses this one value.
+ * 1..TS_MAX_DEPTH, or 0 when out of range (a corrupt segment).
+ */
+static inline uint32_t ts_ring_depth(const struct ts_segment *seg)
+{
+	uint32_t v = __atomic_load_n(&seg->st.depth, __ATOMIC_RELAXED);
+	return v >= 1 && v <= TS_MAX_DEPTH ? v : 0;
+}
+
 /* Producer-side state, private to the producing process. */
 struct ts_ring_writer {
 	int self;           /* our member index */

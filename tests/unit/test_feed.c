@@ -220,6 +220,29 @@ Test(feed, ledger_lag_is_covered_by_the_ring)
 	ts_feed_close(&f);
 }
 
+/*
+ * The ledger's nbits was checked equal to the dataset's size at open; a peer
+ * that rewrites it since must not make the producer clear bits past the end
+ * of the file (it used to loop to the file's nbits: SIGSEGV).
+ */
+Test(feed, a_ledger_rewritten_after_open_is_written_only_within_its_file)
+{
+	struct ts_feed f;
+	int64_t rest[NINDEX], idx[5] = { 1, 2, 3, 4, 5 };
+	uint64_t epoch, nrest, npub;
+	int ended;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	cr_assert_eq(publish(&f, idx, 5, 1, 0, schema), 0);
+	atomic_store(&((_Atomic uint64_t *)f.ledger)[2], 1ull << 40); /* nbits: 2^34 words to clear */
+	/* a new stream epoch: the producer clears the ledger's bits before it marks the batch */
+	cr_assert_eq(publish(&f, idx, 5, 2, 0, schema), 0);
+	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &ended, rest, &nrest, &npub, SEC), 0);
+	cr_expect_eq(epoch, 2u);
+	cr_expect_eq(npub, 5u, "the new epoch's batch is marked, the old one's bits cleared");
+	cr_expect_eq(nrest, (uint64_t)NINDEX - 5);
+	ts_feed_close(&f);
+}
+
 Test(feed, refuses_bad_batches_and_other_schemas)
 {
 	struct ts_feed f;
