@@ -167,12 +167,19 @@ static void geometry(uint64_t budget, struct ts_cache_static *st)
 	st->chunk_size = TS_CACHE_CHUNK;
 }
 
-int ts_cache_validate(const struct ts_cache_header *h, size_t size, uid_t uid, char *why, size_t whylen)
+/*
+ * Validate the header of a mapped cache of `size` bytes, on a private copy
+ * of its static part taken once (*snap): what was checked is what the caller
+ * uses, whatever a peer writes to the file afterwards.
+ */
+static int validate_snapshot(const struct ts_cache_header *h, size_t size, uid_t uid, struct ts_cache_static *snap,
+			     char *why, size_t whylen)
 {
-	const struct ts_cache_static *st = &h->st;
+	const struct ts_cache_static *st = snap;
 	uint64_t page = page_size();
 	if (size < sizeof(*st))
 		return fail(why, whylen, -EBADMSG, "truncated: %zu bytes, smaller than its header", size);
+	memcpy(snap, &h->st, sizeof(*snap));
 	if (st->magic != TS_CACHE_MAGIC)
 		return fail(why, whylen, -EBADMSG, "not a tsshim cache segment (bad magic)");
 	if (st->layout_version != TS_CACHE_LAYOUT_VERSION || st->header_size != sizeof(*h) ||
@@ -207,6 +214,12 @@ int ts_cache_validate(const struct ts_cache_header *h, size_t size, uid_t uid, c
 	if (state != TS_CACHE_SEG_OPEN && state != TS_CACHE_SEG_CLOSED)
 		return fail(why, whylen, -EBADMSG, "invalid state %u", state);
 	return 0;
+}
+
+int ts_cache_validate(const struct ts_cache_header *h, size_t size, uid_t uid, char *why, size_t whylen)
+{
+	struct ts_cache_static snap;
+	return validate_snapshot(h, size, uid, &snap, why, whylen);
 }
 
 /* ---- the lock and repair ---------------------------------------------------- */
@@ -755,10 +768,10 @@ static void reserve_ahead(struct ts_cache *c, uint64_t hwm)
 	    !atomic_compare_exchange_strong_explicit(&h->ahead, &seen, hwm + 1, memory_order_relaxed,
 						     memory_order_relaxed))
 		return;
-	uint64_t to = min_u64(hwm + h->st.chunk_size, c->arena_size);
+	uint64_t to = min_u64(hwm + c->chunk_size, c->arena_size);
 	int fd = c->fd; /* read once: reserve() may replace it under the lock */
 	if (hwm < to && fd_is_ours(c, fd) && within_shm_share(to) &&
-	    posix_fallocate(fd, (off_t)(h->st.arena_off + hwm), (off_t)(to - hwm)) == 0) {
+	    posix_fallocate(fd, (off_t)(c->arena_off + hwm), (off_t)(to - hwm)) == 0) {
 		uint64_t expect = hwm;
 		(void)atomic_compare_exchange_strong_explicit(&h->falloc_hwm, &expect, to, memory_order_release,
 							      memory_order_relaxed);
@@ -772,8 +785,7 @@ static int reserve(struct ts_cache *c, uint64_t end)
 	uint64_t hwm = atomic_load_explicit(&h->falloc_hwm, memory_order_relaxed);
 	if (end <= hwm)
 		return 0;
-	uint64_t chunk = h->st.chunk_size;
-	uint64_t nhwm = min_u64(round_up(end, chunk), c->arena_size);
+	uint64_t nhwm = min_u64(round_up(end, c->chunk_size), c->arena_size);
 	/*
 	 * The host program may have closed our descriptor and reused the
 	 * number: never grow a file that is not ours. Open our own file again
@@ -793,7 +805,7 @@ static int reserve(struct ts_cache *c, uint64_t end)
 		c->fd = nfd;
 	}
 	int r = within_shm_share(nhwm) ? 0 : ENOSPC, tries = 0;
-	while (!r && (r = posix_fallocate(c->fd, (off_t)(h->st.arena_off + hwm), (off_t)(nhwm - hwm))) == EINTR &&
+	while (!r && (r = posix_fallocate(c->fd, (off_t)(c->arena_off + hwm), (off_t)(nhwm - hwm))) == EINTR &&
 	       ++tries < 8)
 		r = 0;
 	if (r) {
@@ -1103,7 +1115,7 @@ int ts_cache_get(struct ts_cache *c, const struct ts_cache_key *k, uint64_t len,
 		int r = insert(c, k, hash, len, p.free_slot, &me, fill);
 		uint64_t hwm = atomic_load_explicit(&c->hdr->falloc_hwm, memory_order_relaxed);
 		bool ahead = r == 0 && hwm < c->arena_size &&
-			     c->hdr->head + c->hdr->st.chunk_size / 2 > hwm;
+			     c->hdr->head + c->chunk_size / 2 > hwm;
 		cache_unlock(c);
 		if (r == 0) {
 			count(&ctr->fills);
@@ -1298,7 +1310,8 @@ out:
  * error themselves, not fail()'s result: the analyser does not follow the
  * variadic fail() and would take 0 for possible.
  */
-static int map_checked(int fd, int prot, void **map, size_t *size, struct stat *sbo, char *why, size_t whylen)
+static int map_checked(int fd, int prot, void **map, size_t *size, struct stat *sbo, struct ts_cache_static *snap,
+		       char *why, size_t whylen)
 {
 	struct stat sb;
 	int ret;
@@ -1321,7 +1334,7 @@ static int map_checked(int fd, int prot, void **map, size_t *size, struct stat *
 		fail(why, whylen, ret, "cannot map: %s", strerror(-ret));
 		return ret;
 	}
-	ret = ts_cache_validate(m, (size_t)sb.st_size, getuid(), why, whylen);
+	ret = validate_snapshot(m, (size_t)sb.st_size, getuid(), snap, why, whylen);
 	if (ret) {
 		munmap(m, (size_t)sb.st_size);
 		return ret;
@@ -1333,15 +1346,18 @@ static int map_checked(int fd, int prot, void **map, size_t *size, struct stat *
 	return 0;
 }
 
-static void attach_handle(struct ts_cache *c, void *map, size_t size, const struct stat *sb)
+/* The handle's geometry from the validated snapshot, never from the file again. */
+static void attach_handle(struct ts_cache *c, void *map, size_t size, const struct stat *sb,
+			  const struct ts_cache_static *st)
 {
-	struct ts_cache_header *h = map;
-	c->hdr = h;
+	c->hdr = map;
 	c->map_size = size;
-	c->ents = (struct ts_cache_entry *)((unsigned char *)map + h->st.index_off);
-	c->arena = (unsigned char *)map + h->st.arena_off;
-	c->arena_size = h->st.arena_size;
-	c->nentries = h->st.nentries;
+	c->ents = (struct ts_cache_entry *)((unsigned char *)map + st->index_off);
+	c->arena = (unsigned char *)map + st->arena_off;
+	c->arena_off = st->arena_off;
+	c->arena_size = st->arena_size;
+	c->chunk_size = st->chunk_size;
+	c->nentries = st->nentries;
 	c->dev = sb->st_dev;
 	c->ino = sb->st_ino;
 }
@@ -1462,14 +1478,15 @@ static int open_once(struct ts_cache *c, uint64_t budget, const struct ts_ident 
 	void *map;
 	size_t size;
 	struct stat sb;
-	int ret = map_checked(fd, PROT_READ | PROT_WRITE, &map, &size, &sb, why, whylen);
+	struct ts_cache_static st;
+	int ret = map_checked(fd, PROT_READ | PROT_WRITE, &map, &size, &sb, &st, why, whylen);
 	if (ret) {
 		char tmp[200];
 		snprintf(tmp, sizeof(tmp), "%s", why ? why : "");
 		fail(why, whylen, ret, "%s: %s", c->path, tmp);
 		return ret;
 	}
-	attach_handle(c, map, size, &sb);
+	attach_handle(c, map, size, &sb, &st);
 	ret = cache_lock(c, TS_CACHE_OPEN_TIMEOUT_NS);
 	if (ret)
 		return fail(why, whylen, ret == -ETIMEDOUT ? -ETIMEDOUT : ret, "%s: the cache lock is %s", c->path,
@@ -1590,7 +1607,9 @@ void ts_cache_close(struct ts_cache *c)
 
 /* ---- statistics and inspection --------------------------------------------------- */
 
-static void collect(const struct ts_cache_header *h, const struct ts_cache_entry *ents, struct ts_cache_stats *o)
+/* st: the geometry as validated (the entries are counted up to its nentries, not the file's). */
+static void collect(const struct ts_cache_header *h, const struct ts_cache_entry *ents,
+		    const struct ts_cache_static *st, struct ts_cache_stats *o)
 {
 	const struct ts_cache_counters *k = &h->counters;
 	memset(o, 0, sizeof(*o));
@@ -1618,10 +1637,10 @@ static void collect(const struct ts_cache_header *h, const struct ts_cache_entry
 #undef GET
 	o->bytes_in_use = atomic_load_explicit(&h->bytes_in_use, memory_order_relaxed);
 	o->reserved_bytes = atomic_load_explicit(&h->falloc_hwm, memory_order_relaxed);
-	o->capacity = h->st.nentries;
-	o->budget = h->st.arena_size;
-	o->created_unix_ns = h->st.created_unix_ns;
-	for (uint32_t i = 0; i < h->st.nentries; i++) {
+	o->capacity = st->nentries;
+	o->budget = st->arena_size;
+	o->created_unix_ns = st->created_unix_ns;
+	for (uint32_t i = 0; i < st->nentries; i++) {
 		uint32_t s = TS_CENT_STATE(atomic_load_explicit(&ents[i].word, memory_order_relaxed));
 		o->entries += s == TS_CENT_READY;
 		o->filling += s == TS_CENT_FILLING;
@@ -1659,7 +1678,9 @@ void ts_cache_stats(const struct ts_cache *c, struct ts_cache_stats *out)
 		memset(out, 0, sizeof(*out));
 		return;
 	}
-	collect(c->hdr, c->ents, out);
+	struct ts_cache_static st = { .nentries = c->nentries, .arena_size = c->arena_size };
+	st.created_unix_ns = c->hdr->st.created_unix_ns;
+	collect(c->hdr, c->ents, &st, out);
 	read_scope(c->hdr, out->scope, sizeof(out->scope));
 }
 
@@ -1675,11 +1696,12 @@ int ts_cache_view(const char *path, struct ts_cache_stats *out, char *why, size_
 	}
 	void *map;
 	size_t size;
-	int ret = map_checked(fd, PROT_READ, &map, &size, NULL, why, whylen);
+	struct ts_cache_static st;
+	int ret = map_checked(fd, PROT_READ, &map, &size, NULL, &st, why, whylen);
 	close(fd);
 	if (ret == 0) {
 		const struct ts_cache_header *h = map;
-		collect(h, (const struct ts_cache_entry *)((const unsigned char *)map + h->st.index_off), out);
+		collect(h, (const struct ts_cache_entry *)((const unsigned char *)map + st.index_off), &st, out);
 		read_scope(h, out->scope, sizeof(out->scope));
 		munmap(map, size);
 	}
@@ -1739,10 +1761,11 @@ static int remove_unless_used(const char *path, const struct ts_ident *self, str
 	void *map;
 	size_t size;
 	struct stat sb;
-	ret = map_checked(c.fd, PROT_READ | PROT_WRITE, &map, &size, &sb, why, sizeof(why));
+	struct ts_cache_static st;
+	ret = map_checked(c.fd, PROT_READ | PROT_WRITE, &map, &size, &sb, &st, why, sizeof(why));
 	if (ret == 0) {
-		attach_handle(&c, map, size, &sb);
-		snprintf(c.session, sizeof(c.session), "%s", c.hdr->st.session);
+		attach_handle(&c, map, size, &sb, &st);
+		snprintf(c.session, sizeof(c.session), "%s", st.session); /* the snapshot's: NUL-terminated, validated */
 		ret = cache_lock(&c, 100000000ull);
 		if (ret == 0) {
 			bool linked = fstat(c.fd, &sb) == 0 && sb.st_nlink > 0;
@@ -1753,7 +1776,7 @@ static int remove_unless_used(const char *path, const struct ts_ident *self, str
 				atomic_store(&c.hdr->state, TS_CACHE_SEG_CLOSED);
 				ret = path_is_ours(&c, path) && unlink(path) == 0 ? 1 : 0;
 				if (ret == 1 && last)
-					collect(c.hdr, c.ents, last);
+					collect(c.hdr, c.ents, &st, last);
 			}
 			cache_unlock(&c);
 		}

@@ -250,7 +250,10 @@ struct ts_cache {
 	struct ts_cache_entry *ents;
 	unsigned char *arena;
 	size_t map_size;
+	/* the geometry, from the static header as validated (a private copy: a peer may rewrite the file's) */
+	uint64_t arena_off;
 	uint64_t arena_size;
+	uint64_t chunk_size;
 	uint32_t nentries;
 	int fd;
 	dev_t dev;                /* identity of fd: checked before every fallocate */

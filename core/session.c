@@ -588,7 +588,7 @@ int ts_view_open(struct ts_view *v, const char *path, char *why, size_t whylen)
 	if (ret)
 		return ret;
 	v->seg = map;
-	snprintf(v->name, sizeof(v->name), "%s", v->seg->st.name);
+	snprintf(v->name, sizeof(v->name), "%.*s", (int)sizeof(v->seg->st.name), v->seg->st.name); /* bounded: a peer may remove the NUL since */
 	return 0;
 }
 

@@ -1433,6 +1433,38 @@ Test(cache, arena_is_reserved_lazily)
 	ts_cache_close(&c);
 }
 
+/*
+ * The header was validated at open; a peer that rewrites it since (checksum
+ * and all) must not steer an open handle: the reservation chunk (divided
+ * by: 0 was SIGFPE), the arena's offset (reserved at), the index size
+ * (counted up to) stay what was validated.
+ */
+Test(cache, a_header_rewritten_after_open_does_not_steer_an_open_handle)
+{
+	struct ts_cache c;
+	char name[TS_NAME_MAX], path[TS_PATH_MAX];
+	fresh(&c, name, path, 256 * MIB);
+	struct ts_cache_static *st = &c.hdr->st;
+	uint64_t arena_off = st->arena_off;
+	uint32_t nentries = st->nentries;
+	st->chunk_size = 0;
+	st->arena_off = 1ull << 40;
+	st->nentries = 1u << 30;
+	fix_checksum(&c);
+	struct ts_cache_key k = key_of(1);
+	fill_commit(&c, &k, 1, 0, 1 * MIB);
+	expect_hit(&c, &k, 1, 0, 1 * MIB);
+	struct ts_cache_stats s = stats(&c);
+	cr_expect_eq(s.reserved_bytes, TS_CACHE_CHUNK, "one chunk, as validated");
+	cr_expect_eq(s.capacity, nentries, "the index size as validated");
+	cr_expect_eq(s.entries, 1u);
+	cr_expect_lt(file_bytes(path), arena_off + 2 * TS_CACHE_CHUNK, "reserved in the arena, not at the offset written (%llu bytes)",
+		     (unsigned long long)file_bytes(path));
+	/* a new open, and a view, refuse the rewritten header */
+	expect_refused(name, path, -EBADMSG, "invalid index size", "rewritten geometry");
+	ts_cache_close(&c);
+}
+
 static void expect_untouched(const char *file)
 {
 	struct stat sb;
