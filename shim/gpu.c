@@ -25,6 +25,7 @@ static struct {
 	CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
 	CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
 	CUresult (*IpcCloseMemHandle)(CUdeviceptr);
+	CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
 	CUresult (*EventCreate)(CUevent *, unsigned int);
 	CUresult (*EventDestroy)(CUevent);
 	CUresult (*EventRecord)(CUevent, CUstream);
@@ -55,6 +56,7 @@ static void drv_resolve(void)
 		F(PointerGetAttribute, "cuPointerGetAttribute"), F(MemAlloc, "cuMemAlloc_v2"),
 		F(MemFree, "cuMemFree_v2"), F(IpcGetMemHandle, "cuIpcGetMemHandle"),
 		F(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2"), F(IpcCloseMemHandle, "cuIpcCloseMemHandle"),
+		F(MemGetAddressRange, "cuMemGetAddressRange_v2"),
 		F(EventCreate, "cuEventCreate"), F(EventDestroy, "cuEventDestroy_v2"), F(EventRecord, "cuEventRecord"),
 		F(EventQuery, "cuEventQuery"), F(EventSynchronize, "cuEventSynchronize"),
 		F(IpcGetEventHandle, "cuIpcGetEventHandle"), F(IpcOpenEventHandle, "cuIpcOpenEventHandle"),
@@ -505,6 +507,20 @@ static struct peer_buf *peer_open(struct ts_gpu *g, const struct ts_gpu_held *h)
 	memcpy(eh.reserved, h->event, sizeof(eh.reserved));
 	if (drv.IpcOpenMemHandle(&pb->ptr, mh, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS)
 		return NULL;
+	/*
+	 * The record's size bounds every copy from it (the table checks each
+	 * range against it), but it is only what the table says: the opened
+	 * allocation itself must be at least that large, or a buggy or hostile
+	 * record would have the device read past it.
+	 */
+	CUdeviceptr base = 0;
+	size_t real = 0;
+	if (drv.MemGetAddressRange(&base, &real, pb->ptr) != CUDA_SUCCESS || base != pb->ptr || h->size > real) {
+		ts_debug("gpu: record %u says %llu bytes, its allocation has %zu: not read", h->buf,
+			 (unsigned long long)h->size, real);
+		drv.IpcCloseMemHandle(pb->ptr);
+		return NULL;
+	}
 	if (drv.IpcOpenEventHandle(&pb->ev, eh) != CUDA_SUCCESS) {
 		drv.IpcCloseMemHandle(pb->ptr);
 		return NULL;
