@@ -118,6 +118,9 @@ def inject(jobs, faults, timeout, failures, missed):
             if p.poll() is not None or missed(j):
                 continue  # it finished first: the fault missed
             jobs[j]["fault"] = kind
+            # a job that dies of a signal cleans nothing: with no other job left
+            # to, its feed stays in /dev/shm (README, Limitations)
+            jobs[j]["alone"] = all(o["p"].poll() is not None for i, o in enumerate(jobs) if i != j)
             p.send_signal(SIGNALS[kind])
             if kind == "stop":
                 stopped.append((j, now + stop_s))
@@ -136,12 +139,19 @@ def inject(jobs, faults, timeout, failures, missed):
         job["err"].close()
 
 
-def check_left(session, failures):
-    """Nothing of the session may be left in /dev/shm once every job is gone."""
+def check_left(session, failures, jobs):
+    """Nothing of the session may be left in /dev/shm once every job is gone,
+    unless a job died of a signal after every other job had exited: nobody
+    was left to clean up after it (the documented limitation)."""
     time.sleep(0.2)
     left = leftovers(session)
-    if left:
+    alone = [j for j, job in enumerate(jobs) if job.get("alone") and (job["p"].returncode or 0) < 0]
+    if left and alone:
+        print("#   note: job %d died of a signal after every other job had exited; left in /dev/shm, "
+              "as documented: %s" % (alone[0], " ".join(left[:4])), flush=True)
+    elif left:
         failures.append("left in /dev/shm: %s" % " ".join(left[:4]))
+    if left:
         for n in left:
             try:
                 os.unlink(os.path.join(SHM, n))
@@ -204,7 +214,7 @@ def run_round(args, rnd, rng, tmp):
                        capture_output=True, text=True)
     if v.returncode != 0:
         failures.append("verifier: " + " | ".join(l for l in v.stdout.splitlines() if not l.startswith("note"))[:900])
-    check_left(session, failures)
+    check_left(session, failures, jobs)
     return njobs, injected, survived, failures, describe(faults), [job["desc"] for job in jobs]
 
 
@@ -240,7 +250,7 @@ def run_train_round(args, rnd, rng, tmp):
                                 % (j, kind, got, args.reference))
             elif kind or any(job2["fault"] in ("kill", "int", "term") for job2 in jobs):
                 survived += 1
-    check_left(session, failures)
+    check_left(session, failures, jobs)
     return njobs, sum(1 for job in jobs if job["fault"]), survived, failures, describe(faults), ["tsshim-train"] * njobs
 
 
