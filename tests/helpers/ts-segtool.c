@@ -3,6 +3,7 @@
  * ts-segtool: make and damage session segments for tests (links the core,
  * not the shim). See usage() for the commands.
  */
+#include "gpuring.h"
 #include "ring.h"
 #include "session.h"
 
@@ -10,6 +11,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +27,7 @@ static void usage(FILE *f)
 		"usage: " PROG " join NAME [--depth N] [--timeout-ms N] [--hold-ms N]\n"
 		"       " PROG " corrupt NAME magic|version|checksum|truncate|depth|uid|garbage\n"
 		"       " PROG " plant NAME [--mode OCTAL] [--uid UID] [--fifo]\n"
+		"       " PROG " gpu-inflate FILE FACTOR\n"
 		"\n"
 		"  join     join session NAME (creating it), print \"joined slot=S role=R\",\n"
 		"           heartbeat every timeout/4 until --hold-ms passes (default: until\n"
@@ -42,6 +45,9 @@ static void usage(FILE *f)
 		"  plant    create a well-formed, memberless segment at NAME's path with\n"
 		"           file mode OCTAL (default 0600), optionally chowned to UID, or a\n"
 		"           FIFO with --fifo: simulates foreign or unsafe segments\n"
+		"  gpu-inflate  multiply the size of every live buffer record of the GPU ring\n"
+		"           table FILE (a /dev/shm path) by FACTOR, as a buggy or hostile peer\n"
+		"           would; print \"inflated N\"\n"
 		"\n"
 		"Exit status: 0 done, 1 failed, 2 usage error.\n");
 }
@@ -284,6 +290,38 @@ static int cmd_plant(int argc, char **argv)
 	return 0;
 }
 
+/* ---- gpu-inflate ---------------------------------------------------------- */
+
+static int cmd_gpu_inflate(int argc, char **argv)
+{
+	uint32_t factor;
+	if (argc != 2 || parse_u32(argv[1], 10, &factor) || factor < 2)
+		return usage_error("gpu-inflate needs FILE and a FACTOR >= 2", NULL);
+	int fd = open(argv[0], O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	struct stat sb;
+	if (fd < 0 || fstat(fd, &sb) || (size_t)sb.st_size < sizeof(struct ts_gpu_table)) {
+		fprintf(stderr, PROG ": %s: not a GPU ring table\n", argv[0]);
+		return 1;
+	}
+	struct ts_gpu_table *t = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (t == MAP_FAILED || t->magic != TS_GPU_MAGIC) {
+		fprintf(stderr, PROG ": %s: not a GPU ring table\n", argv[0]);
+		return 1;
+	}
+	unsigned n = 0;
+	for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++) {
+		uint64_t u = atomic_load(&t->bufs[b].uniq);
+		if (u && !(u & 1)) { /* a published record, not a claim */
+			__atomic_store_n(&t->bufs[b].size, t->bufs[b].size * factor, __ATOMIC_RELAXED);
+			n++;
+		}
+	}
+	munmap(t, (size_t)sb.st_size);
+	printf("inflated %u\n", n);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
@@ -298,5 +336,7 @@ int main(int argc, char **argv)
 		return cmd_corrupt(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "plant"))
 		return cmd_plant(argc - 2, argv + 2);
+	if (!strcmp(argv[1], "gpu-inflate"))
+		return cmd_gpu_inflate(argc - 2, argv + 2);
 	return usage_error("unknown command ", argv[1]);
 }

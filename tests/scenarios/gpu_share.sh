@@ -11,8 +11,9 @@
 # a takeover from a producer idle after an epoch (validating), a
 # consumer giving up on a live producer that publishes nothing, jobs that
 # keep their labels on the host, and producers that upload in pieces, twice,
-# on two streams or some labels only, and a peer that rewrites the GPU
-# ring's depth mid-run. Every job runs under `timeout`; no
+# on two streams or some labels only, a peer that rewrites the GPU
+# ring's depth mid-run, and buffer records that claim more than their
+# allocations. Every job runs under `timeout`; no
 # /dev/shm object of a case's
 # session may survive its jobs.
 set -u
@@ -23,7 +24,8 @@ TRAIN=$PWD/$BUILD/tsshim-train
 VERIFY=$PWD/$BUILD/tsshim-verify
 MKDATA=$PWD/$BUILD/tsshim-mkdata
 EMU=$PWD/$BUILD/emu
-for f in "$TRAIN" "$VERIFY" "$MKDATA" "$INSPECT" "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$BUILD/libtsshim.so"; do
+SEGTOOL=$PWD/$BUILD/tests/ts-segtool
+for f in "$TRAIN" "$VERIFY" "$MKDATA" "$INSPECT" "$SEGTOOL" "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$BUILD/libtsshim.so"; do
 	[ -e "$f" ] || { echo "skip: $f not built"; exit 77; }
 done
 command -v python3 >/dev/null || { echo "skip: python3 missing"; exit 77; }
@@ -570,6 +572,27 @@ check "15: no job died of a signal ($(rcs c15p c15a))" cond '[ "${JRC[c15p]}" -l
 check "15: the producer said the ring was rewritten, once ($(grep -c 'was rewritten by another process' "$T_TMP/c15p.err") lines)" \
 	cond '[ "$(grep -c "GPU ring of .* was rewritten by another process (depth [07], was 4)" "$T_TMP/c15p.err")" = 1 ]'
 echo "# case 15: $((SECONDS - T1)) s"
+
+# === 16. buffer records that claim more than their allocation ================================
+# Every device copy out of a peer buffer is bounded by its record's size; a
+# record is only what the table says, so a consumer opens a buffer only when
+# the allocation behind the IPC handle is at least that large. Here every
+# record of the producer's ring claims 4 times its size before a consumer
+# starts: the consumer reads none of them (all its uploads from the host) and
+# still trains on the stream.
+T1=$SECONDS
+S=$(session_name c16)
+job c16p "$S" -- --seed 1 --batch 16 --epochs 6 --step-ms 15 "$TR"
+wait_for "$T_TMP/c16p.rec" '^seq=6 .* share=' 30 # every slot of the ring has its buffer by now
+gpu_file=$(shm_list "$S" | grep '\.gpu$' | head -n 1)
+inflated=$([ -n "$gpu_file" ] && "$SEGTOOL" gpu-inflate "/dev/shm/$gpu_file" 4)
+job c16a "$S" -- --seed 2 --batch 16 --epochs 3 "$TR"
+wait_jobs c16p c16a
+check "16: the producer's records were inflated (${inflated:-no table})" cond '[ "${inflated#inflated }" -gt 0 ] 2>/dev/null'
+case_end "16 (records larger than their allocations)" "$S" c16p c16a
+check "16: the consumer read no peer buffer: d2d_bytes $(stat c16a d2d_bytes), h2d_bytes $(stat c16a h2d_bytes), served lines $(nlines c16a " share=served ")" \
+	cond '[ "$(stat c16a d2d_bytes)" = 0 ] && [ "$(stat c16a h2d_bytes)" -gt 0 ] && [ "$(nlines c16a " share=served ")" -gt 0 ]'
+echo "# case 16: $((SECONDS - T1)) s"
 
 echo "# total: $((SECONDS - T0)) s"
 finish gpu_share
