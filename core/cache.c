@@ -1607,9 +1607,9 @@ void ts_cache_close(struct ts_cache *c)
 
 /* ---- statistics and inspection --------------------------------------------------- */
 
-/* st: the geometry as validated (the entries are counted up to its nentries, not the file's). */
-static void collect(const struct ts_cache_header *h, const struct ts_cache_entry *ents,
-		    const struct ts_cache_static *st, struct ts_cache_stats *o)
+/* nentries: the index size as validated, not the file's (the entries are counted up to it). */
+static void collect(const struct ts_cache_header *h, const struct ts_cache_entry *ents, uint32_t nentries,
+		    struct ts_cache_stats *o)
 {
 	const struct ts_cache_counters *k = &h->counters;
 	memset(o, 0, sizeof(*o));
@@ -1637,10 +1637,10 @@ static void collect(const struct ts_cache_header *h, const struct ts_cache_entry
 #undef GET
 	o->bytes_in_use = atomic_load_explicit(&h->bytes_in_use, memory_order_relaxed);
 	o->reserved_bytes = atomic_load_explicit(&h->falloc_hwm, memory_order_relaxed);
-	o->capacity = st->nentries;
-	o->budget = st->arena_size;
-	o->created_unix_ns = st->created_unix_ns;
-	for (uint32_t i = 0; i < st->nentries; i++) {
+	o->capacity = nentries;
+	o->budget = h->st.arena_size; /* reported only */
+	o->created_unix_ns = h->st.created_unix_ns;
+	for (uint32_t i = 0; i < nentries; i++) {
 		uint32_t s = TS_CENT_STATE(atomic_load_explicit(&ents[i].word, memory_order_relaxed));
 		o->entries += s == TS_CENT_READY;
 		o->filling += s == TS_CENT_FILLING;
@@ -1678,9 +1678,7 @@ void ts_cache_stats(const struct ts_cache *c, struct ts_cache_stats *out)
 		memset(out, 0, sizeof(*out));
 		return;
 	}
-	struct ts_cache_static st = { .nentries = c->nentries, .arena_size = c->arena_size };
-	st.created_unix_ns = c->hdr->st.created_unix_ns;
-	collect(c->hdr, c->ents, &st, out);
+	collect(c->hdr, c->ents, c->nentries, out);
 	read_scope(c->hdr, out->scope, sizeof(out->scope));
 }
 
@@ -1701,7 +1699,7 @@ int ts_cache_view(const char *path, struct ts_cache_stats *out, char *why, size_
 	close(fd);
 	if (ret == 0) {
 		const struct ts_cache_header *h = map;
-		collect(h, (const struct ts_cache_entry *)((const unsigned char *)map + st.index_off), &st, out);
+		collect(h, (const struct ts_cache_entry *)((const unsigned char *)map + st.index_off), st.nentries, out);
 		read_scope(h, out->scope, sizeof(out->scope));
 		munmap(map, size);
 	}
@@ -1776,7 +1774,7 @@ static int remove_unless_used(const char *path, const struct ts_ident *self, str
 				atomic_store(&c.hdr->state, TS_CACHE_SEG_CLOSED);
 				ret = path_is_ours(&c, path) && unlink(path) == 0 ? 1 : 0;
 				if (ret == 1 && last)
-					collect(c.hdr, c.ents, &st, last);
+					collect(c.hdr, c.ents, c.nentries, last);
 			}
 			cache_unlock(&c);
 		}

@@ -813,9 +813,9 @@ int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *ou
 	const struct ts_feed_hdr *h;
 	const char *base;
 	unsigned writer;
+	uint32_t d;
 	int ret;
 
-	uint32_t d;
 	if (!f->attached)
 		return -ENOTCONN;
 	if ((ret = ts_ring_wait_next(f->s.seg, &f->r, timeout_ns, &m, &writer)))

@@ -25,12 +25,6 @@ static inline int uniq_is_claim(uint64_t u)
 	return (u & 1) != 0;
 }
 
-/* A record's identity: even and non-zero (0 is a free record, odd a claim). */
-static inline int uniq_is_identity(uint64_t u)
-{
-	return u != 0 && !uniq_is_claim(u);
-}
-
 static uint64_t claim_word(const struct ts_ident *me)
 {
 	return (uint64_t)me->pid << 32 | (me->start_time & 0x7fffffffull) << 1 | 1;
@@ -71,7 +65,7 @@ int ts_gpuring_valid(const struct ts_gpu_table *t, size_t size, uint32_t uid)
 
 int ts_gpuring_intact(const struct ts_gpuring *g)
 {
-	if (!g->t || ts_gpuring_valid(g->t, g->size, (uint32_t)getuid()) ||
+	if (!g->t || ts_gpuring_valid(g->t, g->size, g->uid) ||
 	    __atomic_load_n(&g->t->depth, __ATOMIC_RELAXED) != g->depth)
 		return -EBADMSG;
 	return 0;
@@ -104,6 +98,7 @@ static int map_fd(struct ts_gpuring *g, int fd)
 	g->t = m;
 	g->size = (size_t)sb.st_size;
 	g->depth = depth;
+	g->uid = (uint32_t)getuid();
 	return 0;
 }
 
@@ -173,7 +168,7 @@ void ts_gpuring_close(struct ts_gpuring *g)
 static uint32_t depth_of(const struct ts_gpuring *g)
 {
 	uint32_t d = __atomic_load_n(&g->t->depth, __ATOMIC_RELAXED);
-	return d == g->depth && d >= 1 && d <= TS_MAX_DEPTH ? d : 0;
+	return d == g->depth ? d : 0; /* g->depth is 1..TS_MAX_DEPTH, or 0 before open */
 }
 
 /* ---- holds ------------------------------------------------------------------------------ */
@@ -333,7 +328,7 @@ int ts_gpuring_buf_add(struct ts_gpuring *g, const struct ts_segment *seg, unsig
 void ts_gpuring_buf_remove(struct ts_gpuring *g, unsigned buf, uint64_t uniq)
 {
 	/* 0 or a claim would "remove" a free or half-made record and skew the counters */
-	if (buf >= TS_GPU_MAX_BUFS || !uniq_is_identity(uniq))
+	if (buf >= TS_GPU_MAX_BUFS || !ts_gpu_uniq_is_identity(uniq))
 		return;
 	struct ts_gpu_buf *r = &g->t->bufs[buf];
 	uint64_t size = __atomic_load_n(&r->size, __ATOMIC_RELAXED);
@@ -345,7 +340,7 @@ void ts_gpuring_buf_remove(struct ts_gpuring *g, unsigned buf, uint64_t uniq)
 
 int ts_gpuring_buf_current(const struct ts_gpuring *g, unsigned buf, uint64_t uniq)
 {
-	return buf < TS_GPU_MAX_BUFS && uniq_is_identity(uniq) &&
+	return buf < TS_GPU_MAX_BUFS && ts_gpu_uniq_is_identity(uniq) &&
 	       atomic_load_explicit(&g->t->bufs[buf].uniq, memory_order_acquire) == uniq;
 }
 

@@ -114,7 +114,14 @@ struct ts_gpuring {
 	struct ts_gpu_table *t;
 	size_t size;
 	uint32_t depth; /* the table's depth as validated at open: its geometry, whatever a peer writes later */
+	uint32_t uid;   /* ours, as validated at open (ts_gpuring_intact() makes no syscall) */
 };
+
+/* A record's uniq word: 0 free, odd a claim (a process filling it in), else its identity. */
+static inline int ts_gpu_uniq_is_identity(uint64_t u)
+{
+	return u != 0 && !(u & 1);
+}
 
 /* Slots of the ring (1..TS_MAX_DEPTH once open): index per-slot arrays with this, never t->depth. */
 static inline uint32_t ts_gpuring_depth(const struct ts_gpuring *g)

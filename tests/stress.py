@@ -145,18 +145,19 @@ def check_left(session, failures, jobs):
     was left to clean up after it (the documented limitation)."""
     time.sleep(0.2)
     left = leftovers(session)
+    if not left:
+        return
     alone = [j for j, job in enumerate(jobs) if job.get("alone") and (job["p"].returncode or 0) < 0]
-    if left and alone:
+    if alone:
         print("#   note: job %d died of a signal after every other job had exited; left in /dev/shm, "
               "as documented: %s" % (alone[0], " ".join(left[:4])), flush=True)
-    elif left:
+    else:
         failures.append("left in /dev/shm: %s" % " ".join(left[:4]))
-    if left:
-        for n in left:
-            try:
-                os.unlink(os.path.join(SHM, n))
-            except OSError:
-                pass
+    for n in left:
+        try:
+            os.unlink(os.path.join(SHM, n))
+        except OSError:
+            pass
 
 
 def describe(faults):

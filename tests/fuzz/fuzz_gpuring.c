@@ -527,6 +527,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	g.t->uid = (uint32_t)getuid();
 	g.t->nbufs = TS_GPU_MAX_BUFS;
 	g.depth = M.depth; /* as ts_gpuring_open() leaves it */
+	g.uid = (uint32_t)getuid();
 	FUZZ_CHECK(ts_gpuring_valid(g.t, g.size, (uint32_t)getuid()) == 0, "a fresh table is invalid");
 
 	for (unsigned steps = 0; f.n && steps < 2000; steps++) {

@@ -312,7 +312,7 @@ static int cmd_gpu_inflate(int argc, char **argv)
 	unsigned n = 0;
 	for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++) {
 		uint64_t u = atomic_load(&t->bufs[b].uniq);
-		if (u && !(u & 1)) { /* a published record, not a claim */
+		if (ts_gpu_uniq_is_identity(u)) { /* a published record, not a claim */
 			__atomic_store_n(&t->bufs[b].size, t->bufs[b].size * factor, __ATOMIC_RELAXED);
 			n++;
 		}
