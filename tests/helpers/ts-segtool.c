@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,7 @@ static void usage(FILE *f)
 		"usage: " PROG " join NAME [--depth N] [--timeout-ms N] [--hold-ms N]\n"
 		"       " PROG " corrupt NAME magic|version|checksum|truncate|depth|uid|garbage\n"
 		"       " PROG " plant NAME [--mode OCTAL] [--uid UID] [--fifo]\n"
-		"       " PROG " gpu-inflate FILE FACTOR\n"
+		"       " PROG " gpu-corrupt FILE depth|inflate N\n"
 		"\n"
 		"  join     join session NAME (creating it), print \"joined slot=S role=R\",\n"
 		"           heartbeat every timeout/4 until --hold-ms passes (default: until\n"
@@ -45,9 +46,11 @@ static void usage(FILE *f)
 		"  plant    create a well-formed, memberless segment at NAME's path with\n"
 		"           file mode OCTAL (default 0600), optionally chowned to UID, or a\n"
 		"           FIFO with --fifo: simulates foreign or unsafe segments\n"
-		"  gpu-inflate  multiply the size of every live buffer record of the GPU ring\n"
-		"           table FILE (a /dev/shm path) by FACTOR, as a buggy or hostile peer\n"
-		"           would; print \"inflated N\"\n"
+		"  gpu-corrupt  damage the GPU ring table FILE (a /dev/shm path) in place, as\n"
+		"           a buggy or hostile peer would:\n"
+		"             depth N    set its depth to N\n"
+		"             inflate N  multiply the size of every published buffer record by\n"
+		"                        N (>= 2); prints \"inflated COUNT\"\n"
 		"\n"
 		"Exit status: 0 done, 1 failed, 2 usage error.\n");
 }
@@ -290,35 +293,39 @@ static int cmd_plant(int argc, char **argv)
 	return 0;
 }
 
-/* ---- gpu-inflate ---------------------------------------------------------- */
+/* ---- gpu-corrupt ---------------------------------------------------------- */
 
-static int cmd_gpu_inflate(int argc, char **argv)
+static int cmd_gpu_corrupt(int argc, char **argv)
 {
-	uint32_t factor;
-	if (argc != 2 || parse_u32(argv[1], 10, &factor) || factor < 2)
-		return usage_error("gpu-inflate needs FILE and a FACTOR >= 2", NULL);
+	uint32_t n;
+	if (argc != 3 || (strcmp(argv[1], "depth") && strcmp(argv[1], "inflate")) || parse_u32(argv[2], 10, &n))
+		return usage_error("gpu-corrupt needs FILE, depth|inflate and N", NULL);
+	bool inflate = !strcmp(argv[1], "inflate");
+	if (inflate && n < 2)
+		return usage_error("inflate needs N >= 2", NULL);
 	int fd = open(argv[0], O_RDWR | O_NOFOLLOW | O_CLOEXEC);
 	struct stat sb;
-	if (fd < 0 || fstat(fd, &sb) || (size_t)sb.st_size < sizeof(struct ts_gpu_table)) {
-		fprintf(stderr, PROG ": %s: not a GPU ring table\n", argv[0]);
-		return 1;
-	}
-	struct ts_gpu_table *t = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
+	struct ts_gpu_table *t = MAP_FAILED;
+	if (fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size >= sizeof(*t))
+		t = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (fd >= 0)
+		close(fd);
 	if (t == MAP_FAILED || t->magic != TS_GPU_MAGIC) {
 		fprintf(stderr, PROG ": %s: not a GPU ring table\n", argv[0]);
 		return 1;
 	}
-	unsigned n = 0;
-	for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++) {
-		uint64_t u = atomic_load(&t->bufs[b].uniq);
-		if (ts_gpu_uniq_is_identity(u)) { /* a published record, not a claim */
-			__atomic_store_n(&t->bufs[b].size, t->bufs[b].size * factor, __ATOMIC_RELAXED);
-			n++;
-		}
+	if (!inflate) {
+		__atomic_store_n(&t->depth, n, __ATOMIC_RELAXED);
+	} else {
+		unsigned count = 0;
+		for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++)
+			if (ts_gpu_uniq_is_identity(atomic_load(&t->bufs[b].uniq))) { /* a published record, not a claim */
+				__atomic_store_n(&t->bufs[b].size, t->bufs[b].size * n, __ATOMIC_RELAXED);
+				count++;
+			}
+		printf("inflated %u\n", count);
 	}
 	munmap(t, (size_t)sb.st_size);
-	printf("inflated %u\n", n);
 	return 0;
 }
 
@@ -336,7 +343,7 @@ int main(int argc, char **argv)
 		return cmd_corrupt(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "plant"))
 		return cmd_plant(argc - 2, argv + 2);
-	if (!strcmp(argv[1], "gpu-inflate"))
-		return cmd_gpu_inflate(argc - 2, argv + 2);
+	if (!strcmp(argv[1], "gpu-corrupt"))
+		return cmd_gpu_corrupt(argc - 2, argv + 2);
 	return usage_error("unknown command ", argv[1]);
 }

@@ -152,6 +152,8 @@ members_left() {
 			python3 -c 'import json,sys; [print(m["pid"]) for m in json.load(sys.stdin)["session"]["members"]]' 2>/dev/null
 	done | sort -u | xargs
 }
+# gpu_table SESSION: the path of its (first) GPU ring table, empty when none
+gpu_table() { shm_list "$1" | grep '\.gpu$' | head -n 1 | sed 's|^|/dev/shm/|'; }
 shm_gone() { # wait up to 3 s for them to go (members remove them on their way out)
 	local i
 	for ((i = 0; i < 300; i++)); do
@@ -557,12 +559,9 @@ job c15p "$S" -- --seed 1 --batch 16 --epochs 6 --step-ms 15 "$TR"
 started c15p
 job c15a "$S" -- --seed 2 --batch 16 --epochs 4 --step-ms 5 "$TR"
 wait_for "$T_TMP/c15a.rec" '^seq=3 .* share=served' 30
-gpu_file=$(shm_list "$S" | grep '\.gpu$' | head -n 1)
+gpu_file=$(gpu_table "$S")
 for depth in 0 7; do
-	[ -n "$gpu_file" ] && python3 -c 'import struct, sys
-with open(sys.argv[1], "r+b") as f:
-    f.seek(12)  # struct ts_gpu_table: magic (8), version (4), depth (4)
-    f.write(struct.pack("<I", int(sys.argv[2])))' "/dev/shm/$gpu_file" $depth
+	[ -n "$gpu_file" ] && "$SEGTOOL" gpu-corrupt "$gpu_file" depth $depth
 	sleep 0.3
 done
 wait_jobs c15p c15a
@@ -584,8 +583,8 @@ T1=$SECONDS
 S=$(session_name c16)
 job c16p "$S" -- --seed 1 --batch 16 --epochs 6 --step-ms 15 "$TR"
 wait_for "$T_TMP/c16p.rec" '^seq=6 .* share=' 30 # every slot of the ring has its buffer by now
-gpu_file=$(shm_list "$S" | grep '\.gpu$' | head -n 1)
-inflated=$([ -n "$gpu_file" ] && "$SEGTOOL" gpu-inflate "/dev/shm/$gpu_file" 4)
+gpu_file=$(gpu_table "$S")
+inflated=$([ -n "$gpu_file" ] && "$SEGTOOL" gpu-corrupt "$gpu_file" inflate 4)
 job c16a "$S" -- --seed 2 --batch 16 --epochs 3 "$TR"
 wait_jobs c16p c16a
 check "16: the producer's records were inflated (${inflated:-no table})" cond '[ "${inflated#inflated }" -gt 0 ] 2>/dev/null'
