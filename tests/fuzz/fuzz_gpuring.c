@@ -40,39 +40,15 @@
 #include <unistd.h>
 
 #include "fuzz_common.h"
+#include "fuzz_members.h"
 #include "gpuring.h"
-#include "prim.h"
-#include "session.h"
 
-#define PID0    4000u
-#define MAXMEM  6
 #define MS      1000000ull
 #define NBUF    TS_GPU_MAX_BUFS
 #define SEQMASK ((1ULL << 46) - 1)
-#define SELF_START 999u
 
 static struct ts_segment *seg;
 static struct ts_gpuring g;
-static uint64_t clock_ns;
-static bool dead[MAXMEM];
-
-static uint64_t fake_now(void)
-{
-	return clock_ns;
-}
-
-/* The members, and this process (buf_add names itself while it fills a record in). */
-static int fake_start(uint32_t pid, uint64_t *out)
-{
-	if (pid == (uint32_t)getpid()) {
-		*out = SELF_START;
-		return 0;
-	}
-	if (pid < PID0 || pid >= PID0 + MAXMEM || dead[pid - PID0])
-		return -ESRCH;
-	*out = 1000 + (pid - PID0);
-	return 0;
-}
 
 /* ---- the model ------------------------------------------------------------ */
 
@@ -100,12 +76,12 @@ static struct {
 	uint32_t handles;       /* makes every record's handles different */
 	struct rec r[NBUF];
 	struct slot s[TS_MAX_DEPTH];
-	uint64_t held[MAXMEM][NBUF / 64];
+	uint64_t held[FZ_MAXMEM][NBUF / 64];
 } M;
 
 static bool alive(int m)
 {
-	return m >= 0 && m < (int)M.nmem && !dead[m];
+	return m >= 0 && m < (int)M.nmem && !fz_dead[m];
 }
 
 static bool held_by_live(unsigned b, int except)
@@ -129,8 +105,8 @@ static bool reclaimable(unsigned b)
 static void own_as(unsigned b, int m)
 {
 	struct ts_gpu_buf *t = &g.t->bufs[b];
-	t->owner_pid = PID0 + (uint32_t)m;
-	t->owner_start = 1000 + (uint64_t)m;
+	t->owner_pid = FZ_PID0 + (uint32_t)m;
+	t->owner_start = FZ_START(m);
 }
 
 static void check_counters(void)
@@ -240,7 +216,7 @@ static void op_foreign_claim(struct fz *f, int who)
 	unsigned b = fz_u8(f) % NBUF;
 	if (M.r[b].state != REC_FREE)
 		return;
-	uint64_t claim = (uint64_t)(PID0 + (uint32_t)who) << 32 | (1000ull + (uint64_t)who) << 1 | 1;
+	uint64_t claim = (uint64_t)(FZ_PID0 + (uint32_t)who) << 32 | FZ_START(who) << 1 | 1;
 	atomic_store(&g.t->bufs[b].uniq, claim);
 	M.r[b] = (struct rec){ .state = REC_CLAIMED, .owner = who };
 }
@@ -404,7 +380,7 @@ static void op_hold(struct fz *f, int who, bool again)
 	const struct slot *w = &M.s[seq % M.depth];
 	const struct rec *r = &M.r[b];
 	FUZZ_CHECK(h.buf == b && h.uniq == r->uniq && h.device == r->device && h.size == r->size &&
-			   h.owner_pid == PID0 + (uint32_t)r->owner && h.npos == w->npos,
+			   h.owner_pid == FZ_PID0 + (uint32_t)r->owner && h.npos == w->npos,
 		   "hold of seq %llu: buf %u uniq %#llx device %u size %llu pid %u npos %u differ from the published ones",
 		   (unsigned long long)seq, h.buf, (unsigned long long)h.uniq, h.device, (unsigned long long)h.size,
 		   h.owner_pid, h.npos);
@@ -491,13 +467,12 @@ static void op_scribble(struct fz *f)
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-	seg = aligned_alloc(64, (sizeof(*seg) + 63) / 64 * 64);
+	seg = fz_members_init();
+	fz_self_start = 999; /* buf_add names this process while it fills a record in */
 	g.size = (sizeof(struct ts_gpu_table) + 63) / 64 * 64;
 	g.t = aligned_alloc(64, g.size);
-	if (!seg || !g.t)
+	if (!g.t)
 		abort();
-	ts_prim.now_ns = fake_now;
-	ts_prim.proc_start_time = fake_start;
 	return 0;
 }
 
@@ -506,18 +481,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct fz f = { data, size };
 	memset(&M, 0, sizeof(M));
-	memset(dead, 0, sizeof(dead));
 	M.depth = 1 + fz_u8(&f) % TS_MAX_DEPTH;
-	M.nmem = 2 + fz_u8(&f) % (MAXMEM - 1);
+	M.nmem = 2 + fz_u8(&f) % (FZ_MAXMEM - 1);
 	M.strict = true;
-	clock_ns = 1000000000000ull;
-	ts_segment_init(seg, sizeof(*seg), "fuzz", getuid(),
-			&(struct ts_session_params){ .depth = M.depth, .timeout_ms = 1000 });
-	for (uint32_t k = 0; k < M.nmem; k++) {
-		atomic_store(&seg->members[k].pid, PID0 + k);
-		atomic_store(&seg->members[k].start_time, 1000 + k);
-		atomic_store(&seg->members[k].heartbeat_ns, clock_ns);
-	}
+	fz_members_reset(seg, M.depth, M.nmem);
 	/* the table as ts_gpuring_open() creates it */
 	memset(g.t, 0, g.size);
 	g.t->magic = TS_GPU_MAGIC;
@@ -544,12 +511,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		case 7: op_hold(&f, who, true); break;
 		case 8: op_unhold(&f, who); break;
 		case 9: op_unhold_all(who); break;
-		case 10: dead[who] = !dead[who]; break;
+		case 10: fz_dead[who] = !fz_dead[who]; break;
 		case 11:
 			if (op >> 4 & 8)
-				clock_ns += (uint64_t)fz_u16(&f) * MS / 16;
+				fz_clock_ns += (uint64_t)fz_u16(&f) * MS / 16;
 			else
-				atomic_store(&seg->members[who].heartbeat_ns, clock_ns);
+				atomic_store(&seg->members[who].heartbeat_ns, fz_clock_ns);
 			break;
 		case 12: op_held(&f, who); break;
 		case 13: op_pending(&f, who); break;

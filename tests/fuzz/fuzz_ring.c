@@ -39,32 +39,14 @@
 #include <unistd.h>
 
 #include "fuzz_common.h"
-#include "prim.h"
+#include "fuzz_members.h"
 #include "ring.h"
-#include "session.h"
 
-#define PID0     4000u
-#define MAXMEM   6
 #define MAXSEQ   1024
 #define MS       1000000ull
 #define LEN_LIMIT (1ull << 48)
 
 static struct ts_segment *seg;
-static uint64_t clock_ns;
-static bool dead[MAXMEM];
-
-static uint64_t fake_now(void)
-{
-	return clock_ns;
-}
-
-static int fake_start(uint32_t pid, uint64_t *out)
-{
-	if (pid < PID0 || pid >= PID0 + MAXMEM || dead[pid - PID0])
-		return -ESRCH;
-	*out = 1000 + (pid - PID0);
-	return 0;
-}
 
 /* ---- the model ------------------------------------------------------------ */
 
@@ -89,11 +71,11 @@ static struct {
 	bool strict;                     /* only well-formed batches so far */
 	struct batch b[MAXSEQ];
 	uint64_t cum[MAXSEQ + 1];        /* samples before seq */
-	struct ts_ring_writer w[MAXMEM];
-	bool has_writer[MAXMEM];
-	struct ts_batch_meta *row[MAXMEM];
-	bool raw_row[MAXMEM];
-	struct consumer c[MAXMEM];
+	struct ts_ring_writer w[FZ_MAXMEM];
+	bool has_writer[FZ_MAXMEM];
+	struct ts_batch_meta *row[FZ_MAXMEM];
+	bool raw_row[FZ_MAXMEM];
+	struct consumer c[FZ_MAXMEM];
 } M;
 
 static bool row_valid(const struct ts_batch_meta *m)
@@ -513,11 +495,7 @@ static void op_scribble(struct fz *f)
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-	seg = aligned_alloc(64, (sizeof(*seg) + 63) / 64 * 64);
-	if (!seg)
-		abort();
-	ts_prim.now_ns = fake_now;
-	ts_prim.proc_start_time = fake_start;
+	seg = fz_members_init();
 	return 0;
 }
 
@@ -526,9 +504,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct fz f = { data, size };
 	memset(&M, 0, sizeof(M));
-	memset(dead, 0, sizeof(dead));
 	M.depth = 1 + fz_u8(&f) % TS_MAX_DEPTH;
-	M.nmem = 2 + fz_u8(&f) % (MAXMEM - 1);
+	M.nmem = 2 + fz_u8(&f) % (FZ_MAXMEM - 1);
 	M.npos = 1 + fz_u8(&f) % 4;
 	for (uint32_t p = 0; p < M.npos; p++) {
 		uint8_t u = fz_u8(&f);
@@ -536,14 +513,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		M.unit[p] = u & 0x80 ? (uint64_t)(1 + (u & 0xf)) << (20 + fz_u8(&f) % 16) : 1 + (u & 0x7f);
 	}
 	M.strict = true;
-	clock_ns = 1000000000000ull;
-	ts_segment_init(seg, sizeof(*seg), "fuzz", getuid(),
-			&(struct ts_session_params){ .depth = M.depth, .timeout_ms = 1000 });
-	for (uint32_t k = 0; k < M.nmem; k++) {
-		atomic_store(&seg->members[k].pid, PID0 + k);
-		atomic_store(&seg->members[k].start_time, 1000 + k);
-		atomic_store(&seg->members[k].heartbeat_ns, clock_ns);
-	}
+	fz_members_reset(seg, M.depth, M.nmem);
 	atomic_store(&seg->producer, ts_producer_word(1, 0));
 
 	for (unsigned steps = 0; f.n && steps < 2000; steps++) {
@@ -563,9 +533,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				ts_ring_detach(seg, &M.c[who].r);
 			M.c[who].attached = false;
 			break;
-		case 8: dead[who] = !dead[who]; break;
-		case 9: atomic_store(&seg->members[who].heartbeat_ns, clock_ns); break;
-		case 10: clock_ns += (uint64_t)fz_u16(&f) * MS / 16; break;
+		case 8: fz_dead[who] = !fz_dead[who]; break;
+		case 9: atomic_store(&seg->members[who].heartbeat_ns, fz_clock_ns); break;
+		case 10: fz_clock_ns += (uint64_t)fz_u16(&f) * MS / 16; break;
 		case 11: op_takeover(&f); break;
 		case 12:
 			if (producer_index() >= 0 && producer_index() < (int)M.nmem && M.has_writer[producer_index()])
