@@ -307,8 +307,11 @@ class _Epoch:
         self.done_clean = False
         self.yielded = 0
         self.viewed = self.copied = 0  # consumer batches without / with a copy
+        self.made = 0             # batches made as successor
+        self.self_waits = 0       # slices spent waiting for data while we had batches to make
         self.gpu = False          # the process uses CUDA: yielded batches are registered for upload
         self.rest_plan = None     # (indices not published, samples published, carried batch part)
+        self.pending = None       # (got, bytes per sample of position 0) of a copying read under way
 
     # -- helpers --
     def role(self):
@@ -327,6 +330,9 @@ class _Epoch:
         if self.viewed or self.copied:
             hook.log("debug", "feed %s: epoch read, %d batches without a copy, %d copied"
                      % (self.feed.key, self.viewed, self.copied))
+        if self.made:
+            hook.log("debug", "feed %s: %d batches made as successor, %d waits for data while making them"
+                     % (self.feed.key, self.made, self.self_waits))
         if self.source is not None:
             self.source = None
         if self.role() == ROLE_PRODUCER:
@@ -521,13 +527,16 @@ class _Epoch:
             if not viewed:
                 outs = [torch.empty([bs] + n["shape"], dtype=dt, pin_memory=pin) for n, dt in zip(nodes, dtypes)]
                 dst = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in outs])
+                self.pending = (got, sample_bytes[0])
                 try:
-                    self.retry(lambda: self.lib.tsshim_feed_read(self.h, npos, want, dst, got, ctypes.byref(eoe),
-                                                                 SLICE_MS))
+                    self.retry(lambda ms: self.lib.tsshim_feed_read(self.h, npos, want, dst, got, ctypes.byref(eoe),
+                                                                    ms))
                 except _Unshareable:
                     n = got[0] // sample_bytes[0]
                     self.plan_rest((node, [t[:n] for t in outs]) if n else None)
                     raise
+                finally:
+                    self.pending = None
                 n = got[0] // sample_bytes[0]
                 leaves = [t[:n] if n < bs else t for t in outs]
             self.waited_ms = 0
@@ -547,13 +556,16 @@ class _Epoch:
                 return
 
     def retry(self, call):
-        """A feed call made in slices: waits serve on_wait (takeover, Ctrl-C), an
-        eviction continues at the head; any other result is returned, errors but
-        -EXDEV raise Fallback."""
+        """A feed call made in slices of up to SLICE_MS (call(ms)): waits serve
+        on_wait (takeover, Ctrl-C), an eviction continues at the head; any other
+        result is returned, errors but -EXDEV raise Fallback. A successor that
+        still has batches to make does not wait on itself: it looks, and makes
+        the next one when there is nothing to read."""
         while True:
-            ret = call()
+            ms = 0 if self.making_rest() else SLICE_MS
+            ret = call(ms)
             if ret == -errno.ETIMEDOUT:
-                self.on_wait()
+                self.on_wait(ms)
             elif ret == -errno.ESTALE:  # evicted while we were away: on from the head
                 hook.log("info", "feed %s: evicted (too slow); continuing at the head" % self.feed.key)
                 self.attach()
@@ -572,8 +584,8 @@ class _Epoch:
         ptr = (ctypes.c_void_p * npos)()
         vid = ctypes.c_uint64()
         try:
-            ret = self.retry(lambda: self.lib.tsshim_feed_read_view(self.h, npos, want, ptr, got, ctypes.byref(eoe),
-                                                                    ctypes.byref(vid), SLICE_MS))
+            ret = self.retry(lambda ms: self.lib.tsshim_feed_read_view(self.h, npos, want, ptr, got,
+                                                                       ctypes.byref(eoe), ctypes.byref(vid), ms))
         except _Unshareable:
             self.plan_rest(None)  # a view is all or nothing: nothing was read
             raise
@@ -597,7 +609,7 @@ class _Epoch:
         sb = (ctypes.c_uint64 * MAX_POS)()
         buf = ctypes.create_string_buffer(SCHEMA_MAX)
         slen = ctypes.c_uint32()
-        self.retry(lambda: self.lib.tsshim_feed_next(self.h, SLICE_MS, ctypes.byref(npos), ctypes.byref(ns),
+        self.retry(lambda ms: self.lib.tsshim_feed_next(self.h, ms, ctypes.byref(npos), ctypes.byref(ns),
                                                      ctypes.byref(se), sb, buf, ctypes.byref(slen)))
         try:
             node = json.loads(buf.raw[:slen.value].decode())
@@ -605,11 +617,15 @@ class _Epoch:
             raise Fallback("the stream's schema is not readable")
         return node, list(sb)[:npos.value]
 
-    def on_wait(self):
+    def making_rest(self):
+        """A successor with batches of the stream's epoch still to make."""
+        return self.source not in (None, "done", "real") and self.role() == ROLE_PRODUCER
+
+    def on_wait(self, waited_ms):
         """No data yet: is someone producing? Otherwise we do."""
         if self.lib.tsshim_feed_flags(self.h) & UNSHAREABLE:
             raise _Unshareable("the producer found the batches cannot be shared")
-        self.waited_ms += SLICE_MS
+        self.waited_ms += waited_ms
         role = self.role()
         if role != ROLE_PRODUCER and self.waited_ms >= self.feed.timeout_ms:
             if self.lib.tsshim_feed_take_idle(self.h) == 1:
@@ -617,6 +633,8 @@ class _Epoch:
         if role != ROLE_PRODUCER:
             return
         self.lib.tsshim_feed_set_idle(self.h, 0)
+        if waited_ms and self.source not in (None, "done", "real"):
+            self.self_waits += 1  # retry() should not have waited: we had batches to make
         if self.source is None:
             self.start_source()
         if self.source is not None and self.source != "done":
@@ -667,7 +685,12 @@ class _Epoch:
             self.source = "real"
             raise _SwitchToReal()
         self.stream_epoch = epoch
-        self.source = self.st.remainder(self.loader, self.orig_iter, rest, npub)
+        # We are at the head with part of a batch read: our first batch completes
+        # it, so each read after it is exactly one of ours (no copy, and the
+        # upload of it can fill the GPU ring: feed_api.c, keep_read)
+        held = self.pending[0][0] // self.pending[1] if self.pending else 0
+        first = self.loader.batch_size - held if 0 < held < self.loader.batch_size else None
+        self.source = self.st.remainder(self.loader, self.orig_iter, rest, npub, first=first)
         hook.log("info", "feed %s: producing the rest of stream epoch %d (%d samples)"
                  % (self.feed.key, epoch, max(0, self.st.epoch_samples - npub)))
 
@@ -680,6 +703,8 @@ class _Epoch:
             return
         if not self.publish(batch, indices, last, time.process_time_ns() - t0):
             self.source = None  # replaced meanwhile: the new producer goes on
+            return
+        self.made += 1
 
 
 class _SwitchToReal(Exception):

@@ -14,7 +14,7 @@ leaves at most a partial last line):
    "classes": [...]}                                       first line
   {"loader": "train"|"val", "epoch": e, "batch": i, "n": len,
    "h": [16 hex digits of sha1(float32 contiguous bytes of each sample)],
-   "y": [labels], "loss": x}                               per yielded batch
+   "y": [labels], "loss": x, "t": monotonic seconds}       per yielded batch
   {"loader": ..., "epoch": e, "end": true, "batches": k, "len": len(loader)}
                                                            after each epoch
   {"done": true, "data_cpu_s": X, "main_data_cpu_s": Xm, "worker_cpu_s": Xw,
@@ -48,7 +48,8 @@ each training batch is uploaded right after next(), as `x.cuda()` would do it
 (cudaMemcpyAsync host to device on a stream, through ctypes: Debian's torch
 has no CUDA), then read back and compared with the host tensor. Batch lines
 then also carry "dev": 1 when the device bytes equal the host bytes, "up"
-(bytes uploaded), "xb" (of them, the images'), "mut": 1 when the batch was
+(bytes uploaded), "xb" (of them, the images'), "h2d" (of them, the bytes that
+went host to device: the rest was served device to device), "mut": 1 when the batch was
 changed in place before its upload (--mutate-before-upload), and "role" (the
 loader's role in the layer at that batch: 1 producer, 2 consumer, null not
 shared); the done line carries "gpu": the runtime's h2d/d2d/peer byte counts
@@ -339,16 +340,18 @@ def main():
                 if mut:
                     h = [sample_hash(s) for s in x]  # the batch as the loader yielded it
                     x.neg_()
+                h2d0 = gpu.stats(raw=True)["h2d_bytes"]
                 okx, nx = gpu.upload(x)
                 oky, ny = gpu.upload(y) if a.upload == "all" else (True, 0)
-                up = dict(dev=int(okx and oky), up=nx + ny, xb=nx, mut=int(mut), role=role)
+                up = dict(dev=int(okx and oky), up=nx + ny, xb=nx, mut=int(mut), role=role,
+                          h2d=gpu.stats(raw=True)["h2d_bytes"] - h2d0)
             opt.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
             if rec.f:  # hashing costs CPU a benchmark must not count
                 rec(loader="train", epoch=epoch, batch=i, n=len(y), h=h or [sample_hash(s) for s in x],
-                    y=y.tolist(), loss=round(loss.item(), 6), **up)
+                    y=y.tolist(), loss=round(loss.item(), 6), t=round(time.monotonic(), 4), **up)
             if a.scribble:
                 x.zero_()
                 y.zero_()
