@@ -412,10 +412,37 @@ static int keep_published(int h, struct ts_feed *f, uint32_t npos, void *const *
 	return 0;
 }
 
+/*
+ * A successor reads back the batches it makes, like any consumer (the Python
+ * layer's successor): a read that is exactly the batch it published last,
+ * each position whole, is that batch as published. Its upload then fills
+ * the GPU ring as a producer's does; nobody else would, and the other
+ * consumers' uploads of the rest of the epoch would all go from the host.
+ */
+static int read_is_own_batch(struct ts_feed *f, const struct ts_batch_ranges *rg, uint32_t npos, const uint64_t *len)
+{
+	/* w.seq is the batch last published, unless a claim is open (a fence) */
+	if (ts_feed_role(f) != TS_ROLE_PRODUCER || !f->published || f->w.claimed || rg->overflow)
+		return 0;
+	for (uint32_t p = 0; p < npos; p++) {
+		const struct ts_gpu_piece *q = &rg->r[p][0];
+		if (rg->n[p] != 1 || q->seq != f->w.seq || q->writer != f->s.self || q->off || q->at ||
+		    q->len != len[p] || q->slot_len != len[p])
+			return 0;
+	}
+	return 1;
+}
+
 static int keep_read(int h, struct ts_feed *f, uint32_t npos, void *const *ptr, const uint64_t *len, int view)
 {
 	if (!feed_gpus[h])
 		return -ENODEV;
+	if (read_is_own_batch(f, &feed_gpus[h]->rg, npos, len)) {
+		ts_stream_add_published(f, feed_gpus[h]->gpu, f->w.seq, npos, ptr, len,
+					view ? TS_CHECK_UNWRITTEN : TS_CHECK_HASH);
+		ts_gpu_keep_announce(feed_gpus[h]->gpu, f->w.seq, npos, len);
+		return 0;
+	}
 	/* a view is a private mapping of the slot file: its pages tell whether it was written */
 	ts_stream_add_read(f, feed_gpus[h]->gpu, npos, ptr, len, &feed_gpus[h]->rg,
 			   view ? TS_CHECK_UNWRITTEN : TS_CHECK_HASH);

@@ -29,6 +29,7 @@ struct ts_gpu_piece {
 	uint64_t off;   /* offset within the position's bytes of that seq */
 	uint64_t len;
 	uint64_t at;    /* offset within the upload's destination */
+	uint64_t slot_len; /* the position's full size in that seq */
 };
 
 /* Has the process loaded a CUDA driver we can use? (Never loads one.) */

@@ -104,6 +104,7 @@ void ts_batch_ranges_on_range(void *arg, uint32_t p, const struct ts_range *r, u
 	q->off = r->off;
 	q->len = r->len;
 	q->at = at;
+	q->slot_len = r->slot_len;
 }
 
 /* ---- the registry ------------------------------------------------------------------------ */

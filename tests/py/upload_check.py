@@ -18,6 +18,15 @@ back ("dev": 1 when the device bytes equal the host bytes). What must hold:
   --expect consumer-changed
                     the consumers changed their images before uploading them:
                     none of those bytes came from the ring
+  --expect takeover the producer was killed mid-epoch (its record is not
+                    given): a job took over (role 2, then 1) and made the
+                    rest of the stream's epoch, uploading it from the host;
+                    the other consumers' uploads of it were served: of their
+                    batches of that epoch uploaded after the takeover as
+                    consumers, at least one, and at least half, came wholly
+                    device to device ("h2d": 0). (Another job may take over
+                    in turn when the successor has finished: the first to
+                    take over is the successor.)
 
 Roles come from the records ("role" per batch: 1 producer, 2 consumer); a
 job must hold one role throughout. Prints one line per job and a summary;
@@ -44,9 +53,12 @@ def load(path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--expect", required=True, choices=["served", "producer-changed", "consumer-changed"])
+    ap.add_argument("--expect", required=True,
+                    choices=["served", "producer-changed", "consumer-changed", "takeover"])
     ap.add_argument("records", nargs="+")
     a = ap.parse_args()
+    if a.expect == "takeover":
+        return takeover(a.records)
     bad = []
     producers = consumers = 0
     for path in a.records:
@@ -92,6 +104,47 @@ def main():
     for b in bad:
         print("FAIL: " + b)
     print("upload_check (%s): %s" % (a.expect, "OK" if not bad else "%d failures" % len(bad)))
+    return 1 if bad else 0
+
+
+def takeover(records):
+    bad, jobs, succ = [], {}, []
+    for path in records:
+        batches, gpu = load(path)
+        if not batches or gpu is None:
+            bad.append("%s: no uploaded batches or no gpu counters" % path)
+            continue
+        jobs[path] = batches
+        wrong = sum(1 for b in batches if b["dev"] != 1)
+        if wrong:
+            bad.append("%s: %d batches whose device bytes differ from the host's" % (path, wrong))
+        roles = [b["role"] for b in batches]
+        if 1 in roles:
+            k = roles.index(1)
+            if k == 0 or any(r != 2 for r in roles[:k]) or any(r != 1 for r in roles[k:]):
+                bad.append("%s: roles %s: not a consumer that took over once" % (path, "".join(map(str, roles))))
+            succ.append((batches[k]["t"], path, batches[k]))
+            host = [b for b in batches[k:] if b["h2d"] != b["up"]]
+            if host:
+                bad.append("%s: as producer, %d uploads not all from the host" % (path, len(host)))
+    if not succ:
+        bad.append("no job took over")
+    else:
+        _, spath, first = min(succ)
+        print("%s took over at its batch %d (epoch %d)" % (spath, first["batch"], first["epoch"]))
+        for path, batches in jobs.items():
+            if path == spath:
+                continue
+            after = [b for b in batches if b["epoch"] == first["epoch"] and b["t"] > first["t"] and b["role"] == 2]
+            served = sum(1 for b in after if b["h2d"] == 0)
+            print("%s: %d of its %d batches uploaded after the takeover served device to device, "
+                  "%d bytes from the host" % (path, served, len(after), sum(b["h2d"] for b in after)))
+            if not after or 2 * served < len(after):
+                bad.append("%s: %d of %d batches after the takeover served from the ring"
+                           % (path, served, len(after)))
+    for b in bad:
+        print("FAIL: " + b)
+    print("upload_check (takeover): %s" % ("OK" if not bad else "%d failures" % len(bad)))
     return 1 if bad else 0
 
 

@@ -25,8 +25,10 @@
 #          elected again behind the stream, it reads on (no hang, no fallback)
 #   l      the same with the ring at its default depth: the successor evicts
 #          the stopped job, which, woken, ends that epoch short (no exception)
-#   m/n/o  GPU jobs on tsemu: consumers' uploads served from the producer's
+#   m-p    GPU jobs on tsemu: consumers' uploads served from the producer's
 #          GPU ring; a batch changed before its upload never is
+#   q      GPU jobs, the producer killed: the successor's batches fill the
+#          ring, and it makes them without waiting on itself
 # plus the same jobs as (a) without the shim: per-job checks pass, and the
 # shared check fails (each job shuffles by its own seed); and first the
 # verifier's own self checks (tests/py/test_share_verify.py).
@@ -464,8 +466,46 @@ if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 			sed 's/^/#   /' "$T_TMP/$c.upload" | head -n 12
 		fi
 	done
+
+	# --- q: GPU jobs, the producer killed mid-epoch -------------------------------
+	# The successor makes the rest of the stream's epoch and reads it back like
+	# any consumer: its upload of each batch it made fills the GPU ring (nobody
+	# else uploads those as published), so the other consumers' uploads after
+	# the takeover are still served device to device (before: all from the
+	# host). It makes them without waiting on itself (before: one 100 ms read
+	# slice per batch, 10 batches a second at most), which its debug line counts.
+	for i in 1 2 3; do
+		TSSHIM_LOG=debug job q "$i" 1 --seed "$i" --batch-size "$(( i == 3 ? 12 : 8 ))" --workers "$GPU_WORKERS" \
+			--epochs 1 --sleep 0.05 --barrier "$T_TMP/q.go:3" --emu-cuda "$EMU/libcudart.so.13"
+	done
+	victim=
+	if wait_for "$T_TMP/q.1.jsonl" '"loader":"train","epoch":0,"batch":2,' 60 &&
+		wait_for "$T_TMP/q.2.jsonl" '"loader":"train","epoch":0,"batch":2,' 60 &&
+		wait_for "$T_TMP/q.3.jsonl" '"loader":"train","epoch":0,"batch":2,' 60; then
+		victim=$(grep -l '"role":1' "$T_TMP"/q.[123].jsonl | head -n 1 | sed 's/.*q\.\([123]\)\.jsonl/\1/')
+	fi
+	if [ -n "$victim" ]; then
+		kill -KILL "$(job_pid q "$victim")"
+		finished q 3 "$victim"
+		verify q "GPU jobs, producer killed: the others' epochs complete, one stream" $(recs q 3)
+		left=()
+		for i in 1 2 3; do [ "$i" = "$victim" ] || left+=("$T_TMP/q.$i.jsonl"); done
+		if "$PY" tests/py/upload_check.py --expect takeover "${left[@]}" >"$T_TMP/q.upload" 2>&1; then
+			ok "(q) producer (job $victim) killed: $(grep -h -o '[0-9]* of its [0-9]* batches uploaded after the takeover served device to device' "$T_TMP/q.upload")"
+		else
+			not_ok "(q) producer (job $victim) killed: $(tail -n 1 "$T_TMP/q.upload")"
+			sed 's/^/#   /' "$T_TMP/q.upload" | head -n 12
+		fi
+		made=$(grep -h -o '[0-9]* batches made as successor, [0-9]* waits for data while making them' \
+			"$T_TMP"/q.[123].err | head -n 1)
+		check "(q) the successor made the rest of the epoch without waiting on itself (${made:-no line})" \
+			cond '[[ "$made" == *", 0 waits"* ]]'
+	else
+		not_ok "(q) the jobs did not all record 3 batches within 60 s, or none was producer"
+		finished q 3
+	fi
 else
-	echo "# (m-p) skipped: tsemu not built"
+	echo "# (m-q) skipped: tsemu not built"
 fi
 
 # --- nothing left behind ----------------------------------------------------------
