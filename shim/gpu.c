@@ -103,6 +103,12 @@ int ts_gpu_driver_ready(void)
 #define MAX_OWN     (2 * TS_MAX_DEPTH + 8)
 #define MAX_PENDING 64
 #define EARLY_WAITS 8            /* see hold_pieces */
+/*
+ * Batches kept at once. A loop that fetches ahead (Lightning's prefetching
+ * fetcher: the next batch is registered before this one is uploaded) has
+ * two open; one more for a loop that fetches two ahead.
+ */
+#define MAX_KEEPS   3
 
 struct own_buf {                 /* an allocation of ours in the ring */
 	int rec;                 /* its record; -1: entry unused */
@@ -136,7 +142,7 @@ struct ts_gpu {
 	/* producer */
 	struct own_buf own[MAX_OWN];
 	int slot_own[TS_MAX_DEPTH];
-	struct {
+	struct keep {
 		int active;
 		uint64_t seq;
 		unsigned slot;
@@ -146,7 +152,7 @@ struct ts_gpu {
 		int recorded;            /* the event follows every position complete so far */
 		CUstream stream;
 		uint64_t len[TS_MAX_POSITIONS], off[TS_MAX_POSITIONS], done[TS_MAX_POSITIONS];
-	} k;
+	} k[MAX_KEEPS];
 	/*
 	 * The positions this job uploads of each batch, learnt: at first all;
 	 * a batch left with some never uploaded (labels kept on the host, an
@@ -156,6 +162,8 @@ struct ts_gpu {
 	uint32_t expect, expect_npos;
 	int have_ready;
 	uint64_t ready_seq;      /* the last batch made READY: nothing more of it is kept */
+	uint64_t announced;      /* the last batch announced */
+	int ahead;               /* learnt: the job uploads a batch after announcing the next */
 	/* consumer */
 	struct peer_buf peer[TS_GPU_MAX_BUFS];
 	struct pending pend[MAX_PENDING];
@@ -190,7 +198,8 @@ static int ring_check(struct ts_gpu *g)
 		"from the host", g->f->s.name, __atomic_load_n(&g->ring.t->depth, __ATOMIC_RELAXED),
 		ts_gpuring_depth(&g->ring));
 	g->ring_state = 2;
-	g->k.active = 0;
+	for (unsigned i = 0; i < MAX_KEEPS; i++)
+		g->k[i].active = 0;
 	return -1;
 }
 
@@ -308,85 +317,146 @@ static uint32_t all_positions(uint32_t npos)
 	return npos >= 32 ? UINT32_MAX : (1u << npos) - 1;
 }
 
-static int position_complete(const struct ts_gpu *g, uint32_t p)
+static int position_complete(const struct keep *k, uint32_t p)
 {
-	return g->k.done[p] >= g->k.len[p];
+	return k->done[p] >= k->len[p];
 }
 
 /*
- * The batch being kept is READY with every position complete so far (the
+ * The batch kept in k is READY with every position complete so far (the
  * others read as 0 bytes: a consumer's upload of them goes from the host);
  * with none, or no event behind them, it is dropped. Called with g->mu.
  */
-static void keep_finish(struct ts_gpu *g)
+static void keep_finish(struct ts_gpu *g, struct keep *k)
 {
 	uint64_t len[TS_MAX_POSITIONS], total = 0;
 	uint32_t got = 0;
-	struct own_buf *o = &g->own[g->k.own];
-	for (uint32_t q = 0; q < g->k.npos; q++) {
-		int in = position_complete(g, q);
-		len[q] = in ? g->k.len[q] : 0;
+	struct own_buf *o = &g->own[k->own];
+	for (uint32_t q = 0; q < k->npos; q++) {
+		int in = position_complete(k, q);
+		len[q] = in ? k->len[q] : 0;
 		got |= (uint32_t)in << q;
 		total += len[q];
 	}
-	g->k.active = 0;
-	if (!total || !g->k.recorded ||
-	    ts_gpuring_slot_ready(&g->ring, g->k.slot, o->uniq, g->k.npos, g->k.off, len)) {
-		ts_gpuring_slot_drop(&g->ring, g->k.slot);
+	k->active = 0;
+	if (!total || !k->recorded || ts_gpuring_slot_ready(&g->ring, k->slot, o->uniq, k->npos, k->off, len)) {
+		ts_gpuring_slot_drop(&g->ring, k->slot);
 		return;
 	}
 	g->expect = got;
-	g->expect_npos = g->k.npos;
+	g->expect_npos = k->npos;
 	g->have_ready = 1;
-	g->ready_seq = g->k.seq;
+	g->ready_seq = k->seq;
 	atomic_fetch_add_explicit(&g->ring.t->counters.batches_kept, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&g->ring.t->counters.bytes_kept, total, memory_order_relaxed);
 }
 
 /* Every position this job is known to upload is in. */
-static int keep_expected_in(const struct ts_gpu *g)
+static int keep_expected_in(const struct ts_gpu *g, const struct keep *k)
 {
-	for (uint32_t q = 0; q < g->k.npos; q++)
-		if ((g->expect >> q & 1) && !position_complete(g, q))
+	for (uint32_t q = 0; q < k->npos; q++)
+		if ((g->expect >> q & 1) && !position_complete(k, q))
 			return 0;
 	return 1;
+}
+
+static struct keep *keep_of(struct ts_gpu *g, uint64_t seq)
+{
+	for (unsigned i = 0; i < MAX_KEEPS; i++)
+		if (g->k[i].active && g->k[i].seq == seq)
+			return &g->k[i];
+	return NULL;
+}
+
+/* A batch later than seq is being kept. */
+static int keeping_after(const struct ts_gpu *g, uint64_t seq)
+{
+	for (unsigned i = 0; i < MAX_KEEPS; i++)
+		if (g->k[i].active && g->k[i].seq > seq)
+			return 1;
+	return 0;
+}
+
+static int keeping_any(const struct ts_gpu *g)
+{
+	for (unsigned i = 0; i < MAX_KEEPS; i++)
+		if (g->k[i].active)
+			return 1;
+	return 0;
+}
+
+/* Finish the batches kept before seq, with what they have (`recorded`: only those with something in). */
+static void keep_finish_before(struct ts_gpu *g, uint64_t seq, int recorded)
+{
+	for (unsigned i = 0; i < MAX_KEEPS; i++)
+		if (g->k[i].active && g->k[i].seq < seq && (!recorded || g->k[i].recorded))
+			keep_finish(g, &g->k[i]);
 }
 
 void ts_gpu_keep_end(struct ts_gpu *g)
 {
 	pthread_mutex_lock(&g->mu);
-	if (g->k.active && g->ring_state == 1)
-		keep_finish(g);
-	g->k.active = 0;
+	for (unsigned i = 0; i < MAX_KEEPS; i++) {
+		if (g->k[i].active && g->ring_state == 1)
+			keep_finish(g, &g->k[i]);
+		g->k[i].active = 0;
+	}
 	pthread_mutex_unlock(&g->mu);
 }
 
-static int keep_begin(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, CUstream s)
+/*
+ * An entry for a new batch seq: a free one, else the oldest batch's, which
+ * ends with what it has. So does one in seq's slot (depth batches older).
+ */
+static struct keep *keep_entry(struct ts_gpu *g, unsigned slot)
 {
-	uint64_t size = 0;
+	struct keep *free = NULL, *oldest = NULL;
+	for (unsigned i = 0; i < MAX_KEEPS; i++) {
+		struct keep *k = &g->k[i];
+		if (k->active && k->slot == slot)
+			keep_finish(g, k);
+		if (!k->active) {
+			if (!free)
+				free = k;
+		} else if (!oldest || k->seq < oldest->seq) {
+			oldest = k;
+		}
+	}
+	if (!free) {
+		keep_finish(g, oldest);
+		free = oldest;
+	}
+	return free;
+}
+
+static struct keep *keep_begin(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, CUstream s)
+{
+	uint64_t size = 0, off[TS_MAX_POSITIONS];
 	for (uint32_t p = 0; p < npos; p++) {
-		g->k.off[p] = size;
-		g->k.len[p] = len[p];
-		g->k.done[p] = 0;
+		off[p] = size;
 		size += (len[p] + TS_GPU_ALIGN - 1) / TS_GPU_ALIGN * TS_GPU_ALIGN;
 	}
 	unsigned slot = (unsigned)(seq % ts_gpuring_depth(&g->ring));
+	struct keep *k = keep_entry(g, slot);
 	int i = slot_buffer(g, slot, seq, size ? size : TS_GPU_ALIGN);
 	if (i < 0)
-		return -1;
+		return NULL;
 	if (g->expect_npos != npos) { /* another kind of batch: learn its positions anew */
 		g->expect = all_positions(npos);
 		g->expect_npos = npos;
 	}
-	g->k.active = 1;
-	g->k.seq = seq;
-	g->k.slot = slot;
-	g->k.own = i;
-	g->k.npos = npos;
-	g->k.recorded = 0;
-	g->k.stream = s;
-	g->k.stream_set = s != NULL;
-	return 0;
+	memcpy(k->off, off, npos * sizeof(*off));
+	memcpy(k->len, len, npos * sizeof(*len));
+	memset(k->done, 0, sizeof(k->done));
+	k->active = 1;
+	k->seq = seq;
+	k->slot = slot;
+	k->own = i;
+	k->npos = npos;
+	k->recorded = 0;
+	k->stream = s;
+	k->stream_set = s != NULL;
+	return k;
 }
 
 void ts_gpu_keep_announce(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len)
@@ -396,19 +466,25 @@ void ts_gpu_keep_announce(struct ts_gpu *g, uint64_t seq, uint32_t npos, const u
 		return;
 	pthread_mutex_lock(&g->mu);
 	/*
-	 * A batch still being kept is not given up for the next (a loop that
-	 * fetches ahead registers the next batch before it uploads this one),
-	 * with one exception: until the first batch is READY, one that has a
-	 * complete position ends here with what it has. Otherwise a job that
-	 * never uploads a tensor would leave its first batch open until the
-	 * second one's upload, and the second unannounced, so that consumers
-	 * reaching either first go from the host. A tensor of it uploaded
-	 * later widens what the next batches wait for, as after any READY.
+	 * A batch still being kept is not given up for the next. The next is
+	 * kept too once the job is known to fetch ahead (to register the next
+	 * batch before it uploads this one, as Lightning's prefetching fetcher
+	 * does); until then it is not, or batches that are never uploaded
+	 * unchanged would stay announced several at a time, and consumers
+	 * would wait for each. One exception: until the first batch is READY,
+	 * one that has a complete position ends here with what it has.
+	 * Otherwise a job that never uploads a tensor would leave its first
+	 * batch open until the second one's upload, so that consumers reaching
+	 * it first go from the host. A tensor of it uploaded later widens what
+	 * the next batches wait for, as after any READY.
 	 */
 	if (!ring_open(g)) {
-		if (g->k.active && !g->have_ready && seq > g->k.seq && g->k.recorded)
-			keep_finish(g);
-		if (!g->k.active && drv.CtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)
+		if (!g->have_ready)
+			keep_finish_before(g, seq, 1);
+		if (seq > g->announced)
+			g->announced = seq;
+		if (!keep_of(g, seq) && !keeping_after(g, seq) && (g->ahead || !keeping_any(g)) &&
+		    drv.CtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)
 			(void)keep_begin(g, seq, npos, len, NULL);
 	}
 	pthread_mutex_unlock(&g->mu);
@@ -428,51 +504,52 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
 			g->expect |= 1u << p;
 		goto out;
 	}
-	if (g->k.active && seq < g->k.seq)
-		goto out; /* a late tensor of an earlier batch */
-	if (g->k.active && g->k.seq != seq)
-		keep_finish(g); /* the next batch: the last one is over, with what it has */
+	if (seq < g->announced)
+		g->ahead = 1;
+	struct keep *k = keep_of(g, seq);
+	if (!k && keeping_after(g, seq))
+		goto out; /* a late tensor of a batch not kept (announced when too many were open) */
+	keep_finish_before(g, seq, 0); /* a later batch: the earlier ones are over, with what they have */
 	/* The ring buffer lies in the current context: keep only what is uploaded there. */
 	CUcontext ctx = NULL, dctx = NULL;
 	if (drv.CtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
 	    drv.PointerGetAttribute(&dctx, CU_POINTER_ATTRIBUTE_CONTEXT, dst) != CUDA_SUCCESS || dctx != ctx)
 		goto skip;
-	if (!g->k.active && keep_begin(g, seq, npos, len, s))
+	if (!k && !(k = keep_begin(g, seq, npos, len, s)))
 		goto out;
-	if (!g->k.stream_set) { /* announced: this is the batch's first upload */
-		g->k.stream = s;
-		g->k.stream_set = 1;
+	if (!k->stream_set) { /* announced: this is the batch's first upload */
+		k->stream = s;
+		k->stream_set = 1;
 	}
-	struct own_buf *o = &g->own[g->k.own];
+	struct own_buf *o = &g->own[k->own];
 	/* one stream orders the copies before the event: positions on other streams are not kept */
 	/* a position is kept as one run of bytes from its start: done[] is what is covered */
-	if (g->k.stream != s || o->ctx != ctx || off != g->k.done[p] || n > g->k.len[p] - off)
+	if (k->stream != s || o->ctx != ctx || off != k->done[p] || n > k->len[p] - off)
 		goto skip;
-	if (drv.MemcpyAsync(o->ptr + g->k.off[p] + off, dst, n, s) != CUDA_SUCCESS)
+	if (drv.MemcpyAsync(o->ptr + k->off[p] + off, dst, n, s) != CUDA_SUCCESS)
 		goto drop;
-	g->k.done[p] += n;
-	if (position_complete(g, p)) {
+	k->done[p] += n;
+	if (position_complete(k, p)) {
 		/* the event follows every complete position: READY needs no CUDA call later */
 		if (drv.EventRecord(o->ev, s) != CUDA_SUCCESS)
 			goto drop;
-		g->k.recorded = 1;
+		k->recorded = 1;
 	}
-	if (keep_expected_in(g))
-		keep_finish(g);
+	if (keep_expected_in(g, k))
+		keep_finish(g, k);
 	goto out;
 skip:
 	/* this tensor is not kept (another context or stream): nor waited for, from now on */
-	if (g->k.active && g->k.seq == seq && !position_complete(g, p)) {
+	if (k && !position_complete(k, p)) {
 		g->expect &= ~(1u << p);
-		g->k.done[p] = 0;
-		if (keep_expected_in(g))
-			keep_finish(g);
+		k->done[p] = 0;
+		if (keep_expected_in(g, k))
+			keep_finish(g, k);
 	}
 	goto out;
 drop:
-	if (g->k.active)
-		ts_gpuring_slot_drop(&g->ring, g->k.slot);
-	g->k.active = 0;
+	ts_gpuring_slot_drop(&g->ring, k->slot);
+	k->active = 0;
 out:
 	pthread_mutex_unlock(&g->mu);
 }
@@ -698,8 +775,9 @@ void ts_gpu_free(struct ts_gpu *g, int exiting)
 				peer_close(g, b);
 		}
 		ts_gpuring_unhold_all(&g->ring, g->f->s.self);
-		if (g->k.active)
-			ts_gpuring_slot_drop(&g->ring, g->k.slot);
+		for (unsigned i = 0; i < MAX_KEEPS; i++)
+			if (g->k[i].active)
+				ts_gpuring_slot_drop(&g->ring, g->k[i].slot);
 		for (int i = 0; i < (int)MAX_OWN; i++) {
 			if (g->own[i].rec < 0)
 				continue;

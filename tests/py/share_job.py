@@ -197,6 +197,18 @@ class EmuUploads:
         return out if raw else {k: v - self.base[k] for k, v in out.items()}
 
 
+def fetch_ahead(it):
+    """The batches of `it`, each yielded once the next one has been fetched."""
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for batch in it:
+        yield prev
+        prev = batch
+    yield prev
+
+
 def layer_role():
     """The shared loader's role in tsshim's PyTorch layer (1 producer, 2 consumer), or None."""
     tf = sys.modules.get("tsshim_feed")
@@ -261,6 +273,9 @@ def main():
                     help="--sleep only in the first N epochs (default 0: in all)")
     ap.add_argument("--start-delay", type=float, default=0.0, metavar="S",
                     help="sleep S seconds after the barrier, before the first epoch")
+    ap.add_argument("--fetch-ahead", action="store_true",
+                    help="fetch each training batch before uploading the one before it, as Lightning's "
+                         "prefetching fetcher does")
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--record", metavar="FILE", help="JSON-lines record (see above)")
@@ -321,6 +336,8 @@ def main():
         os.environ[ENV_LOADER] = "train"
         c = time.process_time()
         it = iter(train_dl)
+        if a.fetch_ahead:
+            it = fetch_ahead(it)
         data_cpu += time.process_time() - c
         i = 0
         while True:

@@ -9,8 +9,10 @@ back ("dev": 1 when the device bytes equal the host bytes). What must hold:
                     upload went one way: host-to-device plus device-to-device
                     bytes of a consumer equal the bytes it uploaded
   --expect served   nothing changed a batch: each consumer had uploads served
-                    device to device; the producer uploaded all its batches
-                    from the host and kept them on the device
+                    device to device (with --min-served F: at least the
+                    fraction F of its batches wholly, "h2d": 0); the producer
+                    uploaded all its batches from the host and kept them on
+                    the device
   --expect producer-changed
                     the producer changed the images of each batch before
                     uploading them: no consumer got images from the GPU ring
@@ -55,6 +57,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--expect", required=True,
                     choices=["served", "producer-changed", "consumer-changed", "takeover"])
+    ap.add_argument("--min-served", type=float, default=0.0, metavar="F")
     ap.add_argument("records", nargs="+")
     a = ap.parse_args()
     if a.expect == "takeover":
@@ -91,6 +94,11 @@ def main():
             bad.append("%s: %d + %d bytes moved for %d uploaded" % (path, h2d, d2d, up))
         if a.expect == "served" and d2d == 0:
             bad.append("%s: a consumer with no upload served from the ring" % path)
+        whole = sum(1 for b in batches if b["h2d"] == 0)
+        print("%s: %d of %d batches served wholly device to device" % (path, whole, len(batches)))
+        if a.expect == "served" and whole < a.min_served * len(batches):
+            bad.append("%s: %d of %d batches served wholly device to device, below %g" %
+                       (path, whole, len(batches), a.min_served))
         if a.expect == "producer-changed" and d2d > up - xb:
             bad.append("%s: %d bytes served from the ring, more than its %d label bytes: images the producer "
                        "changed were served" % (path, d2d, up - xb))

@@ -29,6 +29,7 @@
 #          GPU ring; a batch changed before its upload never is
 #   q      GPU jobs, the producer killed: the successor's batches fill the
 #          ring, and it makes them without waiting on itself
+#   r      GPU jobs that fetch the next batch before uploading this one
 # plus the same jobs as (a) without the shim: per-job checks pass, and the
 # shared check fails (each job shuffles by its own seed); and first the
 # verifier's own self checks (tests/py/test_share_verify.py).
@@ -504,8 +505,29 @@ if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 		not_ok "(q) the jobs did not all record 3 batches within 60 s, or none was producer"
 		finished q 3
 	fi
+
+	# --- r: GPU jobs that fetch ahead ---------------------------------------------
+	# Each job fetches its next batch before it uploads the one before, as
+	# Lightning's prefetching fetcher does: the producer registers batch s+1
+	# before it uploads batch s. It learns that at its first such upload and
+	# from then on keeps both open. Before, every other batch was never kept
+	# (its upload came after the next had been announced): at most half of a
+	# consumer's batches could be served, in practice 3 of 25.
+	for i in 1 2 3; do
+		job r "$i" 1 --seed "$i" --batch-size "$(( i == 3 ? 12 : 8 ))" --workers "$GPU_WORKERS" --epochs 2 \
+			--barrier "$T_TMP/r.go:3" --emu-cuda "$EMU/libcudart.so.13" --fetch-ahead
+	done
+	finished r 3
+	verify r "GPU jobs fetching ahead: one stream, complete epochs, labels paired" $(recs r 3)
+	if "$PY" tests/py/upload_check.py --expect served --min-served 0.75 $(recs r 3) >"$T_TMP/r.upload" 2>&1; then
+		ok "(r) fetching ahead, consumers' batches served device to device: $(grep -h -o \
+			'[0-9]* of [0-9]* batches served wholly' "$T_TMP/r.upload" | tr '\n' ';')"
+	else
+		not_ok "(r) fetching ahead: $(tail -n 1 "$T_TMP/r.upload")"
+		sed 's/^/#   /' "$T_TMP/r.upload" | head -n 12
+	fi
 else
-	echo "# (m-q) skipped: tsemu not built"
+	echo "# (m-r) skipped: tsemu not built"
 fi
 
 # --- nothing left behind ----------------------------------------------------------
