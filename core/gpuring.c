@@ -397,6 +397,15 @@ int ts_gpuring_slot_pending(const struct ts_gpuring *g, uint64_t seq, int writer
 	       ts_gpu_slot_seq(w) == (seq & ((1ULL << 46) - 1));
 }
 
+int ts_gpuring_slot_passed(const struct ts_gpuring *g, uint64_t seq)
+{
+	uint32_t depth = depth_of(g);
+	if (!depth)
+		return 1;
+	uint64_t w = atomic_load_explicit(&g->t->slots[seq % depth].word, memory_order_acquire);
+	return ts_gpu_slot_seq(w) > ts_gpu_slot_seq(seq);
+}
+
 /* The snapshot `out` of a READY slot and its buffer, checked against itself. */
 static int snapshot(const struct ts_gpuring *g, const struct ts_gpu_slot *s, unsigned b, struct ts_gpu_held *out)
 {

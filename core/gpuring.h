@@ -180,6 +180,8 @@ int ts_gpuring_slot_ready(struct ts_gpuring *g, unsigned slot, uint64_t uniq, ui
 void ts_gpuring_slot_drop(struct ts_gpuring *g, unsigned slot);
 /* Is `writer` keeping `seq` now (WRITING): READY, or a drop, is coming? */
 int ts_gpuring_slot_pending(const struct ts_gpuring *g, uint64_t seq, int writer);
+/* Has a later batch taken the slot of `seq` (so `seq` is never READY there again)? */
+int ts_gpuring_slot_passed(const struct ts_gpuring *g, uint64_t seq);
 
 /* ---- consumer ---------------------------------------------------------------------- */
 

@@ -649,6 +649,23 @@ static void unhold_unused(struct ts_gpu *g, const struct ts_gpu_held *h, unsigne
 			ts_gpuring_unhold(&g->ring, g->f->s.self, h[i].buf);
 }
 
+/*
+ * A piece not READY that never will be: a later batch has its slot (a
+ * consumer that lags), or its writer is gone (the producer died, or left
+ * with its buffers), or is this process (which cannot make it READY while
+ * it waits here). Waiting for those only delays the upload from the host.
+ * The writer's liveness reads /proc: looked at every 5 ms.
+ */
+static int never_ready(struct ts_gpu *g, const struct ts_gpu_piece *pc, int tries)
+{
+	if (pc->writer == g->f->s.self || ts_gpuring_slot_passed(&g->ring, pc->seq))
+		return 1;
+	if (tries % 50)
+		return 0;
+	enum ts_member_health hl = ts_member_health(g->f->s.seg, (unsigned)pc->writer, ts_now_ns());
+	return hl == TS_MEMBER_DEAD || hl == TS_MEMBER_FREE;
+}
+
 /* Hold every buffer the pieces lie in; pass through when one is not there soon. */
 static int hold_pieces(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npieces, struct ts_gpu_held *h)
 {
@@ -674,7 +691,7 @@ static int hold_pieces(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned
 		h[i].buf = UINT32_MAX;
 		for (tries = 0;; tries++) {
 			ret = ts_gpuring_hold_again(&g->ring, g->f->s.self, pc[i].seq, pc[i].writer, &h[i]);
-			if (ret != -EAGAIN || tries >= 5000 ||
+			if (ret != -EAGAIN || tries >= 5000 || never_ready(g, &pc[i], tries) ||
 			    (tries >= grace && !ts_gpuring_slot_pending(&g->ring, pc[i].seq, pc[i].writer)))
 				break;
 			struct timespec ts = {0, 100000};

@@ -319,11 +319,13 @@ static void op_pending(struct fz *f, int who)
 {
 	uint64_t seq = pick_seq(f);
 	int ret = ts_gpuring_slot_pending(&g, seq, who);
+	int passed = ts_gpuring_slot_passed(&g, seq);
 	if (!M.strict)
 		return;
 	uint64_t w = M.s[seq % M.depth].word;
 	bool want = ts_gpu_slot_state(w) == TS_GPU_WRITING && ts_gpu_slot_writer(w) == who && ts_gpu_slot_seq(w) == seq;
 	FUZZ_CHECK(!!ret == want, "slot_pending(%llu, %d) = %d", (unsigned long long)seq, who, ret);
+	FUZZ_CHECK(!!passed == (ts_gpu_slot_seq(w) > seq), "slot_passed(%llu) = %d", (unsigned long long)seq, passed);
 }
 
 /* ---- holds ------------------------------------------------------------------ */

@@ -328,6 +328,27 @@ Test(gpuring, hold_returns_exactly_what_the_producer_published)
 	ts_gpuring_close(&g);
 }
 
+Test(gpuring, a_seq_is_passed_once_a_later_batch_takes_its_slot)
+{
+	struct ts_gpuring g;
+	uint64_t uniq, seq = 9, off[1] = { 0 }, len[1] = { 4000 };
+	cr_assert_eq(ts_gpuring_open(&g, path, DEPTH), 0);
+	int b = add(&g, 0, 1 << 20, &uniq);
+	cr_assert_geq(b, 0);
+
+	cr_expect_not(ts_gpuring_slot_passed(&g, seq), "a free slot: seq may still come");
+	ts_gpuring_slot_begin(&g, seq % DEPTH, 0, seq - DEPTH, (unsigned)b);
+	cr_expect_not(ts_gpuring_slot_passed(&g, seq), "an earlier batch in the slot");
+	ts_gpuring_slot_begin(&g, seq % DEPTH, 0, seq, (unsigned)b);
+	cr_expect_not(ts_gpuring_slot_passed(&g, seq), "WRITING seq");
+	cr_assert_eq(ts_gpuring_slot_ready(&g, seq % DEPTH, uniq, 1, off, len), 0);
+	cr_expect_not(ts_gpuring_slot_passed(&g, seq), "READY seq");
+	cr_expect(ts_gpuring_slot_passed(&g, seq - DEPTH), "its slot holds a later batch");
+	ts_gpuring_slot_begin(&g, seq % DEPTH, 1, seq + DEPTH, (unsigned)b);
+	cr_expect(ts_gpuring_slot_passed(&g, seq), "a later batch is WRITING in the slot, whoever writes it");
+	ts_gpuring_close(&g);
+}
+
 Test(gpuring, ready_with_a_layout_that_does_not_fit_is_refused_and_never_ready)
 {
 	struct ts_gpuring g;
