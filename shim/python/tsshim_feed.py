@@ -618,8 +618,9 @@ class _Epoch:
         return node, list(sb)[:npos.value]
 
     def making_rest(self):
-        """A successor with batches of the stream's epoch still to make."""
-        return self.source not in (None, "done", "real") and self.role() == ROLE_PRODUCER
+        """We produce the stream and have batches of its epoch still to make (or
+        have not started making them: on_wait starts at once)."""
+        return self.source not in ("done", "real") and self.role() == ROLE_PRODUCER
 
     def on_wait(self, waited_ms):
         """No data yet: is someone producing? Otherwise we do."""
