@@ -368,21 +368,14 @@ static struct keep *keep_of(struct ts_gpu *g, uint64_t seq)
 	return NULL;
 }
 
-/* A batch later than seq is being kept. */
-static int keeping_after(const struct ts_gpu *g, uint64_t seq)
+/* The latest batch being kept, or NULL. */
+static const struct keep *keep_newest(const struct ts_gpu *g)
 {
+	const struct keep *n = NULL;
 	for (unsigned i = 0; i < MAX_KEEPS; i++)
-		if (g->k[i].active && g->k[i].seq > seq)
-			return 1;
-	return 0;
-}
-
-static int keeping_any(const struct ts_gpu *g)
-{
-	for (unsigned i = 0; i < MAX_KEEPS; i++)
-		if (g->k[i].active)
-			return 1;
-	return 0;
+		if (g->k[i].active && (!n || g->k[i].seq > n->seq))
+			n = &g->k[i];
+	return n;
 }
 
 /* Finish the batches kept before seq, with what they have (`recorded`: only those with something in). */
@@ -483,8 +476,8 @@ void ts_gpu_keep_announce(struct ts_gpu *g, uint64_t seq, uint32_t npos, const u
 			keep_finish_before(g, seq, 1);
 		if (seq > g->announced)
 			g->announced = seq;
-		if (!keep_of(g, seq) && !keeping_after(g, seq) && (g->ahead || !keeping_any(g)) &&
-		    drv.CtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)
+		const struct keep *newest = keep_newest(g);
+		if ((!newest || (g->ahead && newest->seq < seq)) && drv.CtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)
 			(void)keep_begin(g, seq, npos, len, NULL);
 	}
 	pthread_mutex_unlock(&g->mu);
@@ -507,7 +500,8 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
 	if (seq < g->announced)
 		g->ahead = 1;
 	struct keep *k = keep_of(g, seq);
-	if (!k && keeping_after(g, seq))
+	const struct keep *newest = keep_newest(g);
+	if (!k && newest && newest->seq > seq)
 		goto out; /* a late tensor of a batch not kept (announced when too many were open) */
 	keep_finish_before(g, seq, 0); /* a later batch: the earlier ones are over, with what they have */
 	/* The ring buffer lies in the current context: keep only what is uploaded there. */
