@@ -95,7 +95,7 @@ struct ts_slot {
 struct ts_ring {
 	_Atomic uint64_t claim_seq; /* highest seq claimed + 1 (informational) */
 	_Atomic uint64_t pub_seq;   /* every seq below this is published */
-	_Atomic uint32_t pub_ev;    /* futex: bumped on every publish */
+	_Atomic uint32_t pub_ev;    /* futex: bumped on every publish and producer change */
 	_Atomic uint32_t rel_ev;    /* futex: bumped on every release/detach */
 	uint64_t pad[5];
 	struct ts_slot slots[TS_MAX_DEPTH];

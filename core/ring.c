@@ -94,6 +94,16 @@ static int wait_slice(_Atomic uint32_t *ev, uint32_t seen, uint64_t deadline)
 	return 0;
 }
 
+/*
+ * A reader that was elected producer while it waited: nobody else publishes
+ * now, so its wait can only run out. `was` is the producer word it saw first.
+ */
+static inline bool elected_meanwhile(const struct ts_segment *seg, const struct ts_ring_reader *r, uint64_t was)
+{
+	uint64_t w = atomic_load_explicit(&seg->producer, memory_order_acquire);
+	return w != was && ts_producer_index(w) == r->self;
+}
+
 static inline bool still_producer(const struct ts_segment *seg, const struct ts_ring_writer *w)
 {
 	/* seq_cst: the second half of the claim/takeover Dekker pair (see top) */
@@ -564,6 +574,7 @@ int ts_ring_peek(struct ts_segment *seg, struct ts_ring_reader *r, uint32_t npos
 	memset(out->got, 0, sizeof(out->got));
 	memcpy(off, r->off, sizeof(off));
 	uint64_t seq = r->seq, deadline = deadline_after(timeout_ns);
+	uint64_t was = atomic_load_explicit(&seg->producer, memory_order_acquire);
 
 	while (out->got[0] < want[0] && out->nranges < TS_READ_MAX_RANGES) {
 		/* read the counter before looking: a publish in between makes the wait return */
@@ -579,6 +590,8 @@ int ts_ring_peek(struct ts_segment *seg, struct ts_ring_reader *r, uint32_t npos
 				return ret;
 			if (evicted(seg, r))
 				return -ESTALE;
+			if (elected_meanwhile(seg, r, was))
+				return -ETIMEDOUT; /* the caller produces now */
 			continue;
 		}
 		if (ret)
@@ -709,6 +722,7 @@ int ts_ring_wait_next(struct ts_segment *seg, struct ts_ring_reader *r, uint64_t
 		return -EINVAL;
 	if ((ret = ring_depth(seg, &d)))
 		return ret;
+	uint64_t was = atomic_load_explicit(&seg->producer, memory_order_acquire);
 	for (;;) {
 		uint32_t ev = atomic_load_explicit(&seg->ring.pub_ev, memory_order_acquire);
 		if (evicted(seg, r))
@@ -720,6 +734,8 @@ int ts_ring_wait_next(struct ts_segment *seg, struct ts_ring_reader *r, uint64_t
 			return ret;
 		if ((ret = wait_slice(&seg->ring.pub_ev, ev, deadline)))
 			return ret;
+		if (elected_meanwhile(seg, r, was))
+			return -ETIMEDOUT;
 	}
 }
 

@@ -308,6 +308,19 @@ static int claim_member(struct ts_segment *seg, const struct ts_ident *me, uint6
 }
 
 /*
+ * After a CAS of the producer word: wake the heartbeat threads (a successor
+ * starts at once) and the readers waiting in the ring, which stop waiting
+ * when the new producer is their own member (ring.c, elected_meanwhile).
+ */
+static void producer_changed(struct ts_segment *seg)
+{
+	atomic_fetch_add(&seg->election_ev, 1);
+	ts_futex_wake_all(&seg->election_ev);
+	atomic_fetch_add(&seg->ring.pub_ev, 1);
+	ts_futex_wake_all(&seg->ring.pub_ev);
+}
+
+/*
  * Take the producer role if the holder in `w` is missing, dead or silent.
  * joining: our slot was just claimed, so a word naming it names the slot's
  * previous, dead occupant, which must be replaced under a new epoch.
@@ -333,8 +346,7 @@ static int try_takeover(struct ts_segment *seg, int self, uint64_t w, uint64_t n
 			(unsigned long long)((now - atomic_load(&seg->members[idx].heartbeat_ns)) / 1000000));
 	if (idx >= 0)
 		atomic_fetch_add(&seg->counters.takeovers, 1);
-	atomic_fetch_add(&seg->election_ev, 1);
-	ts_futex_wake_all(&seg->election_ev);
+	producer_changed(seg);
 	return 1;
 }
 
@@ -489,8 +501,7 @@ void ts_session_leave(struct ts_session *s)
 			int next = pick_successor(seg, self, now);
 			uint64_t nw = ts_producer_word(ts_producer_epoch(w) + 1, next);
 			if (atomic_compare_exchange_strong(&seg->producer, &w, nw)) {
-				atomic_fetch_add(&seg->election_ev, 1);
-				ts_futex_wake_all(&seg->election_ev);
+				producer_changed(seg);
 			}
 		}
 		atomic_store_explicit(&seg->members[self].pid, 0, memory_order_release);
@@ -565,8 +576,7 @@ int ts_session_take_idle(struct ts_session *s, uint64_t idle_min_ns)
 		atomic_fetch_add(&seg->counters.takeovers, 1);
 	}
 	atomic_store(&seg->idle_word, 0);
-	atomic_fetch_add(&seg->election_ev, 1);
-	ts_futex_wake_all(&seg->election_ev);
+	producer_changed(seg);
 	return 1;
 }
 

@@ -611,6 +611,51 @@ Test(ring, evict_while_waiting)
 }
 Test(ring, evict_stale) { eviction_case(1); }
 
+static void *elect_member_1_later(void *arg)
+{
+	(void)arg;
+	ts_sleep_ns(30 * MS);
+	atomic_store(&seg->producer, ts_producer_word(2, 1));
+	return NULL;
+}
+
+/*
+ * A reader elected producer while it waits for a batch: only it can publish
+ * now, so peek and wait_next give the wait up within a slice (-ETIMEDOUT,
+ * the caller then produces) instead of sleeping out their timeout.
+ */
+static void elected_while_waiting_case(int next)
+{
+	struct ts_ring_writer w;
+	struct ts_ring_reader r;
+	static struct ts_read rd;
+	struct ts_batch_meta m;
+	unsigned writer;
+	pthread_t t;
+
+	cr_assert_eq(ts_ring_writer_init(seg, 0, &w), 0);
+	cr_assert_eq(produce(&w, 0, 64, 0, 0), 0);
+	cr_assert_eq(ts_ring_attach(seg, 1, &r), 0);
+	cr_assert_eq(r.seq, 1, "attached at the head");
+	cr_assert_eq(pthread_create(&t, NULL, elect_member_1_later, NULL), 0);
+	uint64_t t0 = ts_prim_monotonic_ns();
+	int ret = next ? ts_ring_wait_next(seg, &r, 5000 * MS, &m, &writer) : peek_samples(&r, 64, &rd, 5000 * MS);
+	uint64_t dt = ts_prim_monotonic_ns() - t0;
+	pthread_join(t, NULL);
+	cr_assert_eq(ret, -ETIMEDOUT);
+	cr_assert(dt >= 25 * MS && dt < 1000 * MS, "waited %llu ms for a batch only the reader can publish",
+		  (unsigned long long)(dt / MS));
+	/* an election of somebody else does not end the wait early */
+	atomic_store(&seg->producer, ts_producer_word(3, 2));
+	t0 = ts_prim_monotonic_ns();
+	ret = next ? ts_ring_wait_next(seg, &r, 60 * MS, &m, &writer) : peek_samples(&r, 64, &rd, 60 * MS);
+	cr_assert_eq(ret, -ETIMEDOUT);
+	cr_assert_geq(ts_prim_monotonic_ns() - t0, 55 * MS, "a consumer's wait must last its timeout");
+}
+
+Test(ring, peek_elected_while_waiting) { elected_while_waiting_case(0); }
+Test(ring, wait_next_elected_while_waiting) { elected_while_waiting_case(1); }
+
 /* Silent for longer than the timeout but not the stall time (a stopped
  * process, a debugger): it keeps its place, the producer waits. */
 Test(ring, a_briefly_silent_reader_keeps_its_place)

@@ -790,12 +790,13 @@ Test(shm, second_join_is_consumer_and_producer_leave_hands_over)
 	cr_expect_eq(b.self, 1, "second joiner takes the next slot");
 	cr_expect_eq(ts_session_role(&b), TS_ROLE_CONSUMER, "second joiner must be consumer");
 	cr_expect_eq(ts_session_role(&a), TS_ROLE_PRODUCER);
-	uint32_t ev = atomic_load(&b.seg->election_ev);
+	uint32_t ev = atomic_load(&b.seg->election_ev), pub_ev = atomic_load(&b.seg->ring.pub_ev);
 	ts_session_leave(&a);
 	cr_expect(path_exists(path), "the segment must stay while a member remains");
 	cr_expect_eq(ts_session_role(&b), TS_ROLE_PRODUCER, "the producer's leave must hand over at once, no tick");
 	cr_expect_eq(ts_producer_epoch(producer_word(b.seg)), 2u, "hand-over must bump the epoch");
 	cr_expect_neq(atomic_load(&b.seg->election_ev), ev, "hand-over must signal election_ev");
+	cr_expect_neq(atomic_load(&b.seg->ring.pub_ev), pub_ev, "hand-over must wake readers waiting in the ring");
 	cr_expect_eq(atomic_load(&b.seg->members[0].pid), 0u, "the leaver's slot must be free");
 	ts_session_leave(&b);
 	cr_expect(!path_exists(path), "the last leave must remove %s", path);
