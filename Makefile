@@ -74,6 +74,8 @@ $(SHIM_LIB): $(SHIM_OBJ) $(CORE_LIB) shim/tsshim.map
 LIBS_mkdata := -ljpeg -lm
 LIBS_train  := -ljpeg -ldl -lm
 LIBS_test_prefetch := -l:liburing.a
+# test_session injects EINTR into the core's posix_fallocate calls
+LIBS_test_session  := -Wl,--wrap=posix_fallocate
 LIBS_ts-jpegcheck  := -ljpeg
 LIBS_ts-jpegedge   := -ljpeg
 

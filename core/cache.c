@@ -771,7 +771,7 @@ static void reserve_ahead(struct ts_cache *c, uint64_t hwm)
 	uint64_t to = min_u64(hwm + c->chunk_size, c->arena_size);
 	int fd = c->fd; /* read once: reserve() may replace it under the lock */
 	if (hwm < to && fd_is_ours(c, fd) && within_shm_share(to) &&
-	    posix_fallocate(fd, (off_t)(c->arena_off + hwm), (off_t)(to - hwm)) == 0) {
+	    ts_prim_reserve(fd, c->arena_off + hwm, to - hwm) == 0) {
 		uint64_t expect = hwm;
 		(void)atomic_compare_exchange_strong_explicit(&h->falloc_hwm, &expect, to, memory_order_release,
 							      memory_order_relaxed);
@@ -804,15 +804,14 @@ static int reserve(struct ts_cache *c, uint64_t end)
 		}
 		c->fd = nfd;
 	}
-	int r = within_shm_share(nhwm) ? 0 : ENOSPC, tries = 0;
-	while (!r && (r = posix_fallocate(c->fd, (off_t)(c->arena_off + hwm), (off_t)(nhwm - hwm))) == EINTR &&
-	       ++tries < 8)
-		r = 0;
+	int r = within_shm_share(nhwm) ? 0 : -ENOSPC;
+	if (!r)
+		r = ts_prim_reserve(c->fd, c->arena_off + hwm, nhwm - hwm);
 	if (r) {
 		static _Atomic int warned;
 		if (!atomic_exchange(&warned, 1))
 			ts_warn("cache %s: cannot reserve %llu more bytes in %s (%s): decoding privately",
-				c->session, (unsigned long long)(nhwm - hwm), ts_shm_dir(), strerror(r));
+				c->session, (unsigned long long)(nhwm - hwm), ts_shm_dir(), strerror(-r));
 		return -E_SHM;
 	}
 	raise_hwm(h, hwm, nhwm); /* reserve_ahead() may have raised it meanwhile */
@@ -1254,7 +1253,7 @@ static int create_segment(const char *path, const char *session, uint64_t budget
 			   (unsigned long long)(min_u64(geo.chunk_size, geo.arena_size) >> 20), ts_shm_dir());
 		goto out;
 	}
-	if ((ret = -posix_fallocate(fd, 0, (off_t)geo.arena_off)) != 0) {
+	if ((ret = ts_prim_reserve(fd, 0, geo.arena_off)) != 0) {
 		ret = fail(why, whylen, ret, "cannot reserve %llu bytes in %s: %s", (unsigned long long)geo.arena_off,
 			   ts_shm_dir(), strerror(-ret));
 		goto out;

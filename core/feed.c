@@ -97,10 +97,10 @@ static inline uint64_t make_tag(uint32_t epoch, uint32_t gen)
 /* Reserve the blocks now: a full /dev/shm is an error here, not a SIGBUS later. */
 static int grow(int fd, uint64_t size)
 {
-	int ret = posix_fallocate(fd, 0, (off_t)size);
-	if (ret == EOPNOTSUPP || ret == EINVAL)
-		ret = ftruncate(fd, (off_t)size) ? errno : 0;
-	return -ret;
+	int ret = ts_prim_reserve(fd, 0, size);
+	if (ret == -EOPNOTSUPP || ret == -EINVAL)
+		ret = ftruncate(fd, (off_t)size) ? ts_neg_errno() : 0;
+	return ret;
 }
 
 /* ---- the ledger ------------------------------------------------------------ */

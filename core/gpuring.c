@@ -110,10 +110,9 @@ static int create(const char *path, uint32_t depth)
 	int fd = ts_shm_create_tmp(path, tmp, sizeof(tmp));
 	if (fd < 0)
 		return fd;
-	int ret = posix_fallocate(fd, 0, (off_t)size);
-	if (ret == EOPNOTSUPP || ret == EINVAL)
-		ret = ftruncate(fd, (off_t)size) ? errno : 0;
-	ret = -ret;
+	int ret = ts_prim_reserve(fd, 0, size);
+	if (ret == -EOPNOTSUPP || ret == -EINVAL)
+		ret = ftruncate(fd, (off_t)size) ? ts_neg_errno() : 0;
 	struct ts_gpu_table *t = ret ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (t != MAP_FAILED) {
 		t->magic = TS_GPU_MAGIC;

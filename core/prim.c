@@ -166,6 +166,15 @@ int ts_shm_file_ours(const struct stat *sb)
 	return 0;
 }
 
+int ts_prim_reserve(int fd, uint64_t off, uint64_t len)
+{
+	int r, tries = 0, saved = errno; /* glibc's emulation for file systems without fallocate writes */
+	while ((r = posix_fallocate(fd, (off_t)off, (off_t)len)) == EINTR && ++tries < 8)
+		;
+	errno = saved;
+	return -r;
+}
+
 int ts_shm_create_tmp(const char *path, char *tmp, size_t tmplen)
 {
 	static _Atomic unsigned serial;

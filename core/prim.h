@@ -56,6 +56,15 @@ void ts_futex_wake_all(_Atomic uint32_t *word);
 /* Sleep that survives EINTR. */
 void ts_sleep_ns(uint64_t ns);
 
+/*
+ * Reserve the blocks of [off, off + len) of fd now, so that a full file
+ * system is an error here and not a SIGBUS at the first write through a
+ * mapping. tmpfs's fallocate stops with EINTR when a signal is pending (on
+ * some kernels for any signal, a profiler's timer or a SIGCHLD): retried a
+ * few times. 0 or -errno (posix_fallocate's result).
+ */
+int ts_prim_reserve(int fd, uint64_t off, uint64_t len);
+
 struct stat;
 /*
  * A shared-memory file we may use: a regular file owned by us with mode

@@ -195,7 +195,7 @@ static int create_segment(const char *path, const char *name, const struct ts_se
 	void *map = MAP_FAILED;
 	/* umask may have narrowed the mode; reserve the pages now so a full
 	 * /dev/shm fails here instead of SIGBUS in the host program later. */
-	if (fchmod(fd, 0600) != 0 || (ret = -posix_fallocate(fd, 0, (off_t)size)) != 0) {
+	if (fchmod(fd, 0600) != 0 || (ret = ts_prim_reserve(fd, 0, size)) != 0) {
 		ret = ret ? ret : -errno;
 		goto fail;
 	}

@@ -779,6 +779,47 @@ Test(shm, join_creates_private_segment_first_is_producer)
 	cr_expect_eq(a.fd, -1);
 }
 
+/*
+ * posix_fallocate as tmpfs gives it while a signal is pending, on kernels
+ * that stop it then for any signal: EINTR, as often as asked.
+ */
+int __real_posix_fallocate(int fd, off_t off, off_t len);
+int __wrap_posix_fallocate(int fd, off_t off, off_t len);
+static _Atomic int fallocate_eintr, fallocate_calls;
+int __wrap_posix_fallocate(int fd, off_t off, off_t len)
+{
+	atomic_fetch_add(&fallocate_calls, 1);
+	if (atomic_load(&fallocate_eintr) > 0) {
+		atomic_fetch_sub(&fallocate_eintr, 1);
+		return EINTR;
+	}
+	return __real_posix_fallocate(fd, off, len);
+}
+
+/* A signal during the segment's reservation does not cost the job its session. */
+Test(shm, join_survives_eintr_while_reserving)
+{
+	char name[64], path[TS_PATH_MAX];
+	unique_name(name, sizeof(name), path);
+	struct ts_session a;
+	atomic_store(&fallocate_calls, 0);
+	atomic_store(&fallocate_eintr, 3);
+	int rc = ts_session_join(&a, name, &default_params);
+	cr_assert_eq(rc, 0, "join failed: %d %s", rc, a.why);
+	cr_expect_eq(atomic_load(&fallocate_calls), 4, "three EINTRs, then the reservation");
+	struct stat sb;
+	cr_assert_eq(stat(path, &sb), 0);
+	cr_expect_eq((size_t)sb.st_size, seg_bytes());
+	ts_session_leave(&a);
+
+	/* a reservation that keeps being interrupted fails, and leaves nothing behind */
+	atomic_store(&fallocate_eintr, 1000);
+	rc = ts_session_join(&a, name, &default_params);
+	atomic_store(&fallocate_eintr, 0);
+	cr_expect_eq(rc, -EINTR, "got %d", rc);
+	cr_expect(!path_exists(path), "%s must not exist after a failed join", path);
+}
+
 Test(shm, second_join_is_consumer_and_producer_leave_hands_over)
 {
 	char name[64], path[TS_PATH_MAX];
