@@ -750,6 +750,46 @@ static int within_shm_share(uint64_t arena_bytes)
 	return !fs || arena_bytes <= fs / 4;
 }
 
+/* Note [off, off + len) of the arena as reserved by this process. */
+static void own_mark(struct ts_cache *c, uint64_t off, uint64_t len)
+{
+	if (!c->own_chunks || len == 0)
+		return;
+	for (uint64_t k = off / c->chunk_size, last = (off + len - 1) / c->chunk_size; k <= last; k++)
+		atomic_fetch_or_explicit(&c->own_chunks[k / 64], 1ull << (k % 64), memory_order_relaxed);
+}
+
+/*
+ * Before this process touches [off, off + len) of the arena (a fill's
+ * decoder writes it, a hit reads it): are its pages there? On a full
+ * /dev/shm a fault on a missing tmpfs page, read or write, is a SIGBUS in
+ * the host program, and the shared falloc_hwm that says the pages are
+ * there is the peers' word. A chunk not yet reserved by this process is
+ * reserved again (pages already there cost a walk: 5.3 ms per 32 MiB
+ * chunk here, once per chunk and process). 0, or -E_SHM: not reserved.
+ */
+static int own_range(struct ts_cache *c, uint64_t off, uint64_t len)
+{
+	if (!c->own_chunks)
+		return -E_SHM;
+	for (uint64_t k = off / c->chunk_size, last = (off + len - 1) / c->chunk_size; k <= last; k++) {
+		if (atomic_load_explicit(&c->own_chunks[k / 64], memory_order_relaxed) & (1ull << (k % 64)))
+			continue;
+		uint64_t from = k * c->chunk_size, to = min_u64(from + c->chunk_size, c->arena_size);
+		int fd = c->fd, own = -1; /* read once: reserve() may replace it under the lock */
+		if (!fd_is_ours(c, fd)) /* the program closed ours: the file by name, if it is still ours */
+			fd = own = open(c->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+		int r = fd_is_ours(c, fd) && within_shm_share(to) ? ts_prim_reserve(fd, c->arena_off + from, to - from)
+								   : -E_SHM;
+		if (own >= 0)
+			close(own);
+		if (r)
+			return -E_SHM;
+		own_mark(c, from, to - from);
+	}
+	return 0;
+}
+
 /*
  * Outside the lock, after a FILL that came within half a chunk of the
  * reserved part: reserve the next chunk ahead of need, so that the next
@@ -772,6 +812,7 @@ static void reserve_ahead(struct ts_cache *c, uint64_t hwm)
 	int fd = c->fd; /* read once: reserve() may replace it under the lock */
 	if (hwm < to && fd_is_ours(c, fd) && within_shm_share(to) &&
 	    ts_prim_reserve(fd, c->arena_off + hwm, to - hwm) == 0) {
+		own_mark(c, hwm, to - hwm);
 		uint64_t expect = hwm;
 		(void)atomic_compare_exchange_strong_explicit(&h->falloc_hwm, &expect, to, memory_order_release,
 							      memory_order_relaxed);
@@ -814,6 +855,7 @@ static int reserve(struct ts_cache *c, uint64_t end)
 				c->session, (unsigned long long)(nhwm - hwm), ts_shm_dir(), strerror(-r));
 		return -E_SHM;
 	}
+	own_mark(c, hwm, nhwm - hwm);
 	raise_hwm(h, hwm, nhwm); /* reserve_ahead() may have raised it meanwhile */
 	return 0;
 }
@@ -1047,6 +1089,8 @@ int ts_cache_get(struct ts_cache *c, const struct ts_cache_key *k, uint64_t len,
 			} else if (s == TS_CENT_READY) {
 				note_hit(c, e);
 				cache_unlock(c);
+				if (own_range(c, off, len))
+					return bypass(c, &ctr->bypass_shm, saved);
 				if (copy_out(c, p.slot, p.word, off, len, dst)) {
 					errno = saved;
 					return TS_CACHE_HIT;
@@ -1081,6 +1125,8 @@ int ts_cache_get(struct ts_cache *c, const struct ts_cache_key *k, uint64_t len,
 				case W_READY: {
 					uint64_t rw = TS_CENT_WORD(TS_CENT_GEN(p.word), TS_CENT_READY);
 					note_hit(c, e);
+					if (own_range(c, off, len))
+						return bypass(c, &ctr->bypass_shm, saved);
 					if (copy_out(c, p.slot, rw, off, len, dst)) {
 						errno = saved;
 						return TS_CACHE_HIT;
@@ -1116,6 +1162,10 @@ int ts_cache_get(struct ts_cache *c, const struct ts_cache_key *k, uint64_t len,
 		bool ahead = r == 0 && hwm < c->arena_size &&
 			     c->hdr->head + c->chunk_size / 2 > hwm;
 		cache_unlock(c);
+		if (r == 0 && own_range(c, (uint64_t)((unsigned char *)fill->ptr - c->arena), len)) {
+			ts_cache_abort(c, fill);
+			return bypass(c, &ctr->bypass_shm, saved);
+		}
 		if (r == 0) {
 			count(&ctr->fills);
 			if (ahead)
@@ -1359,6 +1409,8 @@ static void attach_handle(struct ts_cache *c, void *map, size_t size, const stru
 	c->nentries = st->nentries;
 	c->dev = sb->st_dev;
 	c->ino = sb->st_ino;
+	/* none reserved by us yet; without the bitmap, every hit and fill bypasses */
+	c->own_chunks = calloc((st->arena_size / st->chunk_size + 1 + 63) / 64, sizeof(*c->own_chunks));
 }
 
 static void detach_handle(struct ts_cache *c)
@@ -1368,6 +1420,8 @@ static void detach_handle(struct ts_cache *c)
 	/* Close only our own file: the program may have taken the number over. */
 	if (c->fd >= 0 && (!c->hdr || fd_is_ours(c, c->fd)))
 		close(c->fd);
+	free((void *)c->own_chunks);
+	c->own_chunks = NULL;
 	c->hdr = NULL;
 	c->ents = NULL;
 	c->arena = NULL;

@@ -261,6 +261,13 @@ struct ts_cache {
 	uint32_t opener_pid;      /* a forked child never unregisters its parent */
 	int user_slot;
 	int need_repair;          /* private: set under the lock, consumed before unlocking */
+	/*
+	 * private: the arena's chunks this process reserved itself (a bit per
+	 * chunk). falloc_hwm in the shared header says how far the file is
+	 * reserved, but a peer can write anything there: a range is read or
+	 * written only once its chunks are in here (own_range, cache.c).
+	 */
+	_Atomic uint64_t *own_chunks;
 	uint64_t lock_timeout_ns; /* tunable: get()'s lock wait */
 	uint64_t stale_fill_ns;   /* tunable: live fills older than this are orphaned */
 	/*

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ static void usage(FILE *f)
 		"                   [--order-seed N] [--wait-ms N] [--fill-us N] [--stall-at N]\n"
 		"       " PROG " probe SESSION --key K [--budget-mb N] [--wait-ms N]\n"
 		"       " PROG " hold SESSION [--budget-mb N]\n"
+		"       " PROG " lie SESSION [--budget-mb N]\n"
 		"       " PROG " stats SESSION\n"
 		"\n"
 		"  work   open the cache of SESSION (default budget 8 MiB), print \"ready\",\n"
@@ -43,6 +45,9 @@ static void usage(FILE *f)
 		"         (a FILL is written and committed, a HIT verified), then the stats.\n"
 		"  hold   stay a user of the cache until stdin reaches EOF or SIGTERM;\n"
 		"         prints \"holding\", and the stats before closing.\n"
+		"  lie    as a buggy or hostile peer: rewrite the shared header's mark of\n"
+		"         how far the arena is reserved (falloc_hwm) to the whole arena,\n"
+		"         print \"lied hwm=N\", and leave.\n"
 		"  stats  read-only view of the cache: one line of counters.\n"
 		"\n"
 		"Every command gives up after 120 s (SIGALRM). Exit status: 0 done,\n"
@@ -325,6 +330,17 @@ static int cmd_hold(const char *session, struct opts *o)
 	return 0;
 }
 
+static int cmd_lie(const char *session, struct opts *o)
+{
+	struct ts_cache c;
+	if (open_cache(&c, session, o->budget_mb))
+		return 1;
+	atomic_store(&c.hdr->falloc_hwm, c.arena_size);
+	printf("lied hwm=%llu\n", (unsigned long long)c.arena_size);
+	ts_cache_close(&c);
+	return 0;
+}
+
 static int cmd_stats(const char *session)
 {
 	char path[TS_PATH_MAX], why[256] = "";
@@ -365,6 +381,8 @@ int main(int argc, char **argv)
 		return cmd_probe(session, &o);
 	if (!strcmp(cmd, "hold"))
 		return cmd_hold(session, &o);
+	if (!strcmp(cmd, "lie"))
+		return cmd_lie(session, &o);
 	if (!strcmp(cmd, "stats"))
 		return cmd_stats(session);
 	return usage_error("unknown command ", cmd);

@@ -16,6 +16,11 @@
 #          cache's default budget is a quarter of /dev/shm: it fits and is
 #          hit) and in 12 MiB with TSSHIM_CACHE_MB=64 (more than a quarter:
 #          refused): the trained checksum of each is the one without the shim.
+#   lie    a peer rewrote the cache's shared mark of how far its file is
+#          reserved (ts-cachetool lie), then /dev/shm filled up: a fill in
+#          another process must bypass, not write into pages that do not
+#          exist (SIGBUS in the host program before each process reserved
+#          its chunks itself).
 # Needs root (a mount namespace); exit 77 otherwise.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -123,5 +128,31 @@ for size in 2m 12m 12m+64; do
 			cond "grep -q \"decoded-image cache of session '.*': 3 MiB\" '$d.err' && [ '${hits:-0}' -gt 0 ]"
 	fi
 done
+
+# --- lie ------------------------------------------------------------------------
+CACHETOOL="$PWD/$BUILD/tests/ts-cachetool"
+if [ -x "$CACHETOOL" ]; then
+	lie_case() { # a holder keeps the cache; the liar; /dev/shm filled; a probe
+		local s=$1
+		sleep 120 | "$CACHETOOL" hold "$s" --budget-mb 3 >/dev/null 2>&1 & # until SIGTERM
+		local h=$! i
+		for i in $(seq 50); do [ -e "/dev/shm/tsshim-cache.$(id -u).$s" ] && break; sleep 0.1; done
+		"$CACHETOOL" lie "$s" --budget-mb 3
+		dd if=/dev/zero of=/dev/shm/filler bs=64k 2>/dev/null
+		"$CACHETOOL" probe "$s" --budget-mb 3 --key 1
+		echo "probe rc $?"
+		kill "$h" 2>/dev/null
+		wait "$h" 2>/dev/null
+		rm -f /dev/shm/filler
+	}
+	export -f lie_case
+	export CACHETOOL
+	in_small_shm 12m lie_case "$(session_name lie)" >"$T_TMP/lie.out" 2>&1
+	check "lie: a fill over the lied reservation on a full /dev/shm bypasses ($(grep -o 'result=[A-Z]*' "$T_TMP/lie.out"), $(grep -o 'probe rc [0-9]*' "$T_TMP/lie.out"))" \
+		cond "grep -q '^lied hwm=' '$T_TMP/lie.out' && grep -q 'result=BYPASS' '$T_TMP/lie.out' && grep -qx 'probe rc 0' '$T_TMP/lie.out'"
+	check "lie: nothing left in that /dev/shm ($(grep '^left' "$T_TMP/lie.out"))" grep -qx 'left 0' "$T_TMP/lie.out"
+else
+	echo "# lie: skipped (no ts-cachetool)"
+fi
 
 finish shmfull

@@ -1465,6 +1465,27 @@ Test(cache, a_header_rewritten_after_open_does_not_steer_an_open_handle)
 	ts_cache_close(&c);
 }
 
+/*
+ * falloc_hwm, how far the file is reserved, is a peer's word too: raised
+ * over pages that do not exist, it must not make a fill write into them
+ * (on a full /dev/shm, a SIGBUS in the decoder: shmfull.sh's lie case).
+ * Each handle reserves the chunks it touches itself.
+ */
+Test(cache, a_lied_reservation_mark_is_reserved_again_before_use)
+{
+	struct ts_cache c;
+	char name[TS_NAME_MAX], path[TS_PATH_MAX];
+	fresh(&c, name, path, 128 * MIB);
+	uint64_t before = file_bytes(path);
+	atomic_store(&c.hdr->falloc_hwm, c.arena_size); /* nothing of the arena is reserved */
+	struct ts_cache_key k = key_of(1);
+	fill_commit(&c, &k, 1, 0, 1 * MIB);
+	cr_expect_geq(file_bytes(path), before + TS_CACHE_CHUNK, "the fill's chunk reserved by the filler (%llu -> %llu bytes)",
+		      (unsigned long long)before, (unsigned long long)file_bytes(path));
+	expect_hit(&c, &k, 1, 0, 1 * MIB);
+	ts_cache_close(&c);
+}
+
 static void expect_untouched(const char *file)
 {
 	struct stat sb;
