@@ -633,7 +633,7 @@ int ts_session_remove_if_stale(const char *path)
 	int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		return errno == ENOENT ? 0 : -errno;
-	int ret = lock_timed(fd, 100000000ull);
+	int ret = lock_timed(fd, 100000000ull), locked = ret == 0;
 	void *map = NULL;
 	size_t size = 0;
 	struct stat sb;
@@ -652,7 +652,11 @@ int ts_session_remove_if_stale(const char *path)
 	} else if (ret == -ENOENT) {
 		ret = 0;
 	}
-	close(fd); /* drops the lock */
+	/* Unlock before closing: a child forked meanwhile shares the open file,
+	 * and the lock with it, until it exits; close() alone would leave it held. */
+	if (locked)
+		unlock(fd);
+	close(fd);
 	return ret;
 }
 

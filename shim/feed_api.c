@@ -146,10 +146,23 @@ static void gpu_close(int h, struct ts_feed *f, int exiting)
 	free(fg);
 }
 
+/*
+ * A forked child (a DataLoader worker, a program's fork that exits through
+ * Python's atexit) has no feed of its own: feed_of() finds none for it. The
+ * lock is made afresh all the same: a parent thread may have held it across
+ * the fork, inside tsshim_feed_open's wait for a session's lock.
+ */
+void ts_feed_api_atfork_child(void)
+{
+	pthread_mutex_init(&feeds_lock, NULL);
+}
+
 TS_EXPORT void tsshim_feed_close(int h)
 {
 	int saved = errno, prev = ts_in_hook;
 	struct ts_feed *f = NULL;
+	if (atomic_load(&ts_is_fork_child))
+		return; /* nothing of ours to close; never wait on the parent's lock */
 	pthread_mutex_lock(&feeds_lock);
 	if (feed_of(h)) {
 		f = feeds[h];

@@ -115,13 +115,19 @@ static void on_role(enum ts_role role, uint32_t epoch, void *arg)
 }
 
 /*
- * No fork in the middle of a join, a libjpeg lookup or a cache open: the
- * child's copies stay consistent and its locks free. Always this order.
+ * No fork in the middle of a libjpeg lookup or a cache open: a forked
+ * worker decodes and uses the cache, so its copies must be consistent and
+ * its locks free. Always this order.
+ *
+ * A join is not waited for: it may wait up to TSSHIM_TIMEOUT_MS on the
+ * session's lock, and the host's fork() would wait with it. A child never
+ * joins or leaves (member is only read there behind pid checks, and a
+ * half-written member fails them), so it only needs join_lock usable:
+ * made afresh, whichever parent thread held it.
  */
 static void atfork_prepare(void)
 {
 	ts_exact_fork_note_job();
-	pthread_mutex_lock(&join_lock);
 	ts_jpeg_fork_lock();
 	ts_exact_fork_lock();
 }
@@ -130,14 +136,14 @@ static void atfork_parent(void)
 {
 	ts_exact_fork_unlock();
 	ts_jpeg_fork_unlock();
-	pthread_mutex_unlock(&join_lock);
 }
 
 static void atfork_child(void)
 {
 	ts_exact_fork_unlock();
 	ts_jpeg_fork_unlock();
-	pthread_mutex_unlock(&join_lock);
+	pthread_mutex_init(&join_lock, NULL);
+	ts_feed_api_atfork_child();
 	atomic_store(&ts_is_fork_child, 1);
 	/* The heartbeat thread stayed in the parent; the child never beats. */
 	ts_heartbeat_forget(&member.heartbeat);
@@ -148,6 +154,7 @@ __attribute__((constructor)) static void ts_shim_init(void)
 	int expected = TS_UNINIT;
 	if (!atomic_compare_exchange_strong(&ts_init_state, &expected, TS_INITIALIZING))
 		return;
+	ts_io_resolve(); /* the file hooks pass through in every state: no dlsym in them later */
 	char err[512];
 	if (ts_config_parse(&ts_cfg, env_get, err, sizeof(err)) != 0) {
 		ts_log_threshold = TS_LOG_ERROR;

@@ -59,6 +59,8 @@ void ts_bootstrap_python(void);
 extern _Atomic int ts_feed_active;
 /* Leave every data feed of this process (at exit). */
 void ts_feed_api_fini(void);
+/* In a forked child: the feed table's lock made afresh. */
+void ts_feed_api_atfork_child(void);
 
 /* Locks of the other modules, taken around fork (see shim.c's handlers). */
 void ts_jpeg_fork_lock(void);
