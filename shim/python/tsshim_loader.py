@@ -6,8 +6,10 @@ describe(loader), the same in every process that builds the same loader, or
 None when the loader cannot share; why is one line saying which (for the
 `info` notice and tsshim-inspect).
 
-What enters the key: the dataset (class and a description of its content that
-does not read the data), its transforms, the sampler KIND and the collate
+What enters the key: the dataset (class, the code of its methods when the
+class is not torch's or torchvision's, and a description of its content that
+does not read the data), its transforms (with the code of transform classes
+of the user's own), the sampler KIND and the collate
 function. What does not: batch size, drop_last (each consumer cuts and drops
 on its own; tsshim_feed adds the number of samples an epoch holds, which
 drop_last can change, to the feed's key), num_workers, pin_memory,
@@ -23,7 +25,7 @@ import os
 import sys
 import types
 
-VERSION = 1  # bump when the description changes: old and new never share
+VERSION = 2  # bump when the description changes: old and new never share
 _MAX_DEPTH = 8
 
 
@@ -134,6 +136,9 @@ def _dataset(ds, depth):
     if isinstance(ds, data.IterableDataset):
         raise NotShareable("iterable dataset")
     out = {"class": _qualname(type(ds))}
+    code = _class_code(type(ds))
+    if code:
+        out["code"] = code
     try:
         out["len"] = len(ds)
     except Exception:
@@ -302,6 +307,10 @@ def _walk_transform(t, funcs, depth):
         for x in t:
             _walk_transform(x, funcs, depth + 1)
         return
+    if not isinstance(t, (list, tuple)) and not _is_library_class(type(t)):
+        code = _class_code(type(t))  # a transform class of the user's own: its repr is not its code
+        if code:
+            funcs.append(code)
     attrs = getattr(t, "__dict__", None) or {}
     lambd = attrs.get("lambd")
     if lambd is not None:
@@ -351,6 +360,47 @@ def _function(fn):
     except (_Undescribable, NotShareable):
         return None
     return "%s.%s#%s" % (fn.__module__, qn, h.hexdigest()[:16])
+
+
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ("builtins", "typing", "abc", "collections")))
+
+
+def _is_library_class(cls):
+    """torch's, torchvision's or Python's own (typing.Generic is in every Dataset's MRO)"""
+    m = getattr(cls, "__module__", None) or ""
+    top = m.split(".", 1)[0]
+    return top in ("torch", "torchvision") or top in _STDLIB
+
+
+def _class_code(cls):
+    """Hash of the code of cls and its bases that are not torch's, torchvision's
+    or builtins (methods, static and class methods, properties, simple class
+    attributes), or None when there are none. Two scripts' __main__.MyData
+    with different __getitem__ have one name and two codes: their batches
+    differ, and so must their keys."""
+    h = hashlib.sha256()
+    own = False
+    try:
+        for c in cls.__mro__:
+            if _is_library_class(c):
+                continue
+            own = True
+            h.update(_qualname(c).encode("utf-8", "surrogatepass") + b"\0")
+            for name in sorted(c.__dict__):
+                v = c.__dict__[name]
+                if isinstance(v, (staticmethod, classmethod)):
+                    v = v.__func__
+                fns = [v.fget, v.fset, v.fdel] if isinstance(v, property) else [v]
+                for f in fns:
+                    if isinstance(f, types.FunctionType):
+                        h.update(name.encode("utf-8", "surrogatepass") + b"\0")
+                        _hash_code(f.__code__, h, 0)
+                        h.update(json.dumps([_value(d, 1) for d in (f.__defaults__ or ())]).encode())
+                    elif isinstance(f, _SIMPLE) and not name.startswith("__"):
+                        h.update(json.dumps([name, _value(f, 1)]).encode())
+    except (_Undescribable, NotShareable) as e:
+        raise NotShareable("the code of %s cannot be described (%s)" % (_qualname(cls), e))
+    return h.hexdigest()[:16] if own else None
 
 
 def _hash_code(code, h, depth):

@@ -254,6 +254,40 @@ class Fingerprint(unittest.TestCase):
         self.refused(DataLoader(torch.utils.data.Subset(self.ds(transform=lambda x: x), [0]),
                                 batch_size=2), "transform has no stable description")
 
+    def test_dataset_and_transform_code(self):
+        """Two scripts' __main__.MyData (or transform class) that differ only in
+        code: one name, different batches, so different keys."""
+        def cls(body, base="Dataset", name="MyData"):
+            ns = {}
+            exec("import torch\nfrom torch.utils.data import Dataset\n"
+                 "class %s(%s):\n%s" % (name, base, body), ns)
+            ns[name].__module__, ns[name].__qualname__ = "__main__", name
+            return ns[name]
+        body = ("    def __init__(self, n): self.n = n\n"
+                "    def __len__(self): return self.n\n"
+                "    def __getitem__(self, i): return torch.tensor([i * %d])\n")
+        one, two, again = cls(body % 1), cls(body % 2), cls(body % 1)
+        k1 = self.shareable(DataLoader(one(8), batch_size=4))
+        self.assertNotEqual(self.shareable(DataLoader(two(8), batch_size=4)), k1)
+        self.assertEqual(self.shareable(DataLoader(again(8), batch_size=4)), k1)
+        # a subclass that changes nothing but a method of its own
+        sub_body = "    def __getitem__(self, i): return torch.tensor([i + 1])\n"
+        ns = {"MyData": one}
+        exec("import torch\nclass Sub(MyData):\n" + sub_body, ns)
+        ns["Sub"].__module__ = "__main__"
+        self.assertNotEqual(self.shareable(DataLoader(ns["Sub"](8), batch_size=4)), k1)
+        # a transform class of the user's own: same repr, other code
+        tbody = ("    def __repr__(self): return 'Scale()'\n"
+                 "    def __call__(self, x): return x * %d\n")
+        t1, t2 = cls(tbody % 1, base="object", name="Scale"), cls(tbody % 2, base="object", name="Scale")
+        a = self.shareable(DataLoader(self.ds(transform=T.Compose([T.ToTensor(), t1()])), batch_size=4))
+        b = self.shareable(DataLoader(self.ds(transform=T.Compose([T.ToTensor(), t2()])), batch_size=4))
+        self.assertNotEqual(a, b)
+        self.assertEqual(self.shareable(DataLoader(self.ds(transform=T.Compose([T.ToTensor(), t1()])),
+                                                   batch_size=4)), a)
+        # torchvision's own classes carry no code hash: same key across installs of the layer
+        self.assertNotIn("code", tsshim_loader.describe(DataLoader(self.ds(), batch_size=4))["dataset"])
+
     def test_describe(self):
         d = tsshim_loader.describe(loader("train", ROOT))
         self.assertTrue(d["shareable"])
