@@ -160,7 +160,7 @@ def _flatten(batch, torch, leaves):
     if isinstance(batch, list):
         return {"list": [_flatten(x, torch, leaves) for x in batch]}
     if type(batch) is dict and all(type(k) is str for k in batch):
-        keys = sorted(batch)
+        keys = list(batch)  # the collate function's order: batch.values() is unpacked by position
         return {"dict": keys, "v": [_flatten(batch[k], torch, leaves) for k in keys]}
     raise NotCarried("batch holds a %s (the feed carries tensors in tuples, lists and dicts)"
                      % type(batch).__name__)

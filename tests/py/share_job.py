@@ -70,7 +70,7 @@ import time
 
 import torch
 import torch.nn as nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 from torchvision import datasets, transforms
 
 MEAN = [0.485, 0.456, 0.406]
@@ -197,6 +197,13 @@ class EmuUploads:
         return out if raw else {k: v - self.base[k] for k, v in out.items()}
 
 
+def dict_collate(samples):
+    """--dict-batch: the batch as {"y": labels, "x": images}, in that order (not
+    sorted), unpacked by position as `y, x = batch.values()`."""
+    x, y = default_collate(samples)
+    return {"y": y, "x": x}
+
+
 def fetch_ahead(it):
     """The batches of `it`, each yielded once the next one has been fetched."""
     try:
@@ -273,6 +280,8 @@ def main():
                     help="--sleep only in the first N epochs (default 0: in all)")
     ap.add_argument("--start-delay", type=float, default=0.0, metavar="S",
                     help="sleep S seconds after the barrier, before the first epoch")
+    ap.add_argument("--dict-batch", action="store_true",
+                    help="collate to {\"y\": labels, \"x\": images} (in that order) and unpack by position")
     ap.add_argument("--fetch-ahead", action="store_true",
                     help="fetch each training batch before uploading the one before it, as Lightning's "
                          "prefetching fetcher does")
@@ -305,6 +314,8 @@ def main():
     def loader(ds, batch_size, shuffle):
         kw = dict(batch_size=batch_size, shuffle=shuffle, num_workers=a.workers, pin_memory=a.pin_memory,
                   drop_last=a.drop_last)
+        if a.dict_batch:
+            kw["collate_fn"] = dict_collate
         if a.workers > 0:
             kw.update(worker_init_fn=worker_init, persistent_workers=a.persistent)
             if a.start_method != "default":
@@ -345,11 +356,15 @@ def main():
                 break
             c = time.process_time()
             try:
-                x, y = next(it)
+                batch = next(it)
             except StopIteration:
                 data_cpu += time.process_time() - c
                 break
             data_cpu += time.process_time() - c
+            if a.dict_batch:
+                y, x = batch.values()
+            else:
+                x, y = batch
             up, h = {}, None
             if gpu:  # right after next(), as a training loop uploads (a producer's upload fills the ring)
                 role = layer_role()

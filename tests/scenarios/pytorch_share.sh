@@ -323,11 +323,13 @@ some_consumer g 3 val
 cpu_line g 3
 
 # --- h: subclass, spawn + persistent workers, plain -----------------------------
-job h 1 1 --barrier "$T_TMP/h.go:3" --seed 1 --model a --batch-size 64 --workers 2 --epochs 2 --subclass
-job h 2 1 --barrier "$T_TMP/h.go:3" --seed 2 --model b --batch-size 32 --workers 2 --epochs 2 --start-method spawn --persistent
-job h 3 1 --barrier "$T_TMP/h.go:3" --seed 3 --model c --batch-size 48 --workers 2 --epochs 2
+# (their batches are dicts {"y", "x"}, unpacked by position: consumers must get the
+# collate function's key order; sorted, they trained on labels as images)
+job h 1 1 --barrier "$T_TMP/h.go:3" --seed 1 --model a --batch-size 64 --workers 2 --epochs 2 --subclass --dict-batch
+job h 2 1 --barrier "$T_TMP/h.go:3" --seed 2 --model b --batch-size 32 --workers 2 --epochs 2 --start-method spawn --persistent --dict-batch
+job h 3 1 --barrier "$T_TMP/h.go:3" --seed 3 --model c --batch-size 48 --workers 2 --epochs 2 --dict-batch
 finished h 3
-verify h "DataLoader subclass, spawn+persistent and plain jobs: one stream" $(recs h 3)
+verify h "DataLoader subclass, spawn+persistent and plain jobs, dict batches: one stream" $(recs h 3)
 one_producer h 3
 cpu_line h 3
 
