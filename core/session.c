@@ -524,6 +524,19 @@ enum ts_role ts_session_role(const struct ts_session *s)
 	return ts_producer_index(w) == s->self ? TS_ROLE_PRODUCER : TS_ROLE_CONSUMER;
 }
 
+unsigned ts_session_others(const struct ts_session *s)
+{
+	if (!s->seg || s->self < 0)
+		return 0;
+	uint64_t now = ts_now_ns();
+	unsigned n = 0;
+	for (unsigned i = 0; i < TS_MAX_MEMBERS; i++) {
+		enum ts_member_health h = ts_member_health(s->seg, i, now);
+		n += (int)i != s->self && (h == TS_MEMBER_LIVE || h == TS_MEMBER_STALE);
+	}
+	return n;
+}
+
 enum ts_role ts_session_tick(struct ts_session *s)
 {
 	if (!s->seg || s->self < 0)

@@ -74,6 +74,8 @@ void ts_session_forget(struct ts_session *s);
  */
 enum ts_role ts_session_tick(struct ts_session *s);
 enum ts_role ts_session_role(const struct ts_session *s);
+/* Members other than us that are alive (or only silent for now): 0 when we are alone. */
+unsigned ts_session_others(const struct ts_session *s);
 /*
  * A producer that stops producing for a while (a data feed between two
  * epochs) says so; idle=0 clears it. Any member may clear, only the

@@ -280,6 +280,12 @@ TS_EXPORT int tsshim_feed_detach(int h)
 	return FEED_CALL(h, f, ts_feed_detach(f));
 }
 
+/* Other jobs in this feed, alive: 0 when this one is alone in it. */
+TS_EXPORT int tsshim_feed_others(int h)
+{
+	return FEED_CALL(h, f, (int)ts_session_others(&f->s));
+}
+
 TS_EXPORT int tsshim_feed_at_head(int h)
 {
 	return FEED_CALL(h, f, ts_feed_at_head(f));

@@ -28,6 +28,7 @@ int tsshim_feed_stream_state(int h, uint64_t *epoch, int *ended, int64_t *rest, 
 int tsshim_feed_attach(int h, int at_epoch_start);
 int tsshim_feed_detach(int h);
 int tsshim_feed_at_head(int h);
+int tsshim_feed_others(int h);
 int tsshim_feed_next(int h, uint32_t timeout_ms, uint32_t *npos, uint64_t *nsamples, uint64_t *stream_epoch,
 	uint64_t *sample_bytes, char *schema, uint32_t *schema_len);
 int tsshim_feed_read(int h, uint32_t npos, const uint64_t *want, void *const *dst, uint64_t *got, int *eoe,

@@ -89,6 +89,7 @@ def _bind():
         "release_view": (i32, [i32, u64]),
         "served": (i32, [i32, u64, u64]),
         "gpu": (i32, [i32]),
+        "others": (i32, [i32]),
         "gpu_published": (i32, [i32, u32, ctypes.POINTER(vp), pu64]),
         "gpu_read": (i32, [i32, u32, ctypes.POINTER(vp), pu64, i32]),
     }
@@ -300,7 +301,7 @@ class _Epoch:
         self.lib, self.h = feed.lib, feed.h
         self.torch = sys.modules["torch"]
         self.source = None        # (iterator of (batch, indices), stream epoch) while producing
-        self.producing_real = False
+        self.real_open = False    # the job's own loader makes this epoch (we are its producer)
         self.schema = None
         self.stream_epoch = 0
         self.waited_ms = 0
@@ -335,6 +336,15 @@ class _Epoch:
                      % (self.feed.key, self.made, self.self_waits))
         if self.source is not None:
             self.source = None
+        if self.real_open and not self.done_clean and self.role() == ROLE_PRODUCER and \
+                self.lib.tsshim_feed_others(self.h) == 0:
+            # We broke out of our own epoch and nobody reads the stream: nobody needs
+            # the rest of it. Leave the feed, so that our next iter() starts a fresh
+            # epoch from our own loader, as without the shim (staying, we would make
+            # the rest of this one privately, a short epoch in another order).
+            hook.log("debug", "feed %s: left the epoch early, alone in the feed: leaving it" % self.feed.key)
+            self.st.leave_feed()
+            return
         if self.role() == ROLE_PRODUCER:
             self.lib.tsshim_feed_set_idle(self.h, 1)
         if not self.done_clean and self.feed.attached:
@@ -453,6 +463,7 @@ class _Epoch:
         """This epoch runs on the job's own DataLoader; each batch is also published."""
         loader = self.loader
         real, rec = self.st.real_iter(loader, self.orig_iter)
+        self.real_open = True
         nb = len(real) if hasattr(real, "__len__") else None
         workers = lambda: [w.pid for w in getattr(real, "_workers", []) if w.pid]  # noqa: E731
         k = 0
@@ -726,6 +737,7 @@ class LoaderState:
         self.key, self.why = key, why
         self.disabled = None if key else why
         self.feed = None
+        self.announced = False
         self.rec = None
         if key:
             data = sys.modules["torch.utils.data"]
@@ -749,6 +761,10 @@ class LoaderState:
             return
         self.disabled = why
         hook.log("warn", "DataLoader sharing off for this loader: %s; it runs on its own" % why)
+        self.leave_feed()
+
+    def leave_feed(self):
+        """Close our feed (iterate() opens it again at the next iter())."""
         if self.feed is not None:
             _feeds.pop(self.feed.key, None)
             self.feed.close()
@@ -832,7 +848,9 @@ def iterate(loader, orig_iter):
         if st.feed is None:  # the C shim is not loaded here
             st.disabled = "tsshim not loaded"
             return None
-        hook.log("info", "DataLoader shares as feed %s (%s)" % (st.key, _label(loader, st)))
+        if not st.announced:
+            hook.log("info", "DataLoader shares as feed %s (%s)" % (st.key, _label(loader, st)))
+            st.announced = True
     return SharedIter(loader, st, orig_iter)
 
 

@@ -423,6 +423,26 @@ if stopped_producer l; then
 	[ -z "$other" ] || echo "$other" | head -n 5 | sed 's/^/#   /'
 fi
 
+# --- s: a job alone that breaks out of every epoch ----------------------------------
+# Nobody reads its stream, so nobody needs the rest of an epoch it left: its next
+# epoch is its own loader's, as without the shim (it made the rest of the epoch it
+# left privately, a short epoch in another order).
+job s 1 0 --seed 5 --batch-size 16 --workers 2 --epochs 3 --break-after 3
+job s 2 1 --seed 5 --batch-size 16 --workers 2 --epochs 3 --break-after 3
+finished s 2
+same=$("$PY" - "$T_TMP/s.1.jsonl" "$T_TMP/s.2.jsonl" <<'PY'
+import json, sys
+def batches(p):
+    return [(x["epoch"], tuple(x["h"]), tuple(x["y"])) for x in map(json.loads, open(p))
+            if "batch" in x and x.get("loader") == "train"]
+a, b = batches(sys.argv[1]), batches(sys.argv[2])
+print("same" if a == b and len(a) == 9 else "differ (%d vs %d batches, first difference at %s)" % (
+    len(a), len(b), next((i for i, (u, v) in enumerate(zip(a, b)) if u != v), "the end")))
+PY
+)
+check "(s) a lone job breaking out of each epoch trains on the batches it trains on without the shim ($same)" \
+	[ "$same" = same ]
+
 # --- m, n, o, p: GPU jobs (tsemu, the test device) -----------------------------------
 # Each job uploads every training batch right after next(), as x.cuda() does
 # (Debian's torch has no CUDA: share_job.py calls the runtime through

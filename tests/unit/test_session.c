@@ -541,6 +541,30 @@ Test(election, second_member_stays_consumer)
 	free(seg);
 }
 
+/* "Am I alone?": the members other than us that are alive or only silent. */
+Test(election, others_counts_live_and_silent_members_but_not_us_or_the_dead)
+{
+	use_fakes();
+	struct ts_segment *seg = image_new(100);
+	member_put(seg, 0);
+	struct ts_session a = handle(seg, 0);
+	cr_expect_eq(ts_session_others(&a), 0u, "alone");
+	member_put(seg, 1);
+	member_put(seg, 5);
+	cr_expect_eq(ts_session_others(&a), 2u);
+	struct ts_session b = handle(seg, 1);
+	cr_expect_eq(ts_session_others(&b), 2u, "the same from another member");
+	advance_ms(150); /* 1.5 timeouts without a heartbeat: silent, not gone */
+	cr_expect_eq(ts_session_others(&a), 2u, "silent members still count");
+	member_kill(5);
+	cr_expect_eq(ts_session_others(&a), 1u, "a dead member does not count");
+	member_kill(1);
+	cr_expect_eq(ts_session_others(&a), 0u);
+	struct ts_session none = { .seg = NULL, .self = -1 };
+	cr_expect_eq(ts_session_others(&none), 0u, "no session: nobody");
+	free(seg);
+}
+
 Test(election, stale_producer_is_replaced)
 {
 	use_fakes();
