@@ -410,6 +410,31 @@ static int held_by_live(const struct ts_feed *f, const struct ts_feed_hdr *h)
 	return 0;
 }
 
+/*
+ * A feed's batches never take more than a quarter of the file system
+ * /dev/shm is (size unknown: no limit), as the decoded-image cache: the
+ * job's DataLoader workers pass every batch through /dev/shm too, and a
+ * container's is often 64 MiB. Our slot files, with `slot` at `size`
+ * bytes: within it, or -ENOSPC (said once), which turns sharing off for
+ * the loader as a full /dev/shm does.
+ */
+static int within_shm_share(const struct ts_feed *f, unsigned slot, uint64_t size)
+{
+	uint64_t fs = ts_shm_fs_bytes(), total = size;
+	if (!fs)
+		return 0;
+	for (unsigned i = 0; i < TS_MAX_DEPTH; i++)
+		if (i != slot && f->own[i].base)
+			total += f->own[i].size;
+	if (total <= fs / 4)
+		return 0;
+	static _Atomic int warned;
+	if (!atomic_exchange(&warned, 1))
+		ts_warn("feed %s: %llu MiB of batches would be more than a quarter of %s (the job's DataLoader "
+			"workers need it too)", f->s.name, (unsigned long long)(total >> 20), ts_shm_dir());
+	return -ENOSPC;
+}
+
 /* Our file for slot `slot`, at least `need` bytes, mapped read-write. */
 static int own_file(struct ts_feed *f, unsigned slot, uint64_t need)
 {
@@ -451,7 +476,7 @@ static int own_file(struct ts_feed *f, unsigned slot, uint64_t need)
 	uint64_t size = m->size;
 	if (size < need) {
 		size = page_up(need + need / 4); /* room for a somewhat bigger batch */
-		if ((ret = grow(m->fd, size))) {
+		if ((ret = within_shm_share(f, slot, size)) || (ret = grow(m->fd, size))) {
 			close(m->fd);
 			memset(m, 0, sizeof(*m));
 			m->fd = -1;

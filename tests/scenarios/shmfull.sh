@@ -4,12 +4,15 @@
 # shim's objects do not fit. Whatever does not fit, the jobs must train as
 # without the shim, say so in one line, and leave nothing behind:
 #   torch  two PyTorch jobs sharing a DataLoader (no workers: torch itself
-#          needs no /dev/shm then) in 2700 KiB: the session segments and one
-#          batch file fit, the second batch does not. The producer's publish
-#          fails mid-epoch (ENOSPC): it finishes its epoch from its own loader;
-#          the consumer, which had read all that was published, makes the
-#          rest of that stream epoch privately. Every epoch of each job whole,
-#          no sample twice (share_verify --mode plain).
+#          needs no /dev/shm then). A feed's batch files never take more than a
+#          quarter of /dev/shm (the job's workers need the rest): in 2700 KiB
+#          the session segments fit, the first batch file does not, and
+#          nothing is published; in 6 MiB the first fits, the second does not:
+#          the producer's publish fails mid-epoch (ENOSPC), it finishes its
+#          epoch from its own loader, and the consumer, which had read all
+#          that was published, makes the rest of that stream epoch privately.
+#          Every epoch of each job whole, no sample twice (share_verify
+#          --mode plain).
 #   exact  three same-seed tsshim-train jobs in exact mode, in 2 MiB (the
 #          decoded-image cache does not fit: decoding privately; its jobs'
 #          workers still find the shared memory they need), in 12 MiB (the
@@ -64,25 +67,33 @@ if "$PY" -c 'import torch, torchvision, PIL' 2>/dev/null; then
 	SESS_T=$(session_name full) DATA="$T_TMP/data"
 	export -f torch_jobs
 	export TS_PRELOAD PY SESS_T DATA
-	mkdir -p "$T_TMP/torch"
-	in_small_shm 2700k torch_jobs "$T_TMP/torch" >"$T_TMP/torch.out" 2>&1
-	rc=$?
-	check "torch: both jobs exit 0 in a 2700 KiB /dev/shm" [ "$rc" = 0 ] ||
-		tail -n 20 "$T_TMP/torch/1.err" "$T_TMP/torch/2.err" | sed 's/^/#   /'
-	check "torch: nothing of theirs left in that /dev/shm ($(grep '^left' "$T_TMP/torch.out"))" \
-		grep -qx 'left 0' "$T_TMP/torch.out"
-	cat "$T_TMP/torch/1.err" "$T_TMP/torch/2.err" >"$T_TMP/torch.err"
-	check "torch: the producer's publish failed with ENOSPC, said once" \
-		cond '[ "$(grep -c "sharing off for this loader: cannot publish a batch: ENOSPC" "$T_TMP/torch.err")" = 1 ]'
-	check "torch: the consumer made the rest of the stream's epoch privately, said once" \
-		cond '[ "$(grep -c "finishing the epoch privately" "$T_TMP/torch.err")" = 1 ]'
-	if timeout 120 "$PY" tests/py/share_verify.py --mode plain --root "$T_TMP/data" \
-		"$T_TMP/torch/1.jsonl" "$T_TMP/torch/2.jsonl" >"$T_TMP/torch.verify" 2>&1; then
-		ok "torch: every epoch of each job whole, no sample twice, labels paired: $(tail -n 1 "$T_TMP/torch.verify")"
-	else
-		not_ok "torch: share_verify --mode plain: $(tail -n 1 "$T_TMP/torch.verify")"
-		grep -v '^verify:' "$T_TMP/torch.verify" | head -n 8 | sed 's/^/#   /'
-	fi
+	# 2700k: the sessions fit, the first batch file (~1 MiB) does not (more than a
+	# quarter of /dev/shm): nothing is ever published. 6m: the first fits in the
+	# quarter, the second does not: the consumer has read all there was.
+	for size in 2700k 6m; do
+		d="$T_TMP/torch-$size"
+		mkdir -p "$d"
+		in_small_shm "$size" torch_jobs "$d" >"$d.out" 2>&1
+		rc=$?
+		check "torch, $size: both jobs exit 0" [ "$rc" = 0 ] ||
+			tail -n 20 "$d/1.err" "$d/2.err" | sed 's/^/#   /'
+		check "torch, $size: nothing of theirs left in that /dev/shm ($(grep '^left' "$d.out"))" \
+			grep -qx 'left 0' "$d.out"
+		cat "$d/1.err" "$d/2.err" >"$d.err"
+		check "torch, $size: the producer's batches would take more than a quarter of /dev/shm: said once, and its publish failed (ENOSPC), said once" \
+			cond "[ \"\$(grep -c 'of batches would be more than a quarter of /dev/shm' '$d.err')\" = 1 ] &&
+			      [ \"\$(grep -c 'sharing off for this loader: cannot publish a batch: ENOSPC' '$d.err')\" = 1 ]"
+		[ "$size" = 6m ] &&
+			check "torch, $size: the consumer made the rest of the stream's epoch privately, said once" \
+				cond "[ \"\$(grep -c 'finishing the epoch privately' '$d.err')\" = 1 ]"
+		if timeout 120 "$PY" tests/py/share_verify.py --mode plain --root "$T_TMP/data" \
+			"$d/1.jsonl" "$d/2.jsonl" >"$d.verify" 2>&1; then
+			ok "torch, $size: every epoch of each job whole, no sample twice, labels paired: $(tail -n 1 "$d.verify")"
+		else
+			not_ok "torch, $size: share_verify --mode plain: $(tail -n 1 "$d.verify")"
+			grep -v '^verify:' "$d.verify" | head -n 8 | sed 's/^/#   /'
+		fi
+	done
 else
 	echo "# torch: skipped (python3-torch/torchvision/pil not installed)"
 fi
