@@ -60,6 +60,26 @@ class _Unshareable(Fallback):
     """The producer gave up publishing (it found its batches cannot be shared)."""
 
 
+class _UserError(Exception):
+    """What the job's own code (its dataset, collate function, sampler, workers)
+    raised inside the layer: it reaches the job as it is (_run), and is never
+    taken for a failure of the layer, which any other exception is."""
+
+    def __init__(self, exc):
+        super().__init__()
+        self.exc = exc
+
+
+def _user(fn, *args):
+    """fn(*args), where fn runs the job's own code (see _UserError)."""
+    try:
+        return fn(*args)
+    except StopIteration:
+        raise
+    except Exception as e:
+        raise _UserError(e) from e
+
+
 # --- the C side ----------------------------------------------------------------
 
 def _bind():
@@ -271,12 +291,15 @@ def _run(loader, st, orig_iter, length):
         return
     feed.busy = True
     ep = _Epoch(loader, orig_iter, st, feed)
+    user_exc = None
     try:
         try:
             for batch in ep.batches():
                 yielded += 1
                 yield batch
             return
+        except _UserError as u:
+            user_exc = u.exc  # raised below, outside this handler: its own context and cause kept
         except Fallback as e:
             st.disable(str(e))
             if ep.rest_plan is not None:
@@ -286,12 +309,19 @@ def _run(loader, st, orig_iter, length):
                 return
         except NotCarried as e:
             st.disable("batches cannot be shared: %s" % e)
+        except Exception as e:  # a fault of the layer (or a peer's data it did not foresee): not the job's
+            st.disable("internal error: %s: %s" % (type(e).__name__, e))
+        if user_exc is not None:
+            raise user_exc
         # the rest of the epoch from the job's own loader
         rest = length - yielded
         if rest > 0:
             yield from itertools.islice(orig_iter(loader), rest)
     finally:
-        ep.finish()
+        try:
+            ep.finish()
+        except Exception as e:  # releasing must not fail the job either
+            hook.log("warn", "DataLoader layer: leaving the epoch failed: %s: %s" % (type(e).__name__, e))
         feed.busy = False
 
 
@@ -462,7 +492,7 @@ class _Epoch:
     def produce_real(self):
         """This epoch runs on the job's own DataLoader; each batch is also published."""
         loader = self.loader
-        real, rec = self.st.real_iter(loader, self.orig_iter)
+        real, rec = _user(self.st.real_iter, loader, self.orig_iter)
         self.real_open = True
         nb = len(real) if hasattr(real, "__len__") else None
         workers = lambda: [w.pid for w in getattr(real, "_workers", []) if w.pid]  # noqa: E731
@@ -472,7 +502,7 @@ class _Epoch:
             t0 = time.process_time_ns()
             w0 = sum(_proc_cpu_ns(p) for p in workers())
             try:
-                batch = next(real)
+                batch = _user(next, real)
             except StopIteration:
                 break
             cost = time.process_time_ns() - t0 + max(0, sum(_proc_cpu_ns(p) for p in workers()) - w0)
@@ -482,11 +512,13 @@ class _Epoch:
             if publishing:
                 try:
                     ok = self.publish(batch, indices, eoe, cost)
-                except (NotCarried, Fallback) as e:
+                except Exception as e:  # Fallback, NotCarried, or a fault of the layer
                     # consumers see the flag and finish the epoch on their own; ours goes on
                     # from our own loader, unshared: no sample twice, none lost
                     self.lib.tsshim_feed_set_unshareable(self.h)
-                    self.st.disable(str(e) if isinstance(e, Fallback) else "batches cannot be shared: %s" % e)
+                    self.st.disable(str(e) if isinstance(e, Fallback) else
+                                    "batches cannot be shared: %s" % e if isinstance(e, NotCarried) else
+                                    "internal error: %s: %s" % (type(e).__name__, e))
                     publishing = ok = None
                 if ok:
                     leaves = ok
@@ -520,7 +552,10 @@ class _Epoch:
         nodes = _tensor_nodes(node, [])
         nodes.sort(key=lambda n: n["t"])
         npos = len(nodes)
-        dtypes = [getattr(torch, n["dtype"]) for n in nodes]
+        dtypes = [getattr(torch, n.get("dtype", "?"), None) for n in nodes]
+        if not all(isinstance(dt, torch.dtype) for dt in dtypes):  # a newer torch's, or a peer's garbage
+            raise Fallback("the stream's tensors have a dtype this torch does not know: %s"
+                           % ", ".join(str(n.get("dtype")) for n in nodes))
         for n, dt, sb in zip(nodes, dtypes, sample_bytes):
             el = torch.empty((), dtype=dt).element_size()
             per = el
@@ -678,7 +713,11 @@ class _Epoch:
             return
         hook.log("info", "feed %s: finishing the epoch privately (%d samples nobody published)"
                  % (self.feed.key, max(0, self.st.epoch_samples - npub)))
-        for batch, _, _ in src:
+        while True:
+            try:
+                batch, _, _ = _user(next, src)
+            except StopIteration:
+                break
             if carry:
                 _, more, _ = describe_batch(batch, torch)
                 batch = _build(carry[0], [torch.cat([a, b]) for a, b in zip(carry[1], more)])
@@ -709,7 +748,7 @@ class _Epoch:
     def produce_one(self):
         t0 = time.process_time_ns()
         try:
-            batch, indices, last = next(self.source)
+            batch, indices, last = _user(next, self.source)
         except StopIteration:
             self.source = "done"
             return

@@ -443,6 +443,42 @@ PY
 check "(s) a lone job breaking out of each epoch trains on the batches it trains on without the shim ($same)" \
 	[ "$same" = same ]
 
+# --- t: a stream this torch cannot read; a fault in the layer ----------------------
+# Job 1's schema names a dtype this torch does not have (as a newer torch's uint16
+# would; the producer is patched to say so): job 2, a consumer, must take that data
+# from shared memory as unreadable, say so and run its own loader (it died of an
+# AttributeError in the layer). Job 3, a consumer whose layer is patched to fail
+# (RuntimeError) when it reads a batch, must do the same: a fault of the layer is
+# never the job's.
+cat >"$T_TMP/odd_job.py" <<'PY'
+import os, runpy, sys
+sys.argv = [os.environ["SHARE_JOB"]] + sys.argv[1:]
+import tsshim_feed  # the layer, as the bootstrap put it on sys.path
+if os.environ["ODD"] == "schema":
+    plain = tsshim_feed.describe_batch
+    def odd(batch, torch):
+        schema, leaves, n = plain(batch, torch)
+        return schema.replace(b'"dtype":"int64"', b'"dtype":"uint16"'), leaves, n
+    tsshim_feed.describe_batch = odd
+else:
+    def fault(node, out):
+        raise RuntimeError("injected")
+    tsshim_feed._tensor_nodes = fault
+runpy.run_path(sys.argv[0], run_name="__main__")
+PY
+JOB_PLAIN=$JOB
+JOB="$T_TMP/odd_job.py"
+SHARE_JOB=$JOB_PLAIN ODD=schema job t 1 1 --barrier "$T_TMP/t.go:3" --seed 1 --batch-size 32 --workers 0 --epochs 2
+SHARE_JOB=$JOB_PLAIN ODD=fault job t 3 1 --barrier "$T_TMP/t.go:3" --start-delay 0.5 --seed 3 --batch-size 32 --workers 0 --epochs 2
+JOB=$JOB_PLAIN
+job t 2 1 --barrier "$T_TMP/t.go:3" --start-delay 0.5 --seed 2 --batch-size 32 --workers 0 --epochs 2
+finished t 3
+check "(t) job 2 said the stream's dtype is unknown to it, and ran on its own" \
+	grep -q "sharing off for this loader: the stream's tensors have a dtype this torch does not know" "$T_TMP/t.2.err"
+check "(t) job 3 said the layer failed, and ran on its own" \
+	grep -q "sharing off for this loader: internal error: RuntimeError: injected" "$T_TMP/t.3.err"
+verify t "a stream this torch cannot read, a fault in the layer: every epoch of each job whole" --mode plain $(recs t 3)
+
 # --- m, n, o, p: GPU jobs (tsemu, the test device) -----------------------------------
 # Each job uploads every training batch right after next(), as x.cuda() does
 # (Debian's torch has no CUDA: share_job.py calls the runtime through
