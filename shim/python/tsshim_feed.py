@@ -240,10 +240,15 @@ class RecordingBatchSampler:
     def __init__(self, inner):
         self.inner = inner
         self.notes = collections.deque()
+        # Only while the layer produces from the iterator: a persistent_workers
+        # iterator keeps this sampler for good, and every epoch it runs unshared
+        # would otherwise pile up notes nobody reads.
+        self.recording = False
 
     def __iter__(self):
         for b in self.inner:
-            self.notes.append(list(b))
+            if self.recording:
+                self.notes.append(list(b))
             yield b
 
     def __len__(self):
@@ -366,6 +371,9 @@ class _Epoch:
                      % (self.feed.key, self.made, self.self_waits))
         if self.source is not None:
             self.source = None
+        if self.real_open and self.st.rec is not None:
+            self.st.rec.recording = False
+            self.st.rec.notes.clear()
         if self.real_open and not self.done_clean and self.role() == ROLE_PRODUCER and \
                 self.lib.tsshim_feed_others(self.h) == 0:
             # We broke out of our own epoch and nobody reads the stream: nobody needs
@@ -638,16 +646,23 @@ class _Epoch:
         if ret:
             return None  # -EXDEV
         n = got[0] // sample_bytes[0]
-        lo = min(ptr[p] for p in range(npos))
-        hi = max(ptr[p] + got[p] for p in range(npos))
-        buf = (ctypes.c_char * max(1, hi - lo)).from_address(lo)
-        # the tensors keep buf alive; when the last goes, the view goes
-        weakref.finalize(buf, self.lib.tsshim_feed_release_view, self.h, vid.value)
+        # One storage per tensor, as the job's own batch has (pickling one, or
+        # sending it through a queue, carries that tensor, not the whole slot).
+        # Each keeps its buffer alive; when the last buffer goes, the view goes.
+        left = [npos]
+        lib, h, view_id = self.lib, self.h, vid.value
+
+        def one_gone():
+            left[0] -= 1
+            if left[0] == 0:
+                lib.tsshim_feed_release_view(h, view_id)
+        bufs = [(ctypes.c_char * max(1, got[p])).from_address(ptr[p]) for p in range(npos)]
+        for b in bufs:
+            weakref.finalize(b, one_gone)
         if n == 0:
             return []
-        whole = torch.frombuffer(buf, dtype=torch.uint8)
-        return [whole[ptr[p] - lo:ptr[p] - lo + got[p]].view(dt).view([n] + nd["shape"])
-                for p, (nd, dt) in enumerate(zip(nodes, dtypes))]
+        return [torch.frombuffer(b, dtype=torch.uint8)[:got[p]].view(dt).view([n] + nd["shape"])
+                for p, (b, nd, dt) in enumerate(zip(bufs, nodes, dtypes))]
 
     def next_info(self):
         """Wait for the batch at our position: (schema node, bytes per sample per position)."""
@@ -814,6 +829,7 @@ class LoaderState:
         if self.rec is None or self.rec.inner is not loader.batch_sampler:
             self.rec = RecordingBatchSampler(loader.batch_sampler)
         self.rec.notes.clear()
+        self.rec.recording = True
         inner = loader.batch_sampler
         # DataLoader refuses batch_sampler changes after __init__; we put it back at once
         object.__setattr__(loader, "batch_sampler", self.rec)

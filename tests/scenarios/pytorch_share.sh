@@ -479,6 +479,49 @@ check "(t) job 3 said the layer failed, and ran on its own" \
 	grep -q "sharing off for this loader: internal error: RuntimeError: injected" "$T_TMP/t.3.err"
 verify t "a stream this torch cannot read, a fault in the layer: every epoch of each job whole" --mode plain $(recs t 3)
 
+# --- u: what a consumer's tensors are, and what a persistent loader keeps --------------
+# Two jobs of u_job.py (batch 16 both: every consumer batch is a view of the feed):
+# the consumer's labels pickle to about their own size (each tensor its own
+# storage, as the job's own batches; they carried the whole slot, images included),
+# and a persistent_workers loader that cannot share (its batches hold strings)
+# keeps no record of its batches' indices however many epochs it runs (it kept
+# every batch's, for good).
+cat >"$T_TMP/u_job.py" <<'PY'
+import os, pickle, sys, time, torch
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+root, out, go = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(go, exist_ok=True)
+open(os.path.join(go, str(os.getpid())), "w").close()
+while len(os.listdir(go)) < 2:  # both jobs iterate together: one of them is a consumer
+    time.sleep(0.01)
+ds = datasets.ImageFolder(root + "/train", transform=transforms.Compose([transforms.Resize((32, 32)), transforms.ToTensor()]))
+sizes = []
+for epoch in range(2):
+    for x, y in DataLoader(ds, batch_size=16, shuffle=True):
+        sizes.append(len(pickle.dumps(y)))
+def named(batch):
+    return [str(i) for i in range(len(batch))], torch.utils.data.default_collate(batch)
+dl = DataLoader(ds, batch_size=16, num_workers=1, persistent_workers=True, collate_fn=named)
+for epoch in range(4):
+    for names, b in dl:
+        pass
+st = dl.__dict__.get("_tsshim_state")
+notes = len(st.rec.notes) if st is not None and st.rec is not None else 0
+with open(out, "w") as f:
+    f.write("max_label_pickle=%d notes=%d\n" % (max(sizes), notes))
+PY
+for i in 1 2; do
+	LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name u)" "${JOB_LIMIT[@]}" "$PY" "$T_TMP/u_job.py" "$DATA" "$T_TMP/u.$i.res" "$T_TMP/u.go" \
+		>"$T_TMP/u.$i.out" 2>"$T_TMP/u.$i.err" &
+	JPID[u.$i]=$!
+	T_PIDS+=($!)
+done
+finished u 2
+res="$(cat "$T_TMP/u.1.res" "$T_TMP/u.2.res" 2>/dev/null | xargs)"
+check "(u) labels of a batch pickle to their own size, not the slot's; no index records kept ($res)" \
+	cond "echo '$res' | grep -Eq '^max_label_pickle=[0-9]{3,4} notes=0 max_label_pickle=[0-9]{3,4} notes=0$'"
+
 # --- m, n, o, p: GPU jobs (tsemu, the test device) -----------------------------------
 # Each job uploads every training batch right after next(), as x.cuda() does
 # (Debian's torch has no CUDA: share_job.py calls the runtime through
