@@ -70,6 +70,15 @@ class _UserError(Exception):
         self.exc = exc
 
 
+class _Raised:
+    """Yielded by an epoch's generator for an exception of the job's own loader
+    that the job sees at this next() while its iterator goes on (SharedIter
+    raises it): an exception raised through a generator would end it."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+
 def _user(fn, *args):
     """fn(*args), where fn runs the job's own code (see _UserError)."""
     try:
@@ -273,7 +282,10 @@ class SharedIter:
         return self
 
     def __next__(self):
-        return next(self._gen)
+        item = next(self._gen)
+        if type(item) is _Raised:
+            raise item.exc
+        return item
 
     def __len__(self):
         return self._len
@@ -513,6 +525,21 @@ class _Epoch:
                 batch = _user(next, real)
             except StopIteration:
                 break
+            except _UserError as u:
+                # The job's own loader failed this batch (its dataset raised): the job
+                # sees the exception at this next(), as without the shim, and may go on
+                # with the next batch. The stream cannot (its consumers would wait for a
+                # batch that never comes): it stops here, and they make the rest of its
+                # epoch privately, as when a publish fails.
+                if rec.notes:
+                    rec.notes.popleft()  # the failed batch's indices
+                k += 1
+                if publishing:
+                    self.lib.tsshim_feed_set_unshareable(self.h)
+                    self.st.disable("the job's loader raised %s; the stream stops here" % type(u.exc).__name__)
+                    publishing = None
+                yield _Raised(u.exc)
+                continue
             cost = time.process_time_ns() - t0 + max(0, sum(_proc_cpu_ns(p) for p in workers()) - w0)
             indices = rec.notes.popleft() if rec.notes else None
             eoe = nb is not None and k == nb - 1
@@ -733,6 +760,12 @@ class _Epoch:
                 batch, _, _ = _user(next, src)
             except StopIteration:
                 break
+            if type(batch) is _Raised:  # the job sees it at this next(), and goes on
+                if carry:
+                    yield _build(*carry)
+                    carry = None
+                yield batch
+                continue
             if carry:
                 _, more, _ = describe_batch(batch, torch)
                 batch = _build(carry[0], [torch.cat([a, b]) for a, b in zip(carry[1], more)])
@@ -767,6 +800,9 @@ class _Epoch:
         except StopIteration:
             self.source = "done"
             return
+        if type(batch) is _Raised:  # the stream cannot skip it: sharing ends, the job sees it
+            self.lib.tsshim_feed_set_unshareable(self.h)
+            raise _UserError(batch.exc)
         if not self.publish(batch, indices, last, time.process_time_ns() - t0):
             self.source = None  # replaced meanwhile: the new producer goes on
             return
@@ -872,8 +908,15 @@ class LoaderState:
         private._tsshim_private = True
 
         def gen():
-            for k, batch in enumerate(orig_iter(private)):
-                yield batch, cuts[k], k == len(cuts) - 1
+            it = orig_iter(private)
+            for k, cut in enumerate(cuts):
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                except Exception as e:  # the job's dataset raised: its iterator goes on
+                    batch = _Raised(e)
+                yield batch, cut, k == len(cuts) - 1
         return gen()
 
 

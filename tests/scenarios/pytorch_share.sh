@@ -522,6 +522,55 @@ res="$(cat "$T_TMP/u.1.res" "$T_TMP/u.2.res" 2>/dev/null | xargs)"
 check "(u) labels of a batch pickle to their own size, not the slot's; no index records kept ($res)" \
 	cond "echo '$res' | grep -Eq '^max_label_pickle=[0-9]{3,4} notes=0 max_label_pickle=[0-9]{3,4} notes=0$'"
 
+# --- v: the dataset raises, the loop catches it and goes on ----------------------------
+# Sample 9 of 20 raises ValueError; the loop counts it and calls next() again, as
+# DataLoader's own iterator allows. Two jobs (2 workers each) in one session must
+# see what one job sees without the shim: 4 batches and 1 error per epoch, 3 epochs
+# (the error ended the layer's iterator: the rest of every epoch was lost).
+cat >"$T_TMP/v_job.py" <<'PY'
+import os, sys, time, torch
+from torch.utils.data import Dataset, DataLoader
+go = sys.argv[1]
+if go != "-":
+    os.makedirs(go, exist_ok=True)
+    open(os.path.join(go, str(os.getpid())), "w").close()
+    while len(os.listdir(go)) < 2:
+        time.sleep(0.01)
+class Raising(Dataset):
+    def __len__(self):
+        return 20
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        if i == 9:
+            raise ValueError("bad sample %d" % i)
+        return torch.tensor([float(i)])
+dl = DataLoader(Raising(), batch_size=4, num_workers=2)
+for epoch in range(3):
+    it, got, errs = iter(dl), [], 0
+    while True:
+        try:
+            b = next(it)
+        except StopIteration:
+            break
+        except ValueError:
+            errs += 1
+            continue
+        got.append(len(b))
+    print("epoch", epoch, "batches", got, "errors", errs)
+PY
+env -u LD_PRELOAD "${JOB_LIMIT[@]}" "$PY" "$T_TMP/v_job.py" - >"$T_TMP/v.ref" 2>"$T_TMP/v.ref.err"
+for i in 1 2; do
+	LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name v)" "${JOB_LIMIT[@]}" "$PY" "$T_TMP/v_job.py" "$T_TMP/v.go" \
+		>"$T_TMP/v.$i.out" 2>"$T_TMP/v.$i.err" &
+	JPID[v.$i]=$!
+	T_PIDS+=($!)
+done
+finished v 2
+check "(v) without the shim: 4 batches and 1 error in each of 3 epochs" \
+	cond "[ \"\$(grep -c 'batches \[4, 4, 4, 4\] errors 1' '$T_TMP/v.ref')\" = 3 ]"
+check "(v) two jobs sharing the loader see the same ($(grep -h '^epoch' "$T_TMP/v.1.out" "$T_TMP/v.2.out" | sort | uniq -c | xargs))" \
+	cond "cmp -s '$T_TMP/v.ref' '$T_TMP/v.1.out' && cmp -s '$T_TMP/v.ref' '$T_TMP/v.2.out'"
+
 # --- m, n, o, p: GPU jobs (tsemu, the test device) -----------------------------------
 # Each job uploads every training batch right after next(), as x.cuda() does
 # (Debian's torch has no CUDA: share_job.py calls the runtime through
