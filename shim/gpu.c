@@ -660,6 +660,31 @@ static int never_ready(struct ts_gpu *g, const struct ts_gpu_piece *pc, int trie
 	return hl == TS_MEMBER_DEAD || hl == TS_MEMBER_FREE;
 }
 
+/*
+ * A dead writer's buffers are never read, READY or not: its context went
+ * with it, and with it a copy into the ring still queued when it died (a
+ * slot is READY once the copy is queued, not done), its event (waiting on
+ * an event of a destroyed context is undefined) and, on real CUDA, the
+ * memory itself (freed while imported: undefined). Looked at once per
+ * serve; a writer that dies after this, while our copy is queued, is the
+ * window that remains.
+ */
+static int writers_alive(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned n)
+{
+	uint64_t now = ts_now_ns();
+	for (unsigned i = 0; i < n; i++) {
+		if (i && pc[i].writer == pc[i - 1].writer)
+			continue;
+		enum ts_member_health hl = ts_member_health(g->f->s.seg, (unsigned)pc[i].writer, now);
+		if (hl != TS_MEMBER_LIVE && hl != TS_MEMBER_STALE) {
+			ts_debug("gpu: an upload of batch %llu is done from the host (its writer is gone)",
+				 (unsigned long long)pc[i].seq);
+			return 0;
+		}
+	}
+	return 1;
+}
+
 /* Hold every buffer the pieces lie in; pass through when one is not there soon. */
 static int hold_pieces(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npieces, struct ts_gpu_held *h)
 {
@@ -719,6 +744,8 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 	close_stale(g);
 	if (hold_pieces(g, pc, npieces, h))
 		goto out;
+	if (!writers_alive(g, pc, npieces))
+		goto unhold;
 	unsigned i;
 	for (i = 0; i < npieces; i++)
 		if (!(pb[i] = peer_open(g, &h[i])))
