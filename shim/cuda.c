@@ -216,19 +216,19 @@ static inline enum ts_hit_kind batch_hit(enum dir dir, const void *src, size_t n
 }
 
 /*
- * The stream our own copies go on. A copy on the default stream (handle 0,
- * which is the legacy or the per-thread stream depending on how the caller
- * was compiled: a wrapper cannot tell) or a synchronous copy: the legacy
- * stream, and we wait for our copy, which orders it before anything the
- * caller does next on any stream. Otherwise the caller's stream, async.
+ * The stream our own copies go on. The caller's stream, async; for the
+ * default stream (handle 0: the legacy or the per-thread stream, by how the
+ * caller was compiled) the legacy stream, async too: it is ordered after
+ * what any blocking stream of the context did before, per-thread default
+ * streams included, and before what they do next, as the caller's own copy
+ * would be. A synchronous copy also waits for ours (sync). Waiting for
+ * every async copy on the default stream, as before, made PyTorch's
+ * x.cuda(non_blocking=True) (stream 0) wait on the host for the work queued
+ * before it, the previous step's backward pass: the loop lost its lead.
  */
-static inline CUstream our_stream(CUstream s, int *sync)
+static inline CUstream our_stream(CUstream s, const int *sync)
 {
-	if (!s || *sync) {
-		*sync = 1;
-		return CU_STREAM_LEGACY;
-	}
-	return s;
+	return s && !*sync ? s : CU_STREAM_LEGACY;
 }
 
 /* Consumer: 1 when the upload was served from the GPU ring. */
