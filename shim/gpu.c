@@ -504,10 +504,21 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
 	if (!k && newest && newest->seq > seq)
 		goto out; /* a late tensor of a batch not kept (announced when too many were open) */
 	keep_finish_before(g, seq, 0); /* a later batch: the earlier ones are over, with what they have */
-	/* The ring buffer lies in the current context: keep only what is uploaded there. */
-	CUcontext ctx = NULL, dctx = NULL;
-	if (drv.CtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
-	    drv.PointerGetAttribute(&dctx, CU_POINTER_ATTRIBUTE_CONTEXT, dst) != CUDA_SUCCESS || dctx != ctx)
+	/*
+	 * The ring buffer lies in the current context: keep only what is uploaded
+	 * to its device. By device, not by context: memory of the virtual-memory
+	 * API or of a stream-ordered pool (PyTorch's expandable_segments and
+	 * cudaMallocAsync allocators) belongs to no context, and nothing was kept.
+	 */
+	CUcontext ctx = NULL;
+	CUdevice cdev;
+	unsigned int mtype = 0;
+	int ddev = -1;
+	if (drv.CtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx || drv.CtxGetDevice(&cdev) != CUDA_SUCCESS ||
+	    drv.PointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dst) != CUDA_SUCCESS ||
+	    mtype != CU_MEMORYTYPE_DEVICE ||
+	    drv.PointerGetAttribute(&ddev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dst) != CUDA_SUCCESS ||
+	    ddev != (int)cdev)
 		goto skip;
 	if (!k && !(k = keep_begin(g, seq, npos, len, s)))
 		goto out;

@@ -593,5 +593,23 @@ check "16: the consumer read no peer buffer: d2d_bytes $(stat c16a d2d_bytes), h
 	cond '[ "$(stat c16a d2d_bytes)" = 0 ] && [ "$(stat c16a h2d_bytes)" -gt 0 ] && [ "$(nlines c16a " share=served ")" -gt 0 ]'
 echo "# case 16: $((SECONDS - T1)) s"
 
+# === 17. device memory of no context ==========================================================
+# PyTorch's expandable_segments and cudaMallocAsync allocators hand out memory of
+# the virtual-memory API or a stream-ordered pool, which belongs to no context
+# (TSEMU_CTXLESS=1). The producer keeps what is uploaded to its device; it kept
+# nothing when it asked for the destination's context, and every consumer upload
+# went from the host.
+T1=$SECONDS
+S=$(session_name c17)
+job c17p "$S" TSEMU_CTXLESS=1 -- --seed 1 --batch 32 --limit 64 --epochs 4 --step-ms 20 "$TR"
+started c17p
+job c17a "$S" TSEMU_CTXLESS=1 -- --seed 2 --batch 32 --limit 64 --epochs 3 "$TR"
+wait_jobs c17p c17a
+case_end "17 (device memory of no context)" "$S" c17p c17a
+hp=$(stat c17p h2d_bytes) h=$(stat c17a h2d_bytes)
+check "17: the consumer's uploads served from the ring: h2d_bytes $h <= 10% of the producer's $hp (d2d_bytes=$(stat c17a d2d_bytes))" \
+	cond '[ "$hp" -gt 0 ] && [ $((h * 10)) -le "$hp" ]'
+echo "# case 17: $((SECONDS - T1)) s"
+
 echo "# total: $((SECONDS - T0)) s"
 finish gpu_share

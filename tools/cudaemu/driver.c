@@ -196,6 +196,7 @@ static struct {
 	size_t mem_total;
 	double rate[5]; /* bytes/s per direction; 0: no delay */
 	long delay_us;
+	int ctxless; /* TSEMU_CTXLESS: device memory belongs to no context (see cuPointerGetAttribute) */
 	int trace;
 	char *deny;
 	struct ctx ctx[MAXDEV];
@@ -346,6 +347,9 @@ static void do_config(void)
 	v = 0;
 	env_long("TSEMU_TRACE", 0, 2, &v);
 	G.trace = (int)v;
+	v = 0;
+	env_long("TSEMU_CTXLESS", 0, 1, &v);
+	G.ctxless = (int)v;
 	const char *deny = getenv("TSEMU_GETPROC_DENY");
 	if (deny && *deny) {
 		size_t n = strlen(deny);
@@ -1935,7 +1939,11 @@ API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CU
 	int dev = is_dev(m);
 	CUresult r = CUDA_SUCCESS;
 	switch (attribute) {
-	case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = (CUcontext)m->ctx; break;
+	case CU_POINTER_ATTRIBUTE_CONTEXT:
+		/* memory of the virtual-memory API or of a stream-ordered pool (PyTorch's
+		 * expandable_segments, cudaMallocAsync) belongs to no context */
+		*(CUcontext *)data = G.ctxless && dev ? NULL : (CUcontext)m->ctx;
+		break;
 	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
 		*(unsigned int *)data = dev ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
 		break;
