@@ -34,6 +34,7 @@ static struct {
 	CUresult (*IpcGetEventHandle)(CUipcEventHandle *, CUevent);
 	CUresult (*IpcOpenEventHandle)(CUevent *, CUipcEventHandle);
 	CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int);
+	CUresult (*StreamSynchronize)(CUstream);
 	CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 } drv;
 
@@ -60,7 +61,8 @@ static void drv_resolve(void)
 		F(EventCreate, "cuEventCreate"), F(EventDestroy, "cuEventDestroy_v2"), F(EventRecord, "cuEventRecord"),
 		F(EventQuery, "cuEventQuery"), F(EventSynchronize, "cuEventSynchronize"),
 		F(IpcGetEventHandle, "cuIpcGetEventHandle"), F(IpcOpenEventHandle, "cuIpcOpenEventHandle"),
-		F(StreamWaitEvent, "cuStreamWaitEvent"), F(MemcpyAsync, "cuMemcpyAsync"),
+		F(StreamWaitEvent, "cuStreamWaitEvent"), F(StreamSynchronize, "cuStreamSynchronize"),
+		F(MemcpyAsync, "cuMemcpyAsync"),
 #undef F
 	};
 	/* Only a driver the process has loaded itself: we never load CUDA. */
@@ -247,6 +249,8 @@ static void own_reap(struct ts_gpu *g)
 }
 
 /* A fresh exported allocation for `slot`, in the current context. */
+#define IPC_GRAIN (2ull << 20)
+
 static int own_alloc(struct ts_gpu *g, unsigned slot, uint64_t size)
 {
 	int i;
@@ -262,6 +266,14 @@ static int own_alloc(struct ts_gpu *g, unsigned slot, uint64_t size)
 	o->rec = -1;
 	if (drv.CtxGetCurrent(&o->ctx) != CUDA_SUCCESS || !o->ctx || drv.CtxGetDevice(&dev) != CUDA_SUCCESS)
 		return -1;
+	/*
+	 * A whole number of 2 MiB: the driver may carve smaller allocations out
+	 * of a larger block, and an IPC handle then shares the whole block
+	 * (other allocations of ours included) and maps it whole, so that the
+	 * consumer's address-range check refuses it (CUDA Programming Guide,
+	 * interprocess communication: share 2 MiB-aligned sizes).
+	 */
+	size = (size + IPC_GRAIN - 1) / IPC_GRAIN * IPC_GRAIN;
 	if (drv.MemAlloc(&o->ptr, size) != CUDA_SUCCESS)
 		return -1;
 	if (drv.EventCreate(&o->ev, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
@@ -771,15 +783,21 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 			    CUDA_SUCCESS)
 			break;
 	}
+	/*
+	 * The event tells when our copies are done, so we may let go of the
+	 * buffers. A record that fails (a stream of another context than the
+	 * current one: CUDA_ERROR_INVALID_HANDLE) leaves an event that reads as
+	 * complete: then wait for the stream itself before letting go.
+	 */
+	if (drv.EventRecord(pd.done, s) != CUDA_SUCCESS)
+		drv.StreamSynchronize(s);
 	if (i < npieces) {
 		/* some copies may be queued: they must finish before we let go */
-		drv.EventRecord(pd.done, s);
 		drv.EventSynchronize(pd.done);
 		drv.EventDestroy(pd.done);
 		ts_info("gpu: serving an upload failed part-way; it is done from the host");
 		goto unhold;
 	}
-	drv.EventRecord(pd.done, s);
 	for (i = 0; i < npieces; i++) {
 		unsigned j;
 		for (j = 0; j < pd.nbuf && pd.buf[j] != h[i].buf; j++)
