@@ -18,6 +18,7 @@
 
 static struct {
 	CUresult (*CtxGetCurrent)(CUcontext *);
+	CUresult (*CtxSetCurrent)(CUcontext);
 	CUresult (*CtxGetDevice)(CUdevice *);
 	CUresult (*PointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
 	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
@@ -53,7 +54,7 @@ static void drv_resolve(void)
 		const char *name;
 	} names[] = {
 #define F(field, sym) {offsetof(__typeof__(drv), field), sym}
-		F(CtxGetCurrent, "cuCtxGetCurrent"), F(CtxGetDevice, "cuCtxGetDevice"),
+		F(CtxGetCurrent, "cuCtxGetCurrent"), F(CtxSetCurrent, "cuCtxSetCurrent"), F(CtxGetDevice, "cuCtxGetDevice"),
 		F(PointerGetAttribute, "cuPointerGetAttribute"), F(MemAlloc, "cuMemAlloc_v2"),
 		F(MemFree, "cuMemFree_v2"), F(IpcGetMemHandle, "cuIpcGetMemHandle"),
 		F(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2"), F(IpcCloseMemHandle, "cuIpcCloseMemHandle"),
@@ -166,6 +167,14 @@ struct ts_gpu {
 	uint64_t ready_seq;      /* the last batch made READY: nothing more of it is kept */
 	uint64_t announced;      /* the last batch announced */
 	int ahead;               /* learnt: the job uploads a batch after announcing the next */
+	/*
+	 * Learnt: the context of the device the job uploads its batches to. A
+	 * job on cuda:1 that never called set_device registers its batches with
+	 * device 0's context current (or none) and uploads them with device 1's
+	 * (PyTorch's device guard): ring buffers go in this one, whatever is
+	 * current when a batch is announced.
+	 */
+	CUcontext up_ctx;
 	/* consumer */
 	struct peer_buf peer[TS_GPU_MAX_BUFS];
 	struct pending pend[MAX_PENDING];
@@ -230,12 +239,18 @@ static int ring_open(struct ts_gpu *g)
 
 /* ---- producer ------------------------------------------------------------------------- */
 
+static int in_ctx(CUcontext ctx, CUcontext *prev);
+static void in_ctx_end(int switched, CUcontext prev);
+
 static void own_free(struct ts_gpu *g, int i)
 {
 	struct own_buf *o = &g->own[i];
+	CUcontext prev;
 	ts_gpuring_buf_remove(&g->ring, (unsigned)o->rec, o->uniq);
+	int sw = in_ctx(o->ctx, &prev); /* its own context, whatever thread frees it */
 	drv.EventDestroy(o->ev);
 	drv.MemFree(o->ptr);
+	in_ctx_end(sw, prev);
 	o->rec = -1;
 }
 
@@ -246,6 +261,24 @@ static void own_reap(struct ts_gpu *g)
 		if (g->own[i].rec >= 0 && g->own[i].slot < 0 &&
 		    !ts_gpuring_buf_held(&g->ring, g->f->s.seg, (unsigned)g->own[i].rec, g->f->s.self))
 			own_free(g, i);
+}
+
+/*
+ * Run our own driver calls in context `ctx`: made current for them, and
+ * the caller's current context put back after (in_ctx_end). 1: switched.
+ */
+static int in_ctx(CUcontext ctx, CUcontext *prev)
+{
+	*prev = NULL;
+	if (drv.CtxGetCurrent(prev) != CUDA_SUCCESS || *prev == ctx)
+		return 0;
+	return drv.CtxSetCurrent(ctx) == CUDA_SUCCESS;
+}
+
+static void in_ctx_end(int switched, CUcontext prev)
+{
+	if (switched)
+		drv.CtxSetCurrent(prev);
 }
 
 /* A fresh exported allocation for `slot`, in the current context. */
@@ -301,8 +334,9 @@ fail:
 static int slot_buffer(struct ts_gpu *g, unsigned slot, uint64_t seq, uint64_t size)
 {
 	int i = g->slot_own[slot];
-	CUcontext ctx = NULL;
-	drv.CtxGetCurrent(&ctx);
+	CUcontext ctx = g->up_ctx;
+	if (!ctx)
+		drv.CtxGetCurrent(&ctx);
 	if (i >= 0) {
 		struct own_buf *o = &g->own[i];
 		ts_gpuring_slot_begin(&g->ring, slot, (unsigned)g->f->s.self, seq, (unsigned)o->rec);
@@ -315,13 +349,25 @@ static int slot_buffer(struct ts_gpu *g, unsigned slot, uint64_t seq, uint64_t s
 		g->slot_own[slot] = -1;
 	}
 	own_reap(g);
-	if ((i = own_alloc(g, slot, size)) < 0) {
+	CUcontext prev;
+	int sw = in_ctx(ctx, &prev);
+	i = own_alloc(g, slot, size);
+	in_ctx_end(sw, prev);
+	if (i < 0) {
 		ts_gpuring_slot_drop(&g->ring, slot);
 		return -1;
 	}
 	g->slot_own[slot] = i;
 	ts_gpuring_slot_begin(&g->ring, slot, (unsigned)g->f->s.self, seq, (unsigned)g->own[i].rec);
 	return i;
+}
+
+static int keep_untouched(const struct keep *k)
+{
+	for (uint32_t p = 0; p < k->npos; p++)
+		if (k->done[p])
+			return 0;
+	return 1;
 }
 
 static uint32_t all_positions(uint32_t npos)
@@ -489,7 +535,8 @@ void ts_gpu_keep_announce(struct ts_gpu *g, uint64_t seq, uint32_t npos, const u
 		if (seq > g->announced)
 			g->announced = seq;
 		const struct keep *newest = keep_newest(g);
-		if ((!newest || (g->ahead && newest->seq < seq)) && drv.CtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)
+		if ((!newest || (g->ahead && newest->seq < seq)) &&
+		    (g->up_ctx || (drv.CtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)))
 			(void)keep_begin(g, seq, npos, len, NULL);
 	}
 	pthread_mutex_unlock(&g->mu);
@@ -532,7 +579,10 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
 	    drv.PointerGetAttribute(&ddev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dst) != CUDA_SUCCESS ||
 	    ddev != (int)cdev)
 		goto skip;
-	if (!k && !(k = keep_begin(g, seq, npos, len, s)))
+	g->up_ctx = ctx;
+	if (k && g->own[k->own].ctx != ctx && !k->recorded && keep_untouched(k))
+		k->active = 0; /* announced in another context, nothing copied yet: begun again here */
+	if ((!k || !k->active) && !(k = keep_begin(g, seq, npos, len, s)))
 		goto out;
 	if (!k->stream_set) { /* announced: this is the batch's first upload */
 		k->stream = s;

@@ -149,7 +149,7 @@ class EmuUploads:
 
     H2D, D2H = 1, 2
 
-    def __init__(self, lib, default_stream=False, queue_mb=0):
+    def __init__(self, lib, default_stream=False, queue_mb=0, device=0):
         import ctypes
         self.c = ctypes
         rt = self.rt = ctypes.CDLL(lib)
@@ -160,7 +160,9 @@ class EmuUploads:
         rt.cudaStreamCreate.argtypes = [ctypes.POINTER(vp)]
         rt.cudaStreamSynchronize.argtypes = [vp]
         self.stream = vp()
-        if rt.cudaSetDevice(0) or (not default_stream and rt.cudaStreamCreate(ctypes.byref(self.stream))):
+        self.device = device  # uploads go there; device 0 is current otherwise, as with .to("cuda:1")
+        if rt.cudaSetDevice(device) or (not default_stream and rt.cudaStreamCreate(ctypes.byref(self.stream))) \
+                or rt.cudaSetDevice(0):
             raise SystemExit("emu-cuda: no device")
         self.bufs = {}
         self.queue = None
@@ -184,6 +186,15 @@ class EmuUploads:
 
     def upload(self, t):
         """(device bytes == host bytes, bytes uploaded)"""
+        if self.device == 0:
+            return self._upload(t)
+        self.rt.cudaSetDevice(self.device)  # PyTorch's device guard around a copy to cuda:N
+        try:
+            return self._upload(t)
+        finally:
+            self.rt.cudaSetDevice(0)
+
+    def _upload(self, t):
         n = t.numel() * t.element_size()
         dev = self.buf(n)
         if self.queue is not None and \
@@ -294,6 +305,9 @@ def main():
                     help="--sleep only in the first N epochs (default 0: in all)")
     ap.add_argument("--start-delay", type=float, default=0.0, metavar="S",
                     help="sleep S seconds after the barrier, before the first epoch")
+    ap.add_argument("--upload-device", type=int, default=0, metavar="N",
+                    help="with --emu-cuda: upload to device N, made current around each upload only (device 0 "
+                         "is current otherwise), as a job on cuda:N that never calls set_device")
     ap.add_argument("--default-stream", action="store_true",
                     help="with --emu-cuda: upload on the default stream (handle 0), as PyTorch's x.cuda() does")
     ap.add_argument("--queue-mb", type=float, default=0, metavar="MB",
@@ -352,7 +366,7 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
-    gpu = EmuUploads(a.emu_cuda, a.default_stream, a.queue_mb) if a.emu_cuda else None
+    gpu = EmuUploads(a.emu_cuda, a.default_stream, a.queue_mb, a.upload_device) if a.emu_cuda else None
     if a.barrier:
         wait_barrier(a.barrier)
     if a.start_delay > 0:

@@ -676,8 +676,28 @@ if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 		not_ok "(r) fetching ahead: $(tail -n 1 "$T_TMP/r.upload")"
 		sed 's/^/#   /' "$T_TMP/r.upload" | head -n 12
 	fi
+
+	# --- w: GPU jobs on device 1 that never make it current ------------------------
+	# As a job on cuda:1 that never calls set_device: device 0 is current when a
+	# batch is registered, device 1 only around its uploads (PyTorch's device
+	# guard). The producer learns the device its batches go to and keeps them
+	# there; before, its ring buffers were made in device 0's context, every
+	# upload was skipped and no consumer batch was served.
+	for i in 1 2 3; do
+		TSEMU_DEVICES=2 job w "$i" 1 --seed "$i" --batch-size "$(( i == 3 ? 12 : 8 ))" --workers "$GPU_WORKERS" \
+			--epochs 2 --barrier "$T_TMP/w.go:3" --emu-cuda "$EMU/libcudart.so.13" --upload-device 1
+	done
+	finished w 3
+	verify w "GPU jobs on device 1: one stream, complete epochs, labels paired" $(recs w 3)
+	if "$PY" tests/py/upload_check.py --expect served --min-served 0.75 $(recs w 3) >"$T_TMP/w.upload" 2>&1; then
+		ok "(w) jobs on device 1, consumers' batches served device to device: $(grep -h -o \
+			'[0-9]* of [0-9]* batches served wholly' "$T_TMP/w.upload" | tr '\n' ';')"
+	else
+		not_ok "(w) jobs on device 1: $(tail -n 1 "$T_TMP/w.upload")"
+		sed 's/^/#   /' "$T_TMP/w.upload" | head -n 12
+	fi
 else
-	echo "# (m-r) skipped: tsemu not built"
+	echo "# (m-w) skipped: tsemu not built"
 fi
 
 # --- nothing left behind ----------------------------------------------------------
