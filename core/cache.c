@@ -738,18 +738,6 @@ static void raise_hwm(struct ts_cache_header *h, uint64_t seen, uint64_t nhwm)
 		;
 }
 
-/*
- * The cache's images never take more than a quarter of the file system
- * /dev/shm is (size unknown: no limit): the job's own shared memory, its
- * DataLoader workers' batches, needs the rest, and a container's /dev/shm
- * is often 64 MiB. (The default budget is that quarter: ts_config.)
- */
-static int within_shm_share(uint64_t arena_bytes)
-{
-	uint64_t fs = ts_shm_fs_bytes();
-	return !fs || arena_bytes <= fs / 4;
-}
-
 /* Note [off, off + len) of the arena as reserved by this process. */
 static void own_mark(struct ts_cache *c, uint64_t off, uint64_t len)
 {
@@ -757,6 +745,26 @@ static void own_mark(struct ts_cache *c, uint64_t off, uint64_t len)
 		return;
 	for (uint64_t k = off / c->chunk_size, last = (off + len - 1) / c->chunk_size; k <= last; k++)
 		atomic_fetch_or_explicit(&c->own_chunks[k / 64], 1ull << (k % 64), memory_order_relaxed);
+}
+
+/*
+ * Reserve the arena's [from, to) in /dev/shm now and note it as ours (outside
+ * the lock). Through our descriptor, or, when the program closed it, our file
+ * opened again by name (same inode only). 0, or -E_SHM.
+ */
+static int reserve_pages(struct ts_cache *c, uint64_t from, uint64_t to)
+{
+	int fd = c->fd, own = -1; /* read once: reserve() may replace it under the lock */
+	if (!fd_is_ours(c, fd))
+		fd = own = open(c->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	int r = fd_is_ours(c, fd) && ts_shm_within_quarter(to) ? ts_prim_reserve(fd, c->arena_off + from, to - from)
+								: -E_SHM;
+	if (own >= 0)
+		close(own);
+	if (r)
+		return -E_SHM;
+	own_mark(c, from, to - from);
+	return 0;
 }
 
 /*
@@ -775,17 +783,9 @@ static int own_range(struct ts_cache *c, uint64_t off, uint64_t len)
 	for (uint64_t k = off / c->chunk_size, last = (off + len - 1) / c->chunk_size; k <= last; k++) {
 		if (atomic_load_explicit(&c->own_chunks[k / 64], memory_order_relaxed) & (1ull << (k % 64)))
 			continue;
-		uint64_t from = k * c->chunk_size, to = min_u64(from + c->chunk_size, c->arena_size);
-		int fd = c->fd, own = -1; /* read once: reserve() may replace it under the lock */
-		if (!fd_is_ours(c, fd)) /* the program closed ours: the file by name, if it is still ours */
-			fd = own = open(c->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-		int r = fd_is_ours(c, fd) && within_shm_share(to) ? ts_prim_reserve(fd, c->arena_off + from, to - from)
-								   : -E_SHM;
-		if (own >= 0)
-			close(own);
-		if (r)
+		uint64_t from = k * c->chunk_size;
+		if (reserve_pages(c, from, min_u64(from + c->chunk_size, c->arena_size)))
 			return -E_SHM;
-		own_mark(c, from, to - from);
 	}
 	return 0;
 }
@@ -809,10 +809,7 @@ static void reserve_ahead(struct ts_cache *c, uint64_t hwm)
 						     memory_order_relaxed))
 		return;
 	uint64_t to = min_u64(hwm + c->chunk_size, c->arena_size);
-	int fd = c->fd; /* read once: reserve() may replace it under the lock */
-	if (hwm < to && fd_is_ours(c, fd) && within_shm_share(to) &&
-	    ts_prim_reserve(fd, c->arena_off + hwm, to - hwm) == 0) {
-		own_mark(c, hwm, to - hwm);
+	if (hwm < to && reserve_pages(c, hwm, to) == 0) {
 		uint64_t expect = hwm;
 		(void)atomic_compare_exchange_strong_explicit(&h->falloc_hwm, &expect, to, memory_order_release,
 							      memory_order_relaxed);
@@ -845,7 +842,7 @@ static int reserve(struct ts_cache *c, uint64_t end)
 		}
 		c->fd = nfd;
 	}
-	int r = within_shm_share(nhwm) ? 0 : -ENOSPC;
+	int r = ts_shm_within_quarter(nhwm) ? 0 : -ENOSPC;
 	if (!r)
 		r = ts_prim_reserve(c->fd, c->arena_off + hwm, nhwm - hwm);
 	if (r) {
@@ -1298,7 +1295,7 @@ static int create_segment(const char *path, const char *session, uint64_t budget
 		goto out;
 	}
 	/* a first chunk of images must fit our share of /dev/shm, or the cache is no use */
-	if (!within_shm_share(min_u64(geo.chunk_size, geo.arena_size))) {
+	if (!ts_shm_within_quarter(min_u64(geo.chunk_size, geo.arena_size))) {
 		ret = fail(why, whylen, -ENOSPC, "%llu MiB of images would be more than a quarter of %s",
 			   (unsigned long long)(min_u64(geo.chunk_size, geo.arena_size) >> 20), ts_shm_dir());
 		goto out;

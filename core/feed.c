@@ -403,30 +403,24 @@ static int held_by_live(const struct ts_feed *f, const struct ts_feed_hdr *h)
 {
 	uint64_t bits = __atomic_load_n(&h->holders, __ATOMIC_SEQ_CST), now = ts_now_ns();
 	for (unsigned i = 0; bits && i < TS_MAX_MEMBERS; i++, bits >>= 1) {
-		enum ts_member_health hl = (bits & 1) ? ts_member_health(f->s.seg, i, now) : TS_MEMBER_FREE;
-		if (hl == TS_MEMBER_LIVE || hl == TS_MEMBER_STALE)
+		if ((bits & 1) && ts_member_alive(ts_member_health(f->s.seg, i, now)))
 			return 1;
 	}
 	return 0;
 }
 
 /*
- * A feed's batches never take more than a quarter of the file system
- * /dev/shm is (size unknown: no limit), as the decoded-image cache: the
- * job's DataLoader workers pass every batch through /dev/shm too, and a
- * container's is often 64 MiB. Our slot files, with `slot` at `size`
- * bytes: within it, or -ENOSPC (said once), which turns sharing off for
- * the loader as a full /dev/shm does.
+ * A feed's batch files keep to a quarter of /dev/shm (ts_shm_within_quarter).
+ * Our slot files, with `slot` at `size` bytes: within it, or -ENOSPC (said
+ * once), which turns sharing off for the loader as a full /dev/shm does.
  */
 static int within_shm_share(const struct ts_feed *f, unsigned slot, uint64_t size)
 {
-	uint64_t fs = ts_shm_fs_bytes(), total = size;
-	if (!fs)
-		return 0;
+	uint64_t total = size;
 	for (unsigned i = 0; i < TS_MAX_DEPTH; i++)
 		if (i != slot && f->own[i].base)
 			total += f->own[i].size;
-	if (total <= fs / 4)
+	if (ts_shm_within_quarter(total))
 		return 0;
 	static _Atomic int warned;
 	if (!atomic_exchange(&warned, 1))

@@ -180,8 +180,7 @@ static inline uint64_t bit(unsigned buf)
 /* A member whose holds count: present and not dead (a stopped one may still copy when it wakes). */
 static int holder_counts(const struct ts_segment *seg, unsigned m)
 {
-	enum ts_member_health h = ts_member_health(seg, m, ts_now_ns());
-	return h == TS_MEMBER_LIVE || h == TS_MEMBER_STALE;
+	return ts_member_alive(ts_member_health(seg, m, ts_now_ns()));
 }
 
 int ts_gpuring_buf_held(const struct ts_gpuring *g, const struct ts_segment *seg, unsigned buf, int self)

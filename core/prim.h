@@ -92,6 +92,17 @@ int ts_pages_unwritten(const void *addr, size_t len);
 
 /* Size of the file system that holds them (statvfs); 0 when unknown. */
 uint64_t ts_shm_fs_bytes(void);
+/*
+ * Does `bytes` of ours fit in a quarter of the file system /dev/shm is (its
+ * size unknown: yes)? The decoded-image cache and a feed's batch files each
+ * keep to that: the job's own DataLoader workers pass every batch through
+ * /dev/shm too, and a container's is often 64 MiB.
+ */
+static inline int ts_shm_within_quarter(uint64_t bytes)
+{
+	uint64_t fs = ts_shm_fs_bytes();
+	return !fs || bytes <= fs / 4;
+}
 
 /* Directory that holds POSIX shared-memory objects ("/dev/shm"). */
 const char *ts_shm_dir(void);

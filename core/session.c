@@ -281,10 +281,8 @@ static unsigned reap_dead(struct ts_segment *seg, uint64_t now)
 static unsigned count_alive(const struct ts_segment *seg, uint64_t now)
 {
 	unsigned alive = 0;
-	for (unsigned i = 0; i < TS_MAX_MEMBERS; i++) {
-		enum ts_member_health h = ts_member_health(seg, i, now);
-		alive += h == TS_MEMBER_LIVE || h == TS_MEMBER_STALE;
-	}
+	for (unsigned i = 0; i < TS_MAX_MEMBERS; i++)
+		alive += ts_member_alive(ts_member_health(seg, i, now));
 	return alive;
 }
 
@@ -529,12 +527,7 @@ unsigned ts_session_others(const struct ts_session *s)
 	if (!s->seg || s->self < 0)
 		return 0;
 	uint64_t now = ts_now_ns();
-	unsigned n = 0;
-	for (unsigned i = 0; i < TS_MAX_MEMBERS; i++) {
-		enum ts_member_health h = ts_member_health(s->seg, i, now);
-		n += (int)i != s->self && (h == TS_MEMBER_LIVE || h == TS_MEMBER_STALE);
-	}
-	return n;
+	return count_alive(s->seg, now) - (unsigned)ts_member_alive(ts_member_health(s->seg, (unsigned)s->self, now));
 }
 
 enum ts_role ts_session_tick(struct ts_session *s)

@@ -91,6 +91,12 @@ int ts_session_take_idle(struct ts_session *s, uint64_t idle_min_ns);
 /* Health of a member slot as seen now. */
 enum ts_member_health ts_member_health(const struct ts_segment *seg, unsigned idx, uint64_t now_ns);
 
+/* Present and not dead: live, or only silent for now (a stopped process may still act when it wakes). */
+static inline int ts_member_alive(enum ts_member_health h)
+{
+	return h == TS_MEMBER_LIVE || h == TS_MEMBER_STALE;
+}
+
 /*
  * How long a producer waits on a reader that is alive but not reading (its
  * process stopped, in a debugger, or just not iterating) before it evicts

@@ -226,15 +226,15 @@ static inline enum ts_hit_kind batch_hit(enum dir dir, const void *src, size_t n
  * x.cuda(non_blocking=True) (stream 0) wait on the host for the work queued
  * before it, the previous step's backward pass: the loop lost its lead.
  */
-static inline CUstream our_stream(CUstream s, const int *sync)
+static inline CUstream our_stream(CUstream s, int sync)
 {
-	return s && !*sync ? s : CU_STREAM_LEGACY;
+	return s && !sync ? s : CU_STREAM_LEGACY;
 }
 
 /* Consumer: 1 when the upload was served from the GPU ring. */
 static int batch_serve(const struct ts_stream_hit *hit, const void *dst, CUstream s, int sync)
 {
-	CUstream os = our_stream(s, &sync);
+	CUstream os = our_stream(s, sync);
 	if (!ts_gpu_serve(hit->gpu, hit->piece, hit->npieces, (CUdeviceptr)(uintptr_t)dst, os, sync))
 		return 0;
 	ADD(replaced, 1);
@@ -244,7 +244,7 @@ static int batch_serve(const struct ts_stream_hit *hit, const void *dst, CUstrea
 /* Producer, after its real upload succeeded: keep it in the ring. */
 static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstream s, int sync)
 {
-	CUstream os = our_stream(s, &sync);
+	CUstream os = our_stream(s, sync);
 	ts_gpu_keep(hit->gpu, hit->seq, hit->npos, hit->len, hit->pos, hit->off, (CUdeviceptr)(uintptr_t)dst,
 		    hit->n, os);
 }

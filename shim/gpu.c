@@ -729,8 +729,7 @@ static int never_ready(struct ts_gpu *g, const struct ts_gpu_piece *pc, int trie
 		return 1;
 	if (tries % 50)
 		return 0;
-	enum ts_member_health hl = ts_member_health(g->f->s.seg, (unsigned)pc->writer, ts_now_ns());
-	return hl == TS_MEMBER_DEAD || hl == TS_MEMBER_FREE;
+	return !ts_member_alive(ts_member_health(g->f->s.seg, (unsigned)pc->writer, ts_now_ns()));
 }
 
 /*
@@ -748,8 +747,7 @@ static int writers_alive(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsign
 	for (unsigned i = 0; i < n; i++) {
 		if (i && pc[i].writer == pc[i - 1].writer)
 			continue;
-		enum ts_member_health hl = ts_member_health(g->f->s.seg, (unsigned)pc[i].writer, now);
-		if (hl != TS_MEMBER_LIVE && hl != TS_MEMBER_STALE) {
+		if (!ts_member_alive(ts_member_health(g->f->s.seg, (unsigned)pc[i].writer, now))) {
 			ts_debug("gpu: an upload of batch %llu is done from the host (its writer is gone)",
 				 (unsigned long long)pc[i].seq);
 			return 0;

@@ -633,31 +633,3 @@ TS_EXPORT int fclose(FILE *f)
 	}
 	return real_fclose(f);
 }
-
-void ts_io_resolve(void)
-{
-	int saved = errno;
-	(void)TS_RESOLVE(open);
-	(void)TS_RESOLVE(open64);
-	(void)TS_RESOLVE(openat);
-	(void)TS_RESOLVE(openat64);
-	(void)TS_RESOLVE(__open_2);
-	(void)TS_RESOLVE(__open64_2);
-	(void)TS_RESOLVE(__openat_2);
-	(void)TS_RESOLVE(read);
-	(void)TS_RESOLVE(__read_chk);
-	(void)TS_RESOLVE(pread);
-	(void)TS_RESOLVE(pread64);
-	(void)TS_RESOLVE(__pread64_chk);
-	(void)TS_RESOLVE(readv);
-	(void)TS_RESOLVE(preadv);
-	(void)TS_RESOLVE(close);
-	(void)TS_RESOLVE(dup);
-	(void)TS_RESOLVE(dup2);
-	(void)TS_RESOLVE(dup3);
-	(void)TS_RESOLVE(fopen);
-	(void)TS_RESOLVE(fopen64);
-	(void)TS_RESOLVE(fread);
-	(void)TS_RESOLVE(fclose);
-	errno = saved;
-}

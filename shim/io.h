@@ -34,13 +34,5 @@ unsigned ts_io_scope_roots(const char **roots, unsigned max);
 
 /* Set up from the configuration (constructor). */
 void ts_io_init(void);
-/*
- * Resolve every libc function the file hooks forward to, now (from the
- * constructor, in every mode). A hook that resolved on first use called
- * dlsym, which takes the dynamic linker's lock: in a vfork child (Python's
- * subprocess: dup2 and close through the PLT) that lock may be held by a
- * parent thread inside dlopen, and the child, with its parent, waits on it.
- */
-void ts_io_resolve(void);
 
 #endif

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Resolving the real functions behind our hooks, lazily and once.
+ * Resolving the real functions behind our hooks, once: when the shim is
+ * loaded, and lazily for a call made before that.
  *
  * dlsym itself may be interposed (CUDA's cuGetProcAddress path needs it),
  * so the real dlsym comes from dlvsym, which nobody interposes.
@@ -19,6 +20,7 @@
 #ifndef TSSHIM_SHIM_REAL_H
 #define TSSHIM_SHIM_REAL_H
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stddef.h>
 
@@ -26,10 +28,23 @@ void *ts_real_dlsym(void *handle, const char *name);
 /* The next definition of `name` after ours (RTLD_NEXT). */
 void *ts_real_next(const char *name);
 
-/* real_NAME_fn, the plain pointer type, for the cast below (a cast to the
- * _Atomic type is an error for clang). */
+/*
+ * real_NAME_fn, the plain pointer type, for the cast below (a cast to the
+ * _Atomic type is an error for clang), and real_NAME, resolved by a
+ * constructor in every mode. A hook that resolved on first use would call
+ * dlsym, which takes the dynamic linker's lock: in a vfork child (Python's
+ * subprocess: dup2 and close through the PLT) that lock may be held by a
+ * parent thread inside dlopen, and the child, with its parent, waits on it.
+ */
 #define TS_REAL(ret, name, params)                                                  \
 	typedef ret(*real_##name##_fn) params; /* NOLINT(bugprone-macro-parentheses) */ \
+	static real_##name##_fn _Atomic real_##name;                                \
+	__attribute__((constructor)) static void ts_resolve_##name(void)            \
+	{                                                                           \
+		int saved_ = errno;                                                 \
+		(void)TS_RESOLVE(name);                                             \
+		errno = saved_;                                                     \
+	}                                                                           \
 	static real_##name##_fn _Atomic real_##name
 
 /* Benign race: every thread resolves the same pointer; store is atomic. */

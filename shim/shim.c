@@ -154,7 +154,6 @@ __attribute__((constructor)) static void ts_shim_init(void)
 	int expected = TS_UNINIT;
 	if (!atomic_compare_exchange_strong(&ts_init_state, &expected, TS_INITIALIZING))
 		return;
-	ts_io_resolve(); /* the file hooks pass through in every state: no dlsym in them later */
 	char err[512];
 	if (ts_config_parse(&ts_cfg, env_get, err, sizeof(err)) != 0) {
 		ts_log_threshold = TS_LOG_ERROR;

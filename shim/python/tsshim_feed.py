@@ -79,6 +79,15 @@ class _Raised:
         self.exc = exc
 
 
+def _why_off(e):
+    """The one-line reason sharing goes off for a layer exception e."""
+    if isinstance(e, Fallback):
+        return str(e)
+    if isinstance(e, NotCarried):
+        return "batches cannot be shared: %s" % e
+    return "internal error: %s: %s" % (type(e).__name__, e)  # a fault of the layer, not the job's
+
+
 def _user(fn, *args):
     """fn(*args), where fn runs the job's own code (see _UserError)."""
     try:
@@ -324,10 +333,8 @@ def _run(loader, st, orig_iter, length):
                 # made privately, completes ours (no sample twice, none lost)
                 yield from ep.private_rest()
                 return
-        except NotCarried as e:
-            st.disable("batches cannot be shared: %s" % e)
-        except Exception as e:  # a fault of the layer (or a peer's data it did not foresee): not the job's
-            st.disable("internal error: %s: %s" % (type(e).__name__, e))
+        except Exception as e:  # NotCarried, or a fault of the layer (or of a peer's data it did not foresee)
+            st.disable(_why_off(e))
         if user_exc is not None:
             raise user_exc
         # the rest of the epoch from the job's own loader
@@ -551,9 +558,7 @@ class _Epoch:
                     # consumers see the flag and finish the epoch on their own; ours goes on
                     # from our own loader, unshared: no sample twice, none lost
                     self.lib.tsshim_feed_set_unshareable(self.h)
-                    self.st.disable(str(e) if isinstance(e, Fallback) else
-                                    "batches cannot be shared: %s" % e if isinstance(e, NotCarried) else
-                                    "internal error: %s: %s" % (type(e).__name__, e))
+                    self.st.disable(_why_off(e))
                     publishing = ok = None
                 if ok:
                     leaves = ok

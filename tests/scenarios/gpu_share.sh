@@ -427,18 +427,21 @@ for s in json.load(sys.stdin)['sessions']:
 	sleep 0.01
 done
 check "10: the feed session $S.train.<fp>.16 is listed (${feed:-none})" [ -n "$feed" ]
-shared=0 notcopied=0 snaps=0
+shared=0 notcopied=0 snaps=0 bufbytes=0
 while [ -n "$feed" ] && kill -0 "${JPID[c10a]}" 2>/dev/null; do
 	if out=$("$INSPECT" --json "$feed" 2>/dev/null); then
 		snaps=$((snaps + 1))
-		read -r shared notcopied < <(python3 -c "import json,sys; c=json.load(sys.stdin)['session']['counters']; print(c['batches_shared'], c['bytes_not_copied'])" <<<"$out")
-		[ "${shared:-0}" -gt 0 ] && [ "${notcopied:-0}" -gt 0 ] && break
+		read -r shared notcopied bufbytes < <(python3 -c "import json,sys; s=json.load(sys.stdin)['session']; c=s['counters']; print(c['batches_shared'], c['bytes_not_copied'], (s.get('gpu') or {}).get('buffer_bytes', 0))" <<<"$out")
+		[ "${shared:-0}" -gt 0 ] && [ "${notcopied:-0}" -gt 0 ] && [ "${bufbytes:-0}" -gt 0 ] && break
 	fi
 	sleep 0.05
 done
 check "10: while the jobs run, counters.batches_shared=$shared > 0 and bytes_not_copied=$notcopied > 0 ($snaps snapshots)" \
 	cond '[ "${shared:-0}" -gt 0 ] && [ "${notcopied:-0}" -gt 0 ]'
 check "10: the jobs were still running then" kill -0 "${JPID[c10p]}"
+# a batch here is ~62 KB: its buffer is a whole 2 MiB (IPC shares whole blocks)
+check "10: the ring's buffers are whole 2 MiB (buffer_bytes=$bufbytes)" \
+	cond '[ "${bufbytes:-0}" -gt 0 ] && [ $((bufbytes % 2097152)) = 0 ]'
 wait_jobs c10p c10a c10b
 case_end "10 (tsshim-inspect)" "$S" c10p c10a c10b
 echo "# case 10: $((SECONDS - T1)) s"
