@@ -197,6 +197,49 @@ int ts_gpuring_buf_held(const struct ts_gpuring *g, const struct ts_segment *seg
 	return 0;
 }
 
+/*
+ * Held, then mapped, per member, both seq_cst: a consumer sets its mapped
+ * bit before it clears its hold, so a hold we see cleared means its mapped
+ * bit (if it mapped the buffer) is there to see.
+ */
+int ts_gpuring_buf_in_use(const struct ts_gpuring *g, const struct ts_segment *seg, unsigned buf, int self)
+{
+	if (buf >= TS_GPU_MAX_BUFS)
+		return 0;
+	for (unsigned m = 0; m < TS_MAX_MEMBERS; m++) {
+		if ((int)m == self)
+			continue;
+		uint64_t h = atomic_load(&g->t->held[m][buf / 64]);
+		uint64_t mp = atomic_load(&g->t->mapped[m][buf / 64]);
+		if (((h | mp) & bit(buf)) && holder_counts(seg, m))
+			return 1;
+	}
+	return 0;
+}
+
+void ts_gpuring_map(struct ts_gpuring *g, int self, unsigned buf)
+{
+	if (self < 0 || self >= (int)TS_MAX_MEMBERS || buf >= TS_GPU_MAX_BUFS)
+		return;
+	atomic_fetch_or(&g->t->mapped[self][buf / 64], bit(buf)); /* seq_cst: before the unhold */
+}
+
+void ts_gpuring_unmap(struct ts_gpuring *g, int self, unsigned buf)
+{
+	if (self < 0 || self >= (int)TS_MAX_MEMBERS || buf >= TS_GPU_MAX_BUFS)
+		return;
+	/* release: after our close of the mapping */
+	atomic_fetch_and_explicit(&g->t->mapped[self][buf / 64], ~bit(buf), memory_order_release);
+}
+
+void ts_gpuring_unmap_all(struct ts_gpuring *g, int self)
+{
+	if (self < 0 || self >= (int)TS_MAX_MEMBERS)
+		return;
+	for (unsigned i = 0; i < TS_GPU_MAX_BUFS / 64; i++)
+		atomic_store_explicit(&g->t->mapped[self][i], 0, memory_order_release);
+}
+
 void ts_gpuring_unhold(struct ts_gpuring *g, int self, unsigned buf)
 {
 	if (self < 0 || self >= (int)TS_MAX_MEMBERS || buf >= TS_GPU_MAX_BUFS)
@@ -309,6 +352,7 @@ int ts_gpuring_buf_add(struct ts_gpuring *g, const struct ts_segment *seg, unsig
 			__atomic_store_n(&r->owner_start, me.start_time, __ATOMIC_RELAXED);
 			__atomic_store_n(&r->device, device, __ATOMIC_RELAXED);
 			__atomic_store_n(&r->size, size, __ATOMIC_RELAXED);
+			atomic_store_explicit(&r->retired, 0, memory_order_relaxed);
 			store_bytes(r->mem, mem, TS_GPU_HANDLE);
 			store_bytes(r->event, event, TS_GPU_HANDLE);
 			/* counted before it is published: a claimer that dies in between leaves
@@ -340,6 +384,19 @@ int ts_gpuring_buf_current(const struct ts_gpuring *g, unsigned buf, uint64_t un
 {
 	return buf < TS_GPU_MAX_BUFS && ts_gpu_uniq_is_identity(uniq) &&
 	       atomic_load_explicit(&g->t->bufs[buf].uniq, memory_order_acquire) == uniq;
+}
+
+void ts_gpuring_buf_retire(struct ts_gpuring *g, unsigned buf, uint64_t uniq)
+{
+	if (ts_gpuring_buf_current(g, buf, uniq))
+		atomic_store_explicit(&g->t->bufs[buf].retired, 1, memory_order_release);
+}
+
+int ts_gpuring_buf_serving(const struct ts_gpuring *g, unsigned buf, uint64_t uniq)
+{
+	/* a record reused since reads as not current, whatever its flag says */
+	return ts_gpuring_buf_current(g, buf, uniq) &&
+	       !atomic_load_explicit(&g->t->bufs[buf].retired, memory_order_acquire);
 }
 
 /* ---- slots ------------------------------------------------------------------------------------- */

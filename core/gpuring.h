@@ -17,8 +17,13 @@
  * Lifetimes. A buffer is never written while someone may read it: a
  * consumer sets its hold bit on the buffer before it copies and clears it
  * once its copy has completed; a producer that finds the buffer of a slot
- * held gives the slot a fresh buffer and retires the old one, freeing it
- * once no live member holds it. Holds of dead members do not count.
+ * held gives the slot a fresh buffer and retires the old one. Nor is it
+ * freed while a process has it open (CUDA: freeing exported memory before
+ * every importer closed it is undefined): a consumer sets its mapped bit
+ * while it holds the buffer, before it lets go, keeps the mapping for later
+ * copies, and closes it, then clears the bit, once the record is retired or
+ * gone. A retired buffer is freed once no live member holds or maps it.
+ * Bits of dead members do not count.
  *
  * Slot protocol (a seqlock with a Dekker pair against reuse):
  *   producer: word = WRITING(seq, buf)  [seq_cst]; check holds of buf;
@@ -66,7 +71,7 @@ struct ts_gpu_buf {
 	uint32_t owner_pid;
 	uint64_t owner_start;   /* pid + start time: the owner's identity */
 	uint32_t device;        /* CUDA device ordinal in the owner */
-	uint32_t pad;
+	_Atomic uint32_t retired; /* nonzero: serves no slot any more, freed once no one holds or maps it */
 	uint64_t size;
 	unsigned char mem[TS_GPU_HANDLE];   /* IPC handle of the allocation (its base) */
 	unsigned char event[TS_GPU_HANDLE]; /* IPC handle of its interprocess event */
@@ -92,7 +97,7 @@ struct ts_gpu_counters {
 };
 
 #define TS_GPU_MAGIC   0x31555047535354ULL /* "TSSGPU1" */
-#define TS_GPU_VERSION 1u
+#define TS_GPU_VERSION 2u
 
 struct ts_gpu_table {
 	uint64_t magic;
@@ -107,6 +112,8 @@ struct ts_gpu_table {
 	struct ts_gpu_buf bufs[TS_GPU_MAX_BUFS];
 	/* held[m][b / 64] bit b % 64: member m may be reading buffer b */
 	_Atomic uint64_t held[TS_MAX_MEMBERS][TS_GPU_MAX_BUFS / 64];
+	/* mapped[m][b / 64] bit b % 64: member m has buffer b open (cuIpcOpenMemHandle) */
+	_Atomic uint64_t mapped[TS_MAX_MEMBERS][TS_GPU_MAX_BUFS / 64];
 };
 
 /* A process's mapping of the table. */
@@ -170,6 +177,10 @@ void ts_gpuring_buf_remove(struct ts_gpuring *g, unsigned buf, uint64_t uniq);
 int ts_gpuring_reclaim_dead(struct ts_gpuring *g, const struct ts_segment *seg);
 /* Does a live member other than `self` hold buffer `buf`? (Dead members' holds do not count.) */
 int ts_gpuring_buf_held(const struct ts_gpuring *g, const struct ts_segment *seg, unsigned buf, int self);
+/* Does a live member other than `self` hold or map it: may it not be freed? */
+int ts_gpuring_buf_in_use(const struct ts_gpuring *g, const struct ts_segment *seg, unsigned buf, int self);
+/* Our record `buf` serves no slot any more: its mappers close it. */
+void ts_gpuring_buf_retire(struct ts_gpuring *g, unsigned buf, uint64_t uniq);
 
 /* Begin writing slot `slot` for `seq` into buffer `buf` (word -> WRITING). */
 void ts_gpuring_slot_begin(struct ts_gpuring *g, unsigned slot, unsigned writer, uint64_t seq, unsigned buf);
@@ -196,7 +207,14 @@ int ts_gpuring_hold_again(struct ts_gpuring *g, int self, uint64_t seq, int writ
 void ts_gpuring_unhold(struct ts_gpuring *g, int self, unsigned buf);
 /* Clear every hold of member `self` (a new process in a reused member slot, or leaving). */
 void ts_gpuring_unhold_all(struct ts_gpuring *g, int self);
+/* Buffer `buf` is open here (set while holding it) / closed again. */
+void ts_gpuring_map(struct ts_gpuring *g, int self, unsigned buf);
+void ts_gpuring_unmap(struct ts_gpuring *g, int self, unsigned buf);
+/* Clear every mapped bit of member `self` (a new process in a reused member slot). */
+void ts_gpuring_unmap_all(struct ts_gpuring *g, int self);
 /* Is record `buf` still the allocation `uniq`? */
 int ts_gpuring_buf_current(const struct ts_gpuring *g, unsigned buf, uint64_t uniq);
+/* ... and still serving a slot (not retired)? A mapping of anything else is closed. */
+int ts_gpuring_buf_serving(const struct ts_gpuring *g, unsigned buf, uint64_t uniq);
 
 #endif

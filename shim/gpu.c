@@ -230,8 +230,9 @@ static int ring_open(struct ts_gpu *g)
 		g->ring_state = -1;
 		return -1;
 	}
-	/* a member slot reused from a dead process: its holds are not ours */
+	/* a member slot reused from a dead process: its holds and mappings are not ours */
 	ts_gpuring_unhold_all(&g->ring, g->f->s.self);
+	ts_gpuring_unmap_all(&g->ring, g->f->s.self);
 	ts_gpuring_reclaim_dead(&g->ring, g->f->s.seg);
 	g->ring_state = 1;
 	return 0;
@@ -254,13 +255,20 @@ static void own_free(struct ts_gpu *g, int i)
 	o->rec = -1;
 }
 
-/* Free retired buffers nobody live reads any more. */
+/* Free retired buffers no live process reads or has open any more. */
 static void own_reap(struct ts_gpu *g)
 {
 	for (int i = 0; i < (int)MAX_OWN; i++)
 		if (g->own[i].rec >= 0 && g->own[i].slot < 0 &&
-		    !ts_gpuring_buf_held(&g->ring, g->f->s.seg, (unsigned)g->own[i].rec, g->f->s.self))
+		    !ts_gpuring_buf_in_use(&g->ring, g->f->s.seg, (unsigned)g->own[i].rec, g->f->s.self))
 			own_free(g, i);
+}
+
+/* Our buffer i serves no slot any more: freed once unheld and closed by every consumer. */
+static void own_retire(struct ts_gpu *g, int i)
+{
+	g->own[i].slot = -1;
+	ts_gpuring_buf_retire(&g->ring, (unsigned)g->own[i].rec, g->own[i].uniq);
 }
 
 /*
@@ -345,7 +353,7 @@ static int slot_buffer(struct ts_gpu *g, unsigned slot, uint64_t seq, uint64_t s
 			return i;
 		if (o->size >= size && o->ctx == ctx)
 			atomic_fetch_add_explicit(&g->ring.t->counters.replaced, 1, memory_order_relaxed);
-		o->slot = -1; /* retired: freed once unheld */
+		own_retire(g, i);
 		g->slot_own[slot] = -1;
 	}
 	own_reap(g);
@@ -631,6 +639,7 @@ static void peer_close(struct ts_gpu *g, unsigned b)
 	drv.IpcCloseMemHandle(pb->ptr);
 	drv.EventDestroy(pb->ev);
 	memset(pb, 0, sizeof(*pb));
+	ts_gpuring_unmap(&g->ring, g->f->s.self, b); /* after the close: the owner may free it now */
 }
 
 /* Our mapping of record b (opened once, reopened when the record changed). */
@@ -671,14 +680,18 @@ static struct peer_buf *peer_open(struct ts_gpu *g, const struct ts_gpu_held *h)
 	}
 	pb->uniq = h->uniq;
 	pb->ctx = ctx;
+	ts_gpuring_map(&g->ring, g->f->s.self, h->buf); /* while we hold it: see gpuring.h */
 	return pb;
 }
 
-/* Close our mappings of records that are gone: the last mapping closed releases the memory. */
+/*
+ * Close our mappings of records retired or gone: the owner frees a retired
+ * buffer only once every live consumer has closed it.
+ */
 static void close_stale(struct ts_gpu *g)
 {
 	for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++)
-		if (g->peer[b].uniq && !g->peer[b].copies && !ts_gpuring_buf_current(&g->ring, b, g->peer[b].uniq))
+		if (g->peer[b].uniq && !g->peer[b].copies && !ts_gpuring_buf_serving(&g->ring, b, g->peer[b].uniq))
 			peer_close(g, b);
 }
 
@@ -899,10 +912,18 @@ void ts_gpu_free(struct ts_gpu *g, int exiting)
 			for (unsigned sl = 0; sl < ts_gpuring_depth(&g->ring); sl++)
 				if (g->slot_own[sl] == i)
 					ts_gpuring_slot_drop(&g->ring, sl);
+			/*
+			 * Leaving while the process goes on: a buffer another process
+			 * still holds or has open is left allocated (until our exit)
+			 * rather than freed under it.
+			 */
+			own_retire(g, i);
 			if (exiting)
 				ts_gpuring_buf_remove(&g->ring, (unsigned)g->own[i].rec, g->own[i].uniq);
-			else if (!ts_gpuring_buf_held(&g->ring, g->f->s.seg, (unsigned)g->own[i].rec, g->f->s.self))
+			else if (!ts_gpuring_buf_in_use(&g->ring, g->f->s.seg, (unsigned)g->own[i].rec, g->f->s.self))
 				own_free(g, i);
+			else
+				ts_debug("gpu: a ring buffer still open in another process is kept until exit");
 		}
 		ts_gpuring_close(&g->ring);
 	}

@@ -469,6 +469,67 @@ Test(gpuring, unhold_all_clears_every_hold_of_that_member_only)
 	ts_gpuring_close(&g);
 }
 
+Test(gpuring, a_mapped_buffer_stays_in_use_until_unmapped_or_its_member_dies)
+{
+	struct ts_gpuring g;
+	struct ts_gpu_held h;
+	uint64_t uniq;
+	cr_assert_eq(ts_gpuring_open(&g, path, DEPTH), 0);
+	int b = add(&g, 0, 4096, &uniq);
+	cr_assert_geq(b, 0);
+	cr_assert_eq(publish(&g, 1, (unsigned)b, uniq, 1, (uint64_t[]){ 0 }, (uint64_t[]){ 4096 }), 0);
+	cr_expect_eq(ts_gpuring_buf_in_use(&g, seg, (unsigned)b, 0), 0);
+
+	/* a consumer holds, maps (while holding), copies, lets go: still open there */
+	cr_assert_eq(ts_gpuring_hold(&g, 2, 1, 0, &h), 0);
+	ts_gpuring_map(&g, 2, (unsigned)b);
+	ts_gpuring_unhold(&g, 2, (unsigned)b);
+	cr_expect_eq(ts_gpuring_buf_held(&g, seg, (unsigned)b, 0), 0, "nobody holds it");
+	cr_expect_eq(ts_gpuring_buf_in_use(&g, seg, (unsigned)b, 0), 1, "member 2 has it open");
+	cr_expect_eq(ts_gpuring_buf_in_use(&g, seg, (unsigned)b, 2), 0, "our own mapping does not count");
+	cr_expect_eq(ts_gpuring_buf_in_use(&g, seg, (unsigned)b + 1, 0), 0, "only that buffer");
+
+	set_member(2, NO_PID, me.start_time);
+	cr_expect_eq(ts_gpuring_buf_in_use(&g, seg, (unsigned)b, 0), 0, "a dead member's mapping went with it");
+	live(2);
+	ts_gpuring_unmap(&g, 2, (unsigned)b);
+	cr_expect_eq(ts_gpuring_buf_in_use(&g, seg, (unsigned)b, 0), 0, "closed");
+
+	/* a reused member slot starts with no mappings, another member's stay */
+	ts_gpuring_map(&g, 2, (unsigned)b);
+	ts_gpuring_map(&g, 3, TS_GPU_MAX_BUFS - 1);
+	ts_gpuring_map(&g, 1, (unsigned)b);
+	ts_gpuring_unmap_all(&g, 3);
+	cr_expect_eq(ts_gpuring_buf_in_use(&g, seg, TS_GPU_MAX_BUFS - 1, 0), 0);
+	ts_gpuring_unmap(&g, 2, (unsigned)b);
+	cr_expect_eq(ts_gpuring_buf_in_use(&g, seg, (unsigned)b, 0), 1, "member 1's mapping stays");
+	ts_gpuring_map(&g, -1, 0);                        /* ignored */
+	ts_gpuring_unmap(&g, 3, TS_GPU_MAX_BUFS + 100);   /* ignored */
+	ts_gpuring_unmap_all(&g, TS_MAX_MEMBERS);         /* ignored */
+	ts_gpuring_close(&g);
+}
+
+Test(gpuring, a_retired_record_stops_serving_until_the_index_is_reused)
+{
+	struct ts_gpuring g;
+	uint64_t u1, u2;
+	cr_assert_eq(ts_gpuring_open(&g, path, DEPTH), 0);
+	int b = add(&g, 0, 4096, &u1);
+	cr_assert_geq(b, 0);
+	cr_expect(ts_gpuring_buf_serving(&g, (unsigned)b, u1));
+	ts_gpuring_buf_retire(&g, (unsigned)b, u1 + 2); /* not this record: ignored */
+	cr_expect(ts_gpuring_buf_serving(&g, (unsigned)b, u1));
+	ts_gpuring_buf_retire(&g, (unsigned)b, u1);
+	cr_expect(ts_gpuring_buf_current(&g, (unsigned)b, u1), "still allocated");
+	cr_expect_not(ts_gpuring_buf_serving(&g, (unsigned)b, u1), "but retired: mappers close it");
+	ts_gpuring_buf_remove(&g, (unsigned)b, u1);
+	int b2 = add(&g, 0, 8192, &u2);
+	cr_assert_eq(b2, b, "the index is reused");
+	cr_expect(ts_gpuring_buf_serving(&g, (unsigned)b, u2), "the new record is not retired");
+	cr_expect_not(ts_gpuring_buf_serving(&g, (unsigned)b, u1), "the old one is gone");
+	ts_gpuring_close(&g);
+}
+
 /* ---- buffer records ------------------------------------------------------------------ */
 
 Test(gpuring, records_fill_up_to_enospc_and_remove_needs_the_right_uniq)
@@ -718,7 +779,7 @@ static struct ts_gpuring rg;
 static _Atomic uint64_t stamp[TS_GPU_MAX_BUFS]; /* the "device buffer": seq of its last write */
 static _Atomic uint64_t latest;                 /* highest seq READY */
 static _Atomic int stop;
-static _Atomic uint64_t holds_ok, mismatches, bad_results, replaced, producer_err;
+static _Atomic uint64_t holds_ok, mismatches, bad_results, replaced, producer_err, freed_open, closes;
 
 /* A layout that fits `size`, different for every seq: torn snapshots would not fit. */
 static uint32_t layout(uint64_t seq, uint64_t size, uint64_t *off, uint64_t *len)
@@ -732,11 +793,11 @@ static uint32_t layout(uint64_t seq, uint64_t size, uint64_t *off, uint64_t *len
 	return npos;
 }
 
-/* Retired records nobody holds any more are freed. */
+/* Retired records nobody holds or has open any more are freed. */
 static void sweep(int *retired, uint64_t *retired_uniq, int *n)
 {
 	for (int i = 0; i < *n; i++)
-		if (!ts_gpuring_buf_held(&rg, seg, (unsigned)retired[i], 0)) {
+		if (!ts_gpuring_buf_in_use(&rg, seg, (unsigned)retired[i], 0)) {
 			ts_gpuring_buf_remove(&rg, (unsigned)retired[i], retired_uniq[i]);
 			--*n;
 			retired[i] = retired[*n];
@@ -761,6 +822,7 @@ static void *race_producer(void *arg)
 			if (!ts_gpuring_buf_held(&rg, seg, (unsigned)slot_buf[k], 0))
 				break;
 			/* held: retire it, give the slot a fresh record */
+			ts_gpuring_buf_retire(&rg, (unsigned)slot_buf[k], slot_uniq[k]);
 			retired[nretired] = slot_buf[k];
 			retired_uniq[nretired++] = slot_uniq[k];
 			atomic_fetch_add(&replaced, 1);
@@ -792,7 +854,18 @@ static void *race_consumer(void *arg)
 {
 	int self = (int)(intptr_t)arg;
 	uint64_t off[TS_MAX_POSITIONS], len[TS_MAX_POSITIONS];
+	uint64_t open_uniq[TS_GPU_MAX_BUFS] = {0}; /* our "mappings", kept across copies */
 	for (unsigned n = 0; !atomic_load(&stop); n++) {
+		/* close mappings of retired records; one freed while open is the bug */
+		for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++) {
+			if (!open_uniq[b] || ts_gpuring_buf_serving(&rg, b, open_uniq[b]))
+				continue;
+			if (!ts_gpuring_buf_current(&rg, b, open_uniq[b]))
+				atomic_fetch_add(&freed_open, 1);
+			open_uniq[b] = 0;
+			ts_gpuring_unmap(&rg, self, b);
+			atomic_fetch_add(&closes, 1);
+		}
 		uint64_t top = atomic_load(&latest), seq = top - n % DEPTH;
 		if (top < DEPTH)
 			continue;
@@ -805,6 +878,12 @@ static void *race_consumer(void *arg)
 			continue;
 		}
 		atomic_fetch_add(&holds_ok, 1);
+		if (open_uniq[h.buf] != h.uniq) {
+			if (open_uniq[h.buf])
+				atomic_fetch_add(&freed_open, 1); /* the index was reused under our mapping */
+			open_uniq[h.buf] = h.uniq;
+			ts_gpuring_map(&rg, self, h.buf); /* while holding */
+		}
 		uint32_t npos = layout(seq, h.size, off, len);
 		if (h.npos != npos || memcmp(h.off, off, npos * 8) || memcmp(h.len, len, npos * 8))
 			atomic_fetch_add(&mismatches, 1);
@@ -819,7 +898,7 @@ static void *race_consumer(void *arg)
 	return NULL;
 }
 
-Test(gpuring, a_held_buffer_is_never_rewritten)
+Test(gpuring, a_held_buffer_is_never_rewritten_nor_an_open_one_freed)
 {
 	pthread_t p, c[NCONS];
 	cr_assert_eq(ts_gpuring_open(&rg, path, DEPTH), 0);
@@ -838,6 +917,8 @@ Test(gpuring, a_held_buffer_is_never_rewritten)
 	cr_expect_eq(atomic_load(&bad_results), 0u, "hold said the table was invalid while it was only being written");
 	cr_expect_gt(atomic_load(&holds_ok), 100u);
 	cr_expect_gt(atomic_load(&replaced), 0u, "the producer met held buffers");
+	cr_expect_eq(atomic_load(&freed_open), 0u, "a record was freed while a consumer had it open");
+	cr_expect_gt(atomic_load(&closes), 0u, "consumers closed retired records");
 	cr_expect_gt(atomic_load(&latest), 1000u);
 	ts_gpuring_close(&rg);
 }
