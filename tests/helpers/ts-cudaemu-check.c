@@ -850,18 +850,42 @@ static void t_ipc_mem(void)
 	CHECK(seed_of(g, half) == 2 && !memcmp(g + half, h + half, sz - half),
 	      "the exporter sees the importer's write (first half seed %d)", seed_of(g, half));
 
-	/* the importer's mapping outlives the exporter's cudaFree */
+	/*
+	 * Freeing memory another live process has open is undefined on CUDA:
+	 * tsemu counts it and overwrites the bytes (the importer sees that). One
+	 * that closed its mapping, or died, does not count.
+	 */
 	int up[2], down[2];
 	if (pipe(up) || pipe(down))
 		die("pipe");
 	snprintf(rfd, sizeof rfd, "%d", down[0]);
 	snprintf(wfd, sizeof wfd, "%d", up[1]);
+	void *d2;
+	cudaIpcMemHandle_t hd2x;
+	char hx2[2 * sizeof hd + 1];
+	OK(rt.Malloc(&d2, sz));
+	OK(rt.IpcGetMemHandle(&hd2x, d2));
+	hex(&hd2x, sizeof hd2x, hx2);
+	struct tsemu_stats s0 = stats();
+	char *a4[] = {"ts-cudaemu-check", "ipc-mem-child", hx2, szs, "die", NULL};
+	st = reap(spawn(a4));
+	CHECK(st == 0, "importer that exits with the handle open: exit %d", st);
+	char *a5[] = {"ts-cudaemu-check", "ipc-mem-child", hx2, szs, "closed", rfd, wfd, NULL};
+	pid_t p = spawn(a5);
+	CHECK(get_byte(up[0]) == 'r', "closed importer ready");
+	OK(rt.Free(d2));
+	put_byte(down[1], 'g');
+	st = reap(p);
+	CHECK(st == 0, "importer that closed its mapping: exit %d", st);
+	EXPECT(stats().ipc_freed_while_open - s0.ipc_freed_while_open, 0);
+
 	char *a2[] = {"ts-cudaemu-check", "ipc-mem-child", hx, szs, "hold", rfd, wfd, NULL};
-	pid_t p = spawn(a2);
+	p = spawn(a2);
 	close(up[1]);
 	close(down[0]);
 	CHECK(get_byte(up[0]) == 'r', "holding importer ready");
-	OK(rt.Free(d));
+	OK(rt.Free(d)); /* succeeds, as on CUDA */
+	EXPECT(stats().ipc_freed_while_open - s0.ipc_freed_while_open, 1);
 	put_byte(down[1], 'g');
 	st = reap(p);
 	CHECK(st == 0, "importer reading after the exporter's cudaFree: exit %d", st);
@@ -916,8 +940,15 @@ static void t_ipc_mem_child(int argc, char **argv)
 		put_byte(wfd, 'r');
 		CHECK(get_byte(rfd) == 'g', "go");
 		OK(rt.Memcpy(g, p, sz, cudaMemcpyDeviceToHost));
-		CHECK(seed_of(g, half) == 2, "data intact after the exporter's cudaFree");
+		CHECK(seed_of(g, half) != 2 && (unsigned char)g[0] == 0xa5,
+		      "the bytes are no longer the data after the exporter's cudaFree");
 		OK(rt.IpcCloseMemHandle(p));
+	} else if (!strcmp(mode, "closed") && argc >= 5) {
+		OK(rt.IpcCloseMemHandle(p));
+		put_byte(atoi(argv[4]), 'r');
+		CHECK(get_byte(atoi(argv[3])) == 'g', "go");
+	} else if (!strcmp(mode, "die")) {
+		_exit(0); /* the mapping dies with us, never closed */
 	} else {
 		die("bad mode");
 	}

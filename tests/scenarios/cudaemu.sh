@@ -86,7 +86,7 @@ check "fork after initialisation: every call in the child fails with cudaErrorIn
 check "fork before initialisation: the child may use CUDA" run forkclean -- fork-clean
 check "peers: cudaDeviceCanAccessPeer, enable twice, cudaMemcpyPeer(Async), unified copy across devices, counters" \
 	run peer -- peer
-check "IPC memory: handle only of a base, own handle refused (invalid device context), another process reads/writes, reopen/close refcount, mapping outlives the exporter's cudaFree, stale handle refused" \
+check "IPC memory: handle only of a base, own handle refused (invalid device context), another process reads/writes, reopen/close refcount, a free while another live process has it open is counted and overwrites it (not after a close or the importer's death), stale handle refused" \
 	run ipcmem -- ipc-mem
 check "IPC events: records in one process order streams in the other, both ways; cudaEventQuery not ready is not a last error; a dead recorder does not hang waiters" \
 	run ipcevent -- ipc-event

@@ -614,5 +614,36 @@ check "17: the consumer's uploads served from the ring: h2d_bytes $h <= 10% of t
 	cond '[ "$hp" -gt 0 ] && [ $((h * 10)) -le "$hp" ]'
 echo "# case 17: $((SECONDS - T1)) s"
 
+# === 18. buffers replaced under slow consumers ==============================================
+# Consumers whose copies are slow (each stream operation waits) still hold a
+# slot's buffer when the producer comes round to it again: the slot gets a
+# fresh buffer, the old one is retired. The producer frees a retired buffer
+# only once no consumer holds it and every consumer has closed its mapping:
+# freeing memory another process still has open is undefined on CUDA. Before,
+# it freed a buffer as soon as no copy held it, and tsemu counted 9 frees of
+# memory a consumer still had open.
+T1=$SECONDS
+S=$(session_name c18)
+job c18p "$S" -- --seed 1 --batch 32 --limit 256 --epochs 4 "$TR"
+started c18p
+job c18a "$S" TSEMU_STREAM_DELAY_US=3000 -- --seed 2 --batch 32 --limit 256 --epochs 3 "$TR"
+job c18b "$S" TSEMU_STREAM_DELAY_US=1000 -- --seed 3 --batch 48 --limit 256 --epochs 3 "$TR"
+wait_jobs c18p c18a c18b
+case_end "18 (buffers replaced under slow consumers)" "$S" c18p c18a c18b
+fo=$(cat "$T_TMP"/c18?.stats | grep -o '"ipc_freed_while_open":[0-9]*' | awk -F: '{s += $2} END {print s + 0}')
+check "18: retired buffers were freed while the job ran (producer frees $(stat c18p frees)), none while a consumer had it open ($fo)" \
+	cond '[ "$(stat c18p frees)" -gt 0 ] && [ "$fo" = 0 ]'
+check "18: both consumers were served from the ring (served lines: $(nlines c18a " share=served "), $(nlines c18b " share=served "))" \
+	cond '[ "$(nlines c18a " share=served ")" -gt 0 ] && [ "$(nlines c18b " share=served ")" -gt 0 ]'
+echo "# case 18: $((SECONDS - T1)) s"
+
+# Across every case: no producer freed a buffer a live consumer still had open
+# through IPC (undefined on CUDA; tsemu counts it and overwrites the memory).
+freed_open=$(cat "$T_TMP"/*.stats 2>/dev/null | python3 -c '
+import json, sys
+print(sum(json.loads(l).get("ipc_freed_while_open", 0) for l in sys.stdin if l.strip()))')
+check "every case: no buffer freed while another process had it open (tsemu ipc_freed_while_open: $freed_open)" \
+	cond '[ "$freed_open" = 0 ]'
+
 echo "# total: $((SECONDS - T0)) s"
 finish gpu_share

@@ -589,6 +589,7 @@ check "(v) two jobs sharing the loader see the same ($(grep -h '^epoch' "$T_TMP/
 EMU="$PWD/$BUILD/emu"
 if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 	export LD_LIBRARY_PATH="$EMU${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" TSEMU_DEVICES=1
+	export TSEMU_STATS="$T_TMP/tsemu.stats" # one line per GPU job: see the end of m-w
 	# Under ASan, no forked workers here: the test device runs streams on
 	# threads, and gcc 12's ASan allocator is not fork-safe in a threaded
 	# process (a worker hung in PyOS_AfterFork_Child -> malloc on ASan's
@@ -696,6 +697,15 @@ if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 		not_ok "(w) jobs on device 1: $(tail -n 1 "$T_TMP/w.upload")"
 		sed 's/^/#   /' "$T_TMP/w.upload" | head -n 12
 	fi
+
+	# Every GPU job above: no producer freed a ring buffer a consumer still had
+	# open (undefined on CUDA; tsemu counts it and overwrites the memory).
+	nstats=$(grep -c . "$T_TMP/tsemu.stats" 2>/dev/null)
+	freed_open=$(grep -o '"ipc_freed_while_open":[0-9]*' "$T_TMP/tsemu.stats" 2>/dev/null |
+		awk -F: '{s += $2} END {print s + 0}')
+	check "(m-w) no ring buffer freed while a consumer had it open (tsemu, ${nstats:-0} jobs: $freed_open)" \
+		cond '[ "${nstats:-0}" -gt 0 ] && [ "$freed_open" = 0 ]'
+	unset TSEMU_STATS
 else
 	echo "# (m-w) skipped: tsemu not built"
 fi

@@ -16,7 +16,10 @@
  *    memfd. Bases are page aligned (>= 256 bytes, as CUDA promises).
  *  - IPC: a memory handle names the exporter's pid, the memfd's descriptor
  *    number and inode; the importer opens /proc/PID/fd/N (same user only)
- *    and maps it. Its mapping outlives the exporter's cuMemFree.
+ *    and maps it. The page after the allocation's bytes lists the processes
+ *    that have it open; an exporter's cuMemFree while one of them lives is
+ *    undefined behaviour on CUDA: tsemu says so, counts it
+ *    (ipc_freed_while_open) and overwrites the bytes, as a reuse would.
  *  - Streams: one worker thread per stream executes its queue in order.
  *    Copies run there, so a pinned source changed after an async copy and
  *    before synchronisation shows. The legacy default stream synchronises
@@ -101,6 +104,19 @@ struct mem {
 	int opens;      /* M_IPC: cuIpcOpenMemHandle count */
 	pid_t peer_pid; /* M_IPC: exporter */
 	uint64_t peer_id;
+	struct importers *imp; /* M_IPC: the exporter's list, mapped; NULL if we are not on it */
+	int imp_slot;
+};
+
+/*
+ * The page that follows an allocation's bytes in its memfd: who has it
+ * open through IPC. An importer takes a slot (its pid) at its first open
+ * and gives it back when its mapping goes; a process that dies keeps its
+ * slot, and its pid, which reads as dead.
+ */
+#define IMPORTERS 64
+struct importers {
+	int32_t pid[IMPORTERS];
 };
 
 enum { OP_COPY = 1, OP_MEMSET, OP_RECORD, OP_WAITEV, OP_MARK };
@@ -407,7 +423,8 @@ static void write_stats(void)
 		"\"alloc_bytes\":%llu,\"peak_alloc_bytes\":%llu,"
 		"\"ipc_mem_exports\":%llu,\"ipc_mem_opens\":%llu,\"ipc_mem_closes\":%llu,"
 		"\"ipc_event_exports\":%llu,\"ipc_event_opens\":%llu,"
-		"\"event_records\":%llu,\"stream_waits\":%llu,\"getproc_lookups\":%llu,\"api_calls\":%llu}\n",
+		"\"event_records\":%llu,\"stream_waits\":%llu,\"getproc_lookups\":%llu,\"api_calls\":%llu,"
+		"\"ipc_freed_while_open\":%llu}\n",
 		(int)getpid(), s.devices,
 		(unsigned long long)s.h2d_bytes, (unsigned long long)s.d2h_bytes, (unsigned long long)s.d2d_bytes,
 		(unsigned long long)s.peer_bytes, (unsigned long long)s.h2h_bytes,
@@ -420,7 +437,7 @@ static void write_stats(void)
 		(unsigned long long)s.ipc_mem_closes, (unsigned long long)s.ipc_event_exports,
 		(unsigned long long)s.ipc_event_opens, (unsigned long long)s.event_records,
 		(unsigned long long)s.stream_waits, (unsigned long long)s.getproc_lookups,
-		(unsigned long long)s.api_calls);
+		(unsigned long long)s.api_calls, (unsigned long long)s.ipc_freed_while_open);
 	if (n <= 0 || (size_t)n >= sizeof buf)
 		return;
 	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
@@ -519,10 +536,73 @@ static void mem_remove(struct mem *m)
 		}
 }
 
+/* Running, and not a zombie: a process that has it open still counts. */
+static int pid_alive(pid_t pid)
+{
+	char path[64], buf[256];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	const char *p = strrchr(buf, ')');
+	return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+}
+
+/* Put ourselves on the exporter's list of importers of the memfd `fd`. */
+static void importer_join(struct mem *m, int fd)
+{
+	size_t pg = page_round(1);
+	void *p = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)m->maplen);
+	if (p == MAP_FAILED)
+		return;
+	struct importers *imp = p;
+	for (int pass = 0; pass < 2; pass++)
+		for (int i = 0; i < IMPORTERS; i++) {
+			int32_t old = __atomic_load_n(&imp->pid[i], __ATOMIC_RELAXED);
+			if ((pass == 0 && old != 0) || (pass == 1 && (old == 0 || pid_alive(old))))
+				continue;
+			if (__atomic_compare_exchange_n(&imp->pid[i], &old, (int32_t)G.pid, 0, __ATOMIC_SEQ_CST,
+							__ATOMIC_RELAXED)) {
+				m->imp = imp;
+				m->imp_slot = i;
+				return;
+			}
+		}
+	say("an IPC allocation has more than %d importers: this one is not tracked", IMPORTERS);
+	munmap(p, pg);
+}
+
+static void importer_leave(struct mem *m)
+{
+	int32_t me = (int32_t)G.pid;
+	__atomic_compare_exchange_n(&m->imp->pid[m->imp_slot], &me, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED);
+	munmap(m->imp, page_round(1));
+	m->imp = NULL;
+}
+
+/* A live process (not us) that has our allocation m open through IPC, or 0. */
+static pid_t open_elsewhere(const struct mem *m)
+{
+	struct importers imp;
+	if (pread(m->fd, &imp, sizeof imp, (off_t)m->maplen) != (ssize_t)sizeof imp)
+		return 0;
+	for (int i = 0; i < IMPORTERS; i++)
+		if (imp.pid[i] > 0 && imp.pid[i] != (int32_t)G.pid && pid_alive(imp.pid[i]))
+			return imp.pid[i];
+	return 0;
+}
+
 static void mem_unref(struct mem *m)
 {
 	if (!m || --m->refs > 0)
 		return;
+	if (m->kind == M_IPC && m->imp)
+		importer_leave(m);
 	if (is_dev(m)) {
 		munmap((void *)m->base, m->maplen);
 		munmap(m->data, m->maplen);
@@ -1271,7 +1351,7 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	struct mem *m = calloc(1, sizeof *m);
 	int fd = memfd_create(name, MFD_CLOEXEC);
 	struct stat st;
-	if (!m || fd < 0 || ftruncate(fd, (off_t)maplen) < 0 || fstat(fd, &st) < 0)
+	if (!m || fd < 0 || ftruncate(fd, (off_t)(maplen + page_round(1))) < 0 || fstat(fd, &st) < 0)
 		goto fail;
 	m->kind = M_DEV;
 	m->dev = c->dev;
@@ -1323,6 +1403,14 @@ API CUresult cuMemFree_v2(CUdeviceptr dptr)
 	CUresult r = ctx_sync(m->ctx);
 	if (r == CUDA_SUCCESS && mem_find((uintptr_t)dptr) != m)
 		r = CUDA_ERROR_INVALID_VALUE; /* freed by another thread meanwhile */
+	pid_t importer = r == CUDA_SUCCESS ? open_elsewhere(m) : 0;
+	if (importer) {
+		/* CUDA: "undefined behavior"; here the memory is taken for something else */
+		say("cuMemFree of %p while process %d has it open through IPC: undefined behaviour on CUDA",
+		    (void *)m->base, (int)importer);
+		ST_ADD(ipc_freed_while_open, 1);
+		memset(m->data, 0xa5, m->maplen);
+	}
 	if (r == CUDA_SUCCESS) {
 		mem_remove(m);
 		G.used[m->dev] -= m->size;
@@ -2384,7 +2472,7 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, un
 	}
 	pthread_mutex_unlock(&G.mu);
 	size_t maplen = page_round(h.size);
-	int fd = handle_open(&h, maplen);
+	int fd = handle_open(&h, maplen + page_round(1));
 	if (fd < 0)
 		return CUDA_ERROR_INVALID_VALUE; /* exporter gone, or the allocation freed */
 	struct mem *m = calloc(1, sizeof *m);
@@ -2404,6 +2492,8 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, un
 	m->peer_pid = h.pid;
 	m->peer_id = h.id;
 	r = map_device(fd, maplen, &m->base, &m->data);
+	if (r == CUDA_SUCCESS)
+		importer_join(m, fd);
 	close(fd);
 	if (r != CUDA_SUCCESS) {
 		free(m);

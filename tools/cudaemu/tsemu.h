@@ -16,7 +16,7 @@
 
 #include <stdint.h>
 
-#define TSEMU_STATS_VERSION 1
+#define TSEMU_STATS_VERSION 2
 
 struct tsemu_stats {
 	uint32_t version; /* TSEMU_STATS_VERSION */
@@ -31,6 +31,7 @@ struct tsemu_stats {
 	uint64_t event_records, stream_waits; /* cuEventRecord, cuStreamWaitEvent */
 	uint64_t getproc_lookups;        /* cuGetProcAddress calls */
 	uint64_t api_calls;              /* driver API calls (all entry points) */
+	uint64_t ipc_freed_while_open;   /* cuMemFree of memory a live process had open through IPC (v2) */
 };
 
 #ifdef __cplusplus
