@@ -120,8 +120,11 @@ struct own_buf {                 /* an allocation of ours in the ring */
 	CUevent ev;
 	uint64_t size;
 	CUcontext ctx;
-	int slot;                /* the slot it serves; -1: retired, freed once unheld */
+	int slot;                /* the slot it serves; OWN_RETIRED, or OWN_SPARE */
 };
+
+#define OWN_RETIRED (-1)         /* freed once no one holds or has it open */
+#define OWN_SPARE   (-2)         /* given up by a slot while held: taken again by a slot later */
 
 struct peer_buf {                /* a record of another process, opened here */
 	uint64_t uniq;           /* 0: not open */
@@ -175,6 +178,7 @@ struct ts_gpu {
 	 * current when a batch is announced.
 	 */
 	CUcontext up_ctx;
+	uint64_t allocs, spares_taken; /* ring buffers allocated; slots given a spare instead */
 	/* consumer */
 	struct peer_buf peer[TS_GPU_MAX_BUFS];
 	struct pending pend[MAX_PENDING];
@@ -259,7 +263,7 @@ static void own_free(struct ts_gpu *g, int i)
 static void own_reap(struct ts_gpu *g)
 {
 	for (int i = 0; i < (int)MAX_OWN; i++)
-		if (g->own[i].rec >= 0 && g->own[i].slot < 0 &&
+		if (g->own[i].rec >= 0 && g->own[i].slot == OWN_RETIRED &&
 		    !ts_gpuring_buf_in_use(&g->ring, g->f->s.seg, (unsigned)g->own[i].rec, g->f->s.self))
 			own_free(g, i);
 }
@@ -267,8 +271,48 @@ static void own_reap(struct ts_gpu *g)
 /* Our buffer i serves no slot any more: freed once unheld and closed by every consumer. */
 static void own_retire(struct ts_gpu *g, int i)
 {
-	g->own[i].slot = -1;
+	g->own[i].slot = OWN_RETIRED;
 	ts_gpuring_buf_retire(&g->ring, (unsigned)g->own[i].rec, g->own[i].uniq);
+}
+
+/*
+ * Spares. A slot whose buffer is still being read when the slot comes round
+ * again gets another buffer; allocating one, and freeing the old one later,
+ * would put cuMemAlloc and cuMemFree (which waits for the whole device) on
+ * the upload path each time a consumer lags. The old buffer becomes a spare
+ * instead, still exported and still open in the consumers, and the next slot
+ * in need takes a spare nobody holds. At most depth spares; more retire.
+ */
+static void own_spare(struct ts_gpu *g, int i)
+{
+	unsigned n = 0;
+	for (unsigned j = 0; j < MAX_OWN; j++)
+		n += g->own[j].rec >= 0 && g->own[j].slot == OWN_SPARE;
+	if (n >= ts_gpuring_depth(&g->ring))
+		own_retire(g, i);
+	else
+		g->own[i].slot = OWN_SPARE;
+}
+
+/*
+ * A spare of at least `size` bytes in `ctx` for slot `slot`, nobody holding
+ * it once the slot's word names it (WRITING: the same Dekker pair as for a
+ * slot's own buffer, header of gpuring.h), or -1.
+ */
+static int spare_take(struct ts_gpu *g, unsigned slot, uint64_t seq, uint64_t size, CUcontext ctx)
+{
+	for (int i = 0; i < (int)MAX_OWN; i++) {
+		struct own_buf *o = &g->own[i];
+		if (o->rec < 0 || o->slot != OWN_SPARE || o->size < size || o->ctx != ctx)
+			continue;
+		ts_gpuring_slot_begin(&g->ring, slot, (unsigned)g->f->s.self, seq, (unsigned)o->rec);
+		if (ts_gpuring_buf_held(&g->ring, g->f->s.seg, (unsigned)o->rec, g->f->s.self))
+			continue;
+		o->slot = (int)slot;
+		g->spares_taken++;
+		return i;
+	}
+	return -1;
 }
 
 /*
@@ -351,12 +395,19 @@ static int slot_buffer(struct ts_gpu *g, unsigned slot, uint64_t seq, uint64_t s
 		if (o->size >= size && o->ctx == ctx &&
 		    !ts_gpuring_buf_held(&g->ring, g->f->s.seg, (unsigned)o->rec, g->f->s.self))
 			return i;
-		if (o->size >= size && o->ctx == ctx)
+		if (o->size >= size && o->ctx == ctx) {
 			atomic_fetch_add_explicit(&g->ring.t->counters.replaced, 1, memory_order_relaxed);
-		own_retire(g, i);
+			own_spare(g, i);
+		} else {
+			own_retire(g, i);
+		}
 		g->slot_own[slot] = -1;
 	}
 	own_reap(g);
+	if ((i = spare_take(g, slot, seq, size, ctx)) >= 0) {
+		g->slot_own[slot] = i;
+		return i;
+	}
 	CUcontext prev;
 	int sw = in_ctx(ctx, &prev);
 	i = own_alloc(g, slot, size);
@@ -365,6 +416,7 @@ static int slot_buffer(struct ts_gpu *g, unsigned slot, uint64_t seq, uint64_t s
 		ts_gpuring_slot_drop(&g->ring, slot);
 		return -1;
 	}
+	g->allocs++;
 	g->slot_own[slot] = i;
 	ts_gpuring_slot_begin(&g->ring, slot, (unsigned)g->f->s.self, seq, (unsigned)g->own[i].rec);
 	return i;
@@ -891,6 +943,9 @@ void ts_gpu_free(struct ts_gpu *g, int exiting)
 	if (!g)
 		return;
 	pthread_mutex_lock(&g->mu);
+	if (g->allocs)
+		ts_debug("gpu: %llu ring buffers allocated; a spare served a slot %llu times instead",
+			 (unsigned long long)g->allocs, (unsigned long long)g->spares_taken);
 	if (g->ring_state > 0) {
 		/*
 		 * At exit the driver may be finalised already (it was dlopen()ed
