@@ -365,12 +365,52 @@ static int pick_successor(const struct ts_segment *seg, int self, uint64_t now)
 	return best;
 }
 
+/*
+ * The session descriptors this process has open (fd + 1; 0: empty), for
+ * ts_session_atfork_child(). A descriptor is listed right after its open and
+ * unlisted before its close, so a child never closes a number that was
+ * reused for a file not ours; one opened or closed across the fork may be
+ * left open in the child, unlocked.
+ */
+#define SESSION_FDS 128
+static _Atomic int session_fds[SESSION_FDS];
+
+static void fd_list(int fd)
+{
+	for (unsigned i = 0; i < SESSION_FDS; i++) {
+		int empty = 0;
+		if (atomic_compare_exchange_strong(&session_fds[i], &empty, fd + 1))
+			return;
+	}
+}
+
+static void fd_unlist(int fd)
+{
+	for (unsigned i = 0; i < SESSION_FDS; i++) {
+		int mine = fd + 1;
+		if (atomic_compare_exchange_strong(&session_fds[i], &mine, 0))
+			return;
+	}
+}
+
+void ts_session_atfork_child(void)
+{
+	for (unsigned i = 0; i < SESSION_FDS; i++) {
+		int v = atomic_exchange(&session_fds[i], 0);
+		if (v > 0)
+			close(v - 1); /* our copy only: the parent's lock stays its own */
+	}
+}
+
 static void close_map(struct ts_session *s)
 {
 	if (s->seg)
 		munmap(s->seg, s->map_size);
-	if (s->fd >= 0)
+	/* in a forked child the descriptor was closed at the fork (its number may be another file's now) */
+	if (s->fd >= 0 && (uint32_t)getpid() == s->me.pid) {
+		fd_unlist(s->fd);
 		close(s->fd);
+	}
 	s->seg = NULL;
 	s->fd = -1;
 	s->self = -1;
@@ -394,15 +434,32 @@ static int join_once(struct ts_session *s, const struct ts_session_params *p, ch
 	}
 	if (fd < 0)
 		return fail(why, whylen, fd, "cannot open or create %s: %s", s->path, strerror(-fd));
+	fd_list(fd);
 	s->fd = fd;
 	int ret = lock_timed(fd, (uint64_t)p->timeout_ms * 1000000ull);
 	if (ret)
 		return fail(why, whylen, ret, "%s is locked by a stopped process", s->path);
-	struct stat sb;
+	struct stat sb, mb;
 	if (fstat(fd, &sb) != 0 || sb.st_nlink == 0)
 		return -EAGAIN; /* removed by the last leaver while we waited */
+	/*
+	 * A mapping holds its open file for as long as it lives, in every
+	 * process that inherits it, and with the open file its flock: mapped
+	 * from `fd`, the segment of a member killed inside its locked section
+	 * would stay locked while a child it forked lives. The mapping comes
+	 * from a second open of the same file; the lock's open file is held by
+	 * `fd` alone, which a child closes at the fork (ts_session_atfork_child).
+	 */
+	int mfd = open(s->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (mfd < 0)
+		return errno == ENOENT ? -EAGAIN : fail(why, whylen, ts_neg_errno(), "cannot open %s", s->path);
+	if (fstat(mfd, &mb) != 0 || mb.st_ino != sb.st_ino || mb.st_dev != sb.st_dev) {
+		close(mfd);
+		return -EAGAIN; /* replaced under us */
+	}
 	void *map;
-	ret = map_checked(fd, PROT_READ | PROT_WRITE, &map, &s->map_size, why, whylen);
+	ret = map_checked(mfd, PROT_READ | PROT_WRITE, &map, &s->map_size, why, whylen);
+	close(mfd);
 	if (ret)
 		return ret;
 	s->seg = map;

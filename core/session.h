@@ -66,6 +66,14 @@ int ts_session_join(struct ts_session *s, const char *name, const struct ts_sess
 void ts_session_leave(struct ts_session *s);
 /* Forget the mapping without touching shared state (forked child, tests). */
 void ts_session_forget(struct ts_session *s);
+/*
+ * In a forked child: close the child's copies of every session descriptor
+ * of the process. A flock belongs to the open file, which fork shares: a
+ * child keeping the copy would keep a lock its parent held when it was
+ * killed, for as long as the child lives. The sessions' mappings stay; the
+ * child never locks, joins or leaves for its parent.
+ */
+void ts_session_atfork_child(void);
 
 /*
  * One heartbeat: refresh our timestamp, then if the producer is missing,

@@ -143,6 +143,7 @@ static void atfork_child(void)
 	ts_exact_fork_unlock();
 	ts_jpeg_fork_unlock();
 	pthread_mutex_init(&join_lock, NULL);
+	ts_session_atfork_child();
 	ts_feed_api_atfork_child();
 	atomic_store(&ts_is_fork_child, 1);
 	/* The heartbeat thread stayed in the parent; the child never beats. */

@@ -20,6 +20,11 @@
  *              as Python's subprocess does. Prints "vfork-before-dlopen"
  *              or "vfork-after-dlopen" (the child waited for the dynamic
  *              linker's lock, and its parent with it).
+ *   killheld SEGMENT
+ *              joins (tsshim_join), forks a child that sleeps 20 s, then
+ *              takes the flock of SEGMENT through the shim's own descriptor
+ *              of it, as a join or leave does, prints "locked CHILD-PID"
+ *              and waits to be killed (by the scenario, holding the lock).
  *
  * Exit 0 when it could run the mode (whatever the order), 2 otherwise.
  */
@@ -30,6 +35,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,9 +85,46 @@ static int child_exits(pid_t p)
 	return 0;
 }
 
+/* The shim's descriptor of the file at `path` among ours (by inode: a creator's names its temporary name), or -1. */
+static int fd_of(const char *path)
+{
+	struct stat want, sb;
+	if (stat(path, &want) != 0)
+		return -1;
+	for (int fd = 0; fd < 1024; fd++)
+		if (fstat(fd, &sb) == 0 && sb.st_ino == want.st_ino && sb.st_dev == want.st_dev)
+			return fd;
+	return -1;
+}
+
+static int kill_held(const char *seg)
+{
+	int (*join)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "tsshim_join");
+	if (!join || join() != 0) {
+		fprintf(stderr, "ts-forkcheck: tsshim_join failed\n");
+		return 2;
+	}
+	pid_t c = fork();
+	if (c == 0) {
+		sleep(20);
+		_exit(0);
+	}
+	int fd = fd_of(seg);
+	if (c < 0 || fd < 0 || flock(fd, LOCK_EX) != 0) {
+		fprintf(stderr, "ts-forkcheck: no descriptor of %s to lock\n", seg);
+		return 2;
+	}
+	printf("locked %d\n", (int)c);
+	fflush(stdout);
+	pause();
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	alarm(60);
+	if (argc == 3 && !strcmp(argv[1], "killheld"))
+		return kill_held(argv[2]);
 	if (argc < 2 || (!strcmp(argv[1], "vfork") && argc < 3)) {
 		fprintf(stderr, "usage: ts-forkcheck feedclose|joinfork|vfork LIB\n");
 		return 2;

@@ -11,7 +11,9 @@
 #     TSSHIM_TIMEOUT_MS);
 #   - a vfork child's dup2 while a thread is in dlopen (a library with a
 #     slow constructor): returns at once (a hook that resolved its libc
-#     function on first use waited for the dynamic linker's lock).
+#     function on first use waited for the dynamic linker's lock);
+#   - a member killed holding its session's lock while a child it forked
+#     lives: the lock is free at once (it stayed until the child exited).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 . tests/lib.sh
@@ -43,6 +45,27 @@ check "the host's fork() does not wait for a join that waits for a locked sessio
 	[ "$out" = "fork-before-join" ]
 wait "$LOCKER"
 rm -f "$(seg_path "$S")"
+
+# A member killed holding its session's lock (inside a join or leave) while a
+# child it forked lives: the lock goes with the member. Before, the child's
+# copy of the descriptor and its inherited mapping of the segment (a mapping
+# holds its open file, and the lock with it) kept it until the child exited,
+# and every joiner waited out TSSHIM_TIMEOUT_MS and went without the session.
+S=$(session_name kh)
+SEG=$(seg_path "$S")
+TSSHIM_SESSION=$S LD_PRELOAD="$TS_PRELOAD" "$CHECK" killheld "$SEG" >"$T_TMP/killheld.out" 2>"$T_TMP/killheld.err" &
+KP=$!
+for _ in $(seq 100); do grep -q '^locked' "$T_TMP/killheld.out" && break; sleep 0.05; done
+child=$(sed -n 's/^locked //p' "$T_TMP/killheld.out")
+kill -9 "$KP" 2>/dev/null
+wait "$KP" 2>/dev/null
+freed=no
+for _ in $(seq 20); do flock -n -x "$SEG" true 2>/dev/null && { freed=yes; break; }; sleep 0.05; done
+alive=$([ -n "$child" ] && kill -0 "$child" 2>/dev/null && echo yes || echo no)
+check "a member killed holding its session's lock: the lock is free within 1 s while its forked child lives (child ${child:-none} alive: $alive, lock free: $freed)" \
+	cond '[ "$alive" = yes ] && [ "$freed" = yes ]'
+[ -n "$child" ] && kill "$child" 2>/dev/null
+rm -f "$SEG"
 
 printf '#include <unistd.h>\n__attribute__((constructor)) static void slow(void) { sleep(2); }\n' >"$T_TMP/slow.c"
 if cc -shared -fPIC -o "$T_TMP/slow.so" "$T_TMP/slow.c" 2>"$T_TMP/cc.err"; then

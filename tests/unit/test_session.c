@@ -16,8 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -801,6 +803,61 @@ Test(shm, join_creates_private_segment_first_is_producer)
 	cr_expect(!path_exists(path), "the last leave must remove %s", path);
 	cr_expect_eq(a.seg, NULL, "leave must drop the mapping");
 	cr_expect_eq(a.fd, -1);
+}
+
+/*
+ * A member killed inside its locked section (join, leave) while a child it
+ * forked lives: the lock goes with the member, not with the child. A flock
+ * belongs to the open file, which the child shares through its copy of the
+ * descriptor: the child closes that copy at the fork. Before, the lock stayed
+ * until the child exited, and every joiner waited out its timeout.
+ */
+Test(shm, a_forked_child_does_not_keep_a_lock_its_killed_parent_held)
+{
+	char name[64], path[TS_PATH_MAX];
+	unique_name(name, sizeof(name), path);
+	struct ts_session a;
+	cr_assert_eq(ts_session_join(&a, name, &default_params), 0, "%s", a.why);
+	int ready[2], done[2];
+	cr_assert_eq(pipe(ready), 0);
+	cr_assert_eq(pipe(done), 0);
+	pid_t c = fork();
+	cr_assert_geq(c, 0);
+	if (c == 0) {
+		close(ready[0]);
+		close(done[1]);
+		ts_session_atfork_child(); /* what the shim's fork handler does */
+		char ok = fcntl(a.fd, F_GETFD) == -1 && errno == EBADF ? 'y' : 'n';
+		ts_session_leave(&a); /* in a child: forgets, touches nothing of the parent's */
+		if (write(ready[1], &ok, 1) != 1)
+			_exit(2);
+		char x;
+		(void)!read(done[0], &x, 1); /* lives on until the parent is done */
+		_exit(0);
+	}
+	close(ready[1]);
+	close(done[0]);
+	char ok = 0;
+	cr_assert_eq(read(ready[0], &ok, 1), 1);
+	cr_expect_eq(ok, 'y', "the child closed its copy of the session descriptor");
+	cr_expect(path_exists(path), "the child's leave removed nothing");
+	cr_expect_eq(atomic_load(&a.seg->members[a.self].pid), (uint32_t)getpid(), "nor our member slot");
+
+	/* we take the lock (a join or leave), then "die" holding it: our descriptor goes */
+	cr_assert_eq(flock(a.fd, LOCK_EX), 0);
+	close(a.fd);
+	int fd = open(path, O_RDWR);
+	cr_assert_geq(fd, 0);
+	cr_expect_eq(flock(fd, LOCK_EX | LOCK_NB), 0, "the lock went with its holder (errno %d)", errno);
+
+	close(done[1]);
+	int st = 0;
+	cr_assert_eq(waitpid(c, &st, 0), c);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	close(ready[0]);
+	a.fd = fd; /* our session again, locked by us: leave removes it */
+	ts_session_leave(&a);
+	cr_expect(!path_exists(path));
 }
 
 /*
