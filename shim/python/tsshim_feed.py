@@ -367,6 +367,7 @@ class _Epoch:
         self.gpu = False          # the process uses CUDA: yielded batches are registered for upload
         self.rest_plan = None     # (indices not published, samples published, carried batch part)
         self.pending = None       # (got, bytes per sample of position 0) of a copying read under way
+        self.drawn = False        # this epoch drew what the job's own iterator would (own_draws)
 
     # -- helpers --
     def role(self):
@@ -493,6 +494,27 @@ class _Epoch:
         else:
             self.lib.tsshim_feed_gpu_read(self.h, npos, ptrs, sizes, 1 if view else 0)
 
+    def own_draws(self):
+        """Draw the random numbers the job's own iterator would draw for this epoch,
+        though it does not run: a new iterator's base seed (once for good with
+        persistent workers), then its sampler's, which the samplers we share take
+        all at their first batch (RandomSampler's seed, SubsetRandomSampler's
+        permutation). So the job's later torch.rand() is what it is without the
+        shim. Nothing here may fail the job."""
+        if self.drawn:
+            return
+        self.drawn = True
+        torch, loader, st = self.torch, self.loader, self.st
+        try:
+            if not (loader.persistent_workers and loader.num_workers > 0 and st.own_iter_made):
+                torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+            st.own_iter_made = True
+            sampler = getattr(loader, "_index_sampler", loader.batch_sampler)
+            next(iter(sampler), None)
+        except Exception as e:
+            hook.log("debug", "feed %s: the loader's own random draws failed: %s: %s"
+                     % (self.feed.key, type(e).__name__, e))
+
     # -- the epoch --
     def batches(self):
         # a CUDA job (the driver is loaded by now when the model is on the GPU)
@@ -521,6 +543,7 @@ class _Epoch:
         loader = self.loader
         real, rec = _user(self.st.real_iter, loader, self.orig_iter)
         self.real_open = True
+        self.drawn = True  # the job's own iterator drew them
         nb = len(real) if hasattr(real, "__len__") else None
         workers = lambda: [w.pid for w in getattr(real, "_workers", []) if w.pid]  # noqa: E731
         k = 0
@@ -635,6 +658,7 @@ class _Epoch:
                 else:
                     self.copied += 1
                 self.lib.tsshim_feed_served(self.h, 1, n)
+                self.own_draws()  # before our first batch, not before a switch to our own loader
                 yield _build(node, leaves)
             del leaves
             if eoe.value:
@@ -750,6 +774,7 @@ class _Epoch:
         cut at our batch size after the part of a batch we carry."""
         rest, npub, carry = self.rest_plan
         torch, bs = self.torch, self.loader.batch_size
+        self.own_draws()  # the private loader draws from a generator of its own
         n0 = carry[1][0].shape[0] if carry else 0
         try:
             src = self.st.remainder(self.loader, self.orig_iter, rest, npub, first=bs - n0,
@@ -834,6 +859,7 @@ class LoaderState:
         self.feed = None
         self.announced = False
         self.rec = None
+        self.own_iter_made = False  # an iterator of the loader's own was made (really, or its draws)
         if key:
             data = sys.modules["torch.utils.data"]
             self.nindex = len(loader.dataset)
@@ -878,6 +904,7 @@ class LoaderState:
             it = orig_iter(loader)
         finally:
             object.__setattr__(loader, "batch_sampler", inner)
+        self.own_iter_made = True
         return it, self.rec
 
     def remainder(self, loader, orig_iter, rest, npub, first=None, pin=False):

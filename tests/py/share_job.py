@@ -17,6 +17,7 @@ leaves at most a partial last line):
    "y": [labels], "loss": x, "t": monotonic seconds}       per yielded batch
   {"loader": ..., "epoch": e, "end": true, "batches": k, "len": len(loader)}
                                                            after each epoch
+                                                           (+ "rng": torch.rand() with --rng-probe)
   {"done": true, "data_cpu_s": X, "main_data_cpu_s": Xm, "worker_cpu_s": Xw,
    "cpu_s": Y, "wall_s": Z, "workers_started": W,
    "workers_by_loader": {"train": Wt, "val": Wv}}          last line
@@ -318,6 +319,9 @@ def main():
     ap.add_argument("--fetch-ahead", action="store_true",
                     help="fetch each training batch before uploading the one before it, as Lightning's "
                          "prefetching fetcher does")
+    ap.add_argument("--rng-probe", action="store_true",
+                    help="after each training epoch draw torch.rand() and record it (\"rng\" in the end line): "
+                         "what the job's later random numbers are, given the loader's own draws")
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--record", metavar="FILE", help="JSON-lines record (see above)")
@@ -426,7 +430,8 @@ def main():
             if a.sleep > 0 and (a.sleep_epochs == 0 or epoch < a.sleep_epochs):
                 time.sleep(a.sleep)
         del it
-        rec(loader="train", epoch=epoch, end=True, batches=i, len=len(train_dl))
+        probe = {"rng": round(torch.rand(()).item(), 9)} if a.rng_probe else {}
+        rec(loader="train", epoch=epoch, end=True, batches=i, len=len(train_dl), **probe)
 
         if val_dl is not None:
             model.eval()

@@ -571,6 +571,26 @@ check "(v) without the shim: 4 batches and 1 error in each of 3 epochs" \
 check "(v) two jobs sharing the loader see the same ($(grep -h '^epoch' "$T_TMP/v.1.out" "$T_TMP/v.2.out" | sort | uniq -c | xargs))" \
 	cond "cmp -s '$T_TMP/v.ref' '$T_TMP/v.1.out' && cmp -s '$T_TMP/v.ref' '$T_TMP/v.2.out'"
 
+# --- x: a consumer draws the random numbers its own loader would -------------------
+# Each epoch, a job's own DataLoader draws from torch's generator: a new
+# iterator's base seed (once for good with persistent workers) and its
+# sampler's seed. A consumer runs no iterator of its own; it now makes the same
+# draws, so its later torch.rand() values are those of the same job without
+# the shim. Before, they differed from the first epoch on. --rng-probe records
+# torch.rand() after each epoch; job 3 is job 2 without the shim.
+for pers in "" --persistent; do
+	c=x${pers:+p}
+	job "$c" 1 1 --barrier "$T_TMP/$c.go:2" --seed 1 --batch-size 16 --workers 2 $pers --epochs 3 --rng-probe
+	job "$c" 2 1 --barrier "$T_TMP/$c.go:2" --start-delay 0.3 --seed 2 --batch-size 16 --workers 2 $pers --epochs 3 --rng-probe
+	job "$c" 3 0 --seed 2 --batch-size 16 --workers 2 $pers --epochs 3 --rng-probe
+	finished "$c" 3
+	probes() { grep -o '"rng":[0-9.e-]*' "$T_TMP/$1.jsonl" | cut -d: -f2 | xargs; }
+	check "($c) workers 2${pers:+, persistent}: the consumer started no worker (workers: $(wc -l <"$T_TMP/$c.2.jsonl.workers"))" \
+		cond "[ ! -s '$T_TMP/$c.2.jsonl.workers' ]"
+	check "($c) the consumer's torch.rand() after each epoch is the job's without the shim ($(probes "$c.2") / $(probes "$c.3"))" \
+		cond "[ -n \"\$(probes $c.3)\" ] && [ \"\$(probes $c.2)\" = \"\$(probes $c.3)\" ]"
+done
+
 # --- m, n, o, p: GPU jobs (tsemu, the test device) -----------------------------------
 # Each job uploads every training batch right after next(), as x.cuda() does
 # (Debian's torch has no CUDA: share_job.py calls the runtime through
