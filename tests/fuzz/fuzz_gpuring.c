@@ -10,8 +10,9 @@
  * buffer record (fuzzer-chosen size and device), remove one (with its own or
  * a wrong identity), reclaim dead records, begin / make ready / drop a slot
  * (fuzzer-chosen seq, buffer, layout, sometimes out of bounds), hold and
- * hold again (a published seq or a neighbour), unhold, unhold all, kill or
- * revive a member, beat or move the clock, ask who holds a buffer and
+ * hold again (a published seq or a neighbour, sometimes mapping the buffer
+ * after), unhold or unmap (one or all), retire a record, kill or revive a
+ * member, beat or move the clock, ask who holds a buffer and
  * whether a seq is pending, another process claiming a record half-way, a
  * whole producer step, and rarely a scribble over the table.
  *
@@ -28,7 +29,10 @@
  *     record is still the one published, and returns what was published
  *     (buffer, identity, layout, device, size, both handles), bit for bit;
  *     a successful hold shows in buf_held until unheld or its member dies;
- *   - a failed hold leaves no bit behind, hold_again keeps one it had.
+ *   - a failed hold leaves no bit behind, hold_again keeps one it had;
+ *   - buf_in_use is exactly "a live member other than self holds or maps
+ *     it"; buf_serving is exactly "the record is that identity, not retired"
+ *     (a record reused after retire serves again).
  * After a scribble only memory safety and the checks that need no model
  * remain: whatever hold returns lies inside its buffer on a valid device.
  */
@@ -60,6 +64,7 @@ struct rec {
 	uint64_t uniq;  /* OWNED: its identity */
 	uint32_t device;
 	uint64_t size;
+	bool retired;
 	unsigned char mem[TS_GPU_HANDLE], event[TS_GPU_HANDLE];
 };
 
@@ -77,6 +82,7 @@ static struct {
 	struct rec r[NBUF];
 	struct slot s[TS_MAX_DEPTH];
 	uint64_t held[FZ_MAXMEM][NBUF / 64];
+	uint64_t mapped[FZ_MAXMEM][NBUF / 64];
 } M;
 
 static bool alive(int m)
@@ -88,6 +94,14 @@ static bool held_by_live(unsigned b, int except)
 {
 	for (int m = 0; m < (int)M.nmem; m++)
 		if (m != except && alive(m) && (M.held[m][b / 64] >> (b % 64) & 1))
+			return true;
+	return false;
+}
+
+static bool in_use_by_live(unsigned b, int except)
+{
+	for (int m = 0; m < (int)M.nmem; m++)
+		if (m != except && alive(m) && ((M.held[m][b / 64] | M.mapped[m][b / 64]) >> (b % 64) & 1))
 			return true;
 	return false;
 }
@@ -125,9 +139,22 @@ static void check_counters(void)
 static void check_held_bits(void)
 {
 	for (int m = 0; m < (int)M.nmem; m++)
-		for (unsigned i = 0; i < NBUF / 64; i++)
+		for (unsigned i = 0; i < NBUF / 64; i++) {
 			FUZZ_CHECK(atomic_load(&g.t->held[m][i]) == M.held[m][i], "member %d hold word %u: %#llx, model %#llx",
 				   m, i, (unsigned long long)atomic_load(&g.t->held[m][i]), (unsigned long long)M.held[m][i]);
+			FUZZ_CHECK(atomic_load(&g.t->mapped[m][i]) == M.mapped[m][i],
+				   "member %d mapped word %u: %#llx, model %#llx", m, i,
+				   (unsigned long long)atomic_load(&g.t->mapped[m][i]), (unsigned long long)M.mapped[m][i]);
+		}
+}
+
+/* buf_serving(b, uniq) against the model. */
+static void check_serving(unsigned b, uint64_t uniq)
+{
+	bool want = b < NBUF && M.r[b].state == REC_OWNED && M.r[b].uniq == uniq && ts_gpu_uniq_is_identity(uniq) &&
+		    !M.r[b].retired;
+	FUZZ_CHECK(!!ts_gpuring_buf_serving(&g, b, uniq) == want, "buf_serving(%u, %#llx) says %d", b,
+		   (unsigned long long)uniq, !want);
 }
 
 /* ---- records ---------------------------------------------------------------- */
@@ -170,13 +197,26 @@ static void op_add(struct fz *f, int who)
 	memcpy(M.r[b].mem, mem, sizeof(mem));
 	memcpy(M.r[b].event, event, sizeof(event));
 	check_counters();
+	check_serving(b, uniq);
 }
 
 static void op_remove(struct fz *f, int who)
 {
 	unsigned b = fz_u8(f) % NBUF;
-	bool own = !(fz_u8(f) & 1);
+	uint8_t how = fz_u8(f);
+	bool own = !(how & 1);
 	uint64_t uniq = own ? M.r[b].uniq : M.r[b].uniq ^ 2;
+	if (how & 2) { /* retire: it stays, its mappers close it */
+		ts_gpuring_buf_retire(&g, b, uniq);
+		FUZZ_TRACE("retire %u by %d (%s identity)\n", b, who, own ? "its" : "a wrong");
+		if (!M.strict)
+			return;
+		if (own && M.r[b].state == REC_OWNED)
+			M.r[b].retired = true;
+		check_serving(b, M.r[b].uniq);
+		check_serving(b, uniq);
+		return;
+	}
 	ts_gpuring_buf_remove(&g, b, uniq);
 	FUZZ_TRACE("remove %u by %d (%s identity)\n", b, who, own ? "its" : "a wrong");
 	if (!M.strict)
@@ -362,7 +402,8 @@ static void op_hold(struct fz *f, int who, bool again)
 	uint64_t seq = ts_gpu_slot_seq(s->word);
 	if (how & 0x40)
 		seq = (how & 0x80 ? seq + M.depth : seq >= M.depth ? seq - M.depth : seq + 1) & SEQMASK;
-	int writer = fz_u8(f) & 1 ? ts_gpu_slot_writer(s->word) : who;
+	uint8_t wb = fz_u8(f);
+	int writer = wb & 1 ? ts_gpu_slot_writer(s->word) : who;
 	struct ts_gpu_held h;
 	memset(&h, 0, sizeof(h));
 	int ret = again ? ts_gpuring_hold_again(&g, who, seq, writer, &h) : ts_gpuring_hold(&g, who, seq, writer, &h);
@@ -391,17 +432,32 @@ static void op_hold(struct fz *f, int who, bool again)
 	FUZZ_CHECK(memcmp(h.mem, r->mem, TS_GPU_HANDLE) == 0 && memcmp(h.event, r->event, TS_GPU_HANDLE) == 0,
 		   "hold of seq %llu: handles differ from the record's", (unsigned long long)seq);
 	M.held[who][b / 64] |= 1ull << (b % 64);
+	if (wb & 2) { /* opened while held, as a consumer does */
+		ts_gpuring_map(&g, who, b);
+		M.mapped[who][b / 64] |= 1ull << (b % 64);
+	}
 	check_held_bits();
+	check_serving(b, r->uniq);
 	if (alive(who))
 		FUZZ_CHECK(ts_gpuring_buf_held(&g, seg, b, -1), "buffer %u held by live member %d, buf_held says no", b, who);
 }
 
 static void op_unhold(struct fz *f, int who)
 {
-	unsigned b = fz_u8(f) & 0x80 ? fz_u8(f) : ts_gpu_slot_buf(M.s[fz_u8(f) % M.depth].word);
-	ts_gpuring_unhold(&g, who, b);
-	if (b < NBUF)
-		M.held[who][b / 64] &= ~(1ull << (b % 64));
+	uint8_t sel = fz_u8(f);
+	unsigned b = sel & 0x80 ? fz_u8(f) : ts_gpu_slot_buf(M.s[fz_u8(f) % M.depth].word);
+	if ((sel & 0x60) == 0x60) { /* every mapping of ours gone (a reused member slot) */
+		ts_gpuring_unmap_all(&g, who);
+		memset(M.mapped[who], 0, sizeof(M.mapped[who]));
+	} else if (sel & 0x40) { /* closed our mapping */
+		ts_gpuring_unmap(&g, who, b);
+		if (b < NBUF)
+			M.mapped[who][b / 64] &= ~(1ull << (b % 64));
+	} else {
+		ts_gpuring_unhold(&g, who, b);
+		if (b < NBUF)
+			M.held[who][b / 64] &= ~(1ull << (b % 64));
+	}
 	if (M.strict)
 		check_held_bits();
 }
@@ -417,7 +473,14 @@ static void op_unhold_all(int who)
 static void op_held(struct fz *f, int who)
 {
 	unsigned b = fz_u8(f) & 0x80 ? fz_u8(f) : ts_gpu_slot_buf(M.s[fz_u8(f) % M.depth].word);
-	int self = fz_u8(f) & 1 ? who : -1;
+	uint8_t how = fz_u8(f);
+	int self = how & 1 ? who : -1;
+	if (how & 2) {
+		int ret = ts_gpuring_buf_in_use(&g, seg, b, self);
+		if (M.strict)
+			FUZZ_CHECK(!!ret == (b < NBUF && in_use_by_live(b, self)), "buf_in_use(%u, %d) = %d", b, self, ret);
+		return;
+	}
 	int ret = ts_gpuring_buf_held(&g, seg, b, self);
 	if (M.strict)
 		FUZZ_CHECK(!!ret == (b < NBUF && held_by_live(b, self)), "buf_held(%u, %d) = %d", b, self, ret);

@@ -331,6 +331,16 @@ static void gpuring_seeds(void)
 		OP(G_READY, 0), 3, 0, 0x80, 17, /* npos 17: reads 16 positions' bytes, past the end */
 	};
 	put("gpuring", "layouts", layouts, sizeof(layouts), NULL, 0);
+	/* a consumer maps what it holds and lets go: in use until it unmaps; retired, then removed and reused */
+	static const unsigned char mapped[] = {
+		3, 1,
+		OP(G_PRODUCE, 0), 5, 0, OP(G_HOLD, 1), 1, 3, OP(G_UNHOLD, 1), 0, 1,
+		OP(G_HELD, 2), 0, 1, 2, OP(G_HELD, 0), 0, 1, 3, OP(G_REMOVE, 0), 0, 2,
+		OP(G_HOLD, 2), 1, 1, OP(G_UNHOLD, 1), 0x40, 1, OP(G_HELD, 0), 0, 1, 2,
+		OP(G_HOLD, 1), 1, 3, OP(G_KILL, 1), OP(G_HELD, 0), 0, 1, 2, OP(G_KILL, 1),
+		OP(G_UNHOLD, 1), 0x60, 0, OP(G_UNHOLD, 1), 0, 1, OP(G_REMOVE, 0), 0, 0, OP(G_ADD, 0), 0, 1, 0,
+	};
+	put("gpuring", "mapped", mapped, sizeof(mapped), NULL, 0);
 	/* a peer scribbles over a published slot's layout; holds must stay inside the buffer */
 	unsigned char scribble[] = {
 		3, 1,
