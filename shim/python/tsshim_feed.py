@@ -726,8 +726,12 @@ class _Epoch:
         sb = (ctypes.c_uint64 * MAX_POS)()
         buf = ctypes.create_string_buffer(SCHEMA_MAX)
         slen = ctypes.c_uint32()
-        self.retry(lambda ms: self.lib.tsshim_feed_next(self.h, ms, ctypes.byref(npos), ctypes.byref(ns),
-                                                     ctypes.byref(se), sb, buf, ctypes.byref(slen)))
+        try:
+            self.retry(lambda ms: self.lib.tsshim_feed_next(self.h, ms, ctypes.byref(npos), ctypes.byref(ns),
+                                                         ctypes.byref(se), sb, buf, ctypes.byref(slen)))
+        except _Unshareable:
+            self.plan_rest(None)  # waiting at the head: we read all that was published
+            raise
         try:
             node = json.loads(buf.raw[:slen.value].decode())
         except ValueError:
@@ -830,9 +834,15 @@ class _Epoch:
         except StopIteration:
             self.source = "done"
             return
-        if type(batch) is _Raised:  # the stream cannot skip it: sharing ends, the job sees it
+        if type(batch) is _Raised:
+            # The stream cannot skip it: it stops here (consumers finish the epoch
+            # privately) and so do we, from the rest of the stream's epoch: our
+            # private loader meets the sample again, and the job sees the
+            # exception at that next() and may go on, as without the shim.
+            self.source = "done"
             self.lib.tsshim_feed_set_unshareable(self.h)
-            raise _UserError(batch.exc)
+            raise _Unshareable("the job's loader raised %s making the stream's batch; the stream stops here"
+                               % type(batch.exc).__name__)
         if not self.publish(batch, indices, last, time.process_time_ns() - t0):
             self.source = None  # replaced meanwhile: the new producer goes on
             return

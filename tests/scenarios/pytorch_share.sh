@@ -531,11 +531,14 @@ cat >"$T_TMP/v_job.py" <<'PY'
 import os, sys, time, torch
 from torch.utils.data import Dataset, DataLoader
 go = sys.argv[1]
+role = sys.argv[2] if len(sys.argv) > 2 else ""  # "quitter": leaves after its first batch; "late": starts later
 if go != "-":
     os.makedirs(go, exist_ok=True)
     open(os.path.join(go, str(os.getpid())), "w").close()
     while len(os.listdir(go)) < 2:
         time.sleep(0.01)
+    if role == "late":
+        time.sleep(0.5)
 class Raising(Dataset):
     def __len__(self):
         return 20
@@ -556,6 +559,11 @@ for epoch in range(3):
             errs += 1
             continue
         got.append(len(b))
+        if role == "quitter":  # once the late job read it and waits for the next
+            print("left after", got)
+            sys.stdout.flush()
+            time.sleep(1.5)
+            sys.exit(0)
     print("epoch", epoch, "batches", got, "errors", errs)
 PY
 env -u LD_PRELOAD "${JOB_LIMIT[@]}" "$PY" "$T_TMP/v_job.py" - >"$T_TMP/v.ref" 2>"$T_TMP/v.ref.err"
@@ -570,6 +578,22 @@ check "(v) without the shim: 4 batches and 1 error in each of 3 epochs" \
 	cond "[ \"\$(grep -c 'batches \[4, 4, 4, 4\] errors 1' '$T_TMP/v.ref')\" = 3 ]"
 check "(v) two jobs sharing the loader see the same ($(grep -h '^epoch' "$T_TMP/v.1.out" "$T_TMP/v.2.out" | sort | uniq -c | xargs))" \
 	cond "cmp -s '$T_TMP/v.ref' '$T_TMP/v.1.out' && cmp -s '$T_TMP/v.ref' '$T_TMP/v.2.out'"
+# The same with a producer that leaves after its first batch: job 2 becomes its
+# successor and makes the rest of epoch 0 for the feed, sample 9 included. It
+# sees the exception at that next() and goes on, the rest of its epoch made
+# privately (the stream stops there). Before, its epoch ended at the error.
+LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name vs)" "${JOB_LIMIT[@]}" "$PY" "$T_TMP/v_job.py" "$T_TMP/vs.go" quitter \
+	>"$T_TMP/vs.1.out" 2>"$T_TMP/vs.1.err" &
+JPID[vs.1]=$!
+LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name vs)" TSSHIM_LOG=info "${JOB_LIMIT[@]}" "$PY" "$T_TMP/v_job.py" "$T_TMP/vs.go" late \
+	>"$T_TMP/vs.2.out" 2>"$T_TMP/vs.2.err" &
+JPID[vs.2]=$!
+T_PIDS+=("${JPID[vs.1]}" "${JPID[vs.2]}")
+finished vs 2
+check "(vs) job 1 was the producer and left after its first batch ($(cat "$T_TMP/vs.1.out"))" \
+	cond "grep -q 'left after \\[4\\]' '$T_TMP/vs.1.out'"
+check "(vs) its successor sees what one job sees without the shim ($(grep -h '^epoch' "$T_TMP/vs.2.out" | xargs))" \
+	cond "grep -q 'producing the rest of stream epoch' '$T_TMP/vs.2.err' && cmp -s '$T_TMP/v.ref' '$T_TMP/vs.2.out'"
 
 # --- x: a consumer draws the random numbers its own loader would -------------------
 # Each epoch, a job's own DataLoader draws from torch's generator: a new
