@@ -193,21 +193,40 @@ static int ledger_open(struct ts_feed *f)
 	return -EAGAIN;
 }
 
+/*
+ * The ledger, made to hold stream epoch `epoch`: 0, or -1 when it holds a
+ * later one (a producer stopped between its publish and its mark, that
+ * wakes after its successor moved on, must not take the ledger back).
+ * Stream epochs go up by one: a word far ahead is a peer's garbage, and
+ * is reset like any other.
+ */
+#define LEDGER_AHEAD (1ull << 20)
+
+static int ledger_at(struct ts_feed *f, uint64_t epoch)
+{
+	struct ts_feed_ledger *l = f->ledger;
+	uint64_t e = atomic_load_explicit(&l->epoch, memory_order_relaxed);
+	if (e == epoch)
+		return 0;
+	if (e != NO_EPOCH && e > epoch && e - epoch <= LEDGER_AHEAD)
+		return -1;
+	/* NO_EPOCH first: a reader that sees the new epoch sees cleared bits */
+	atomic_store_explicit(&l->epoch, NO_EPOCH, memory_order_seq_cst);
+	/* our nindex, not the file's nbits: checked equal at open, but a peer may rewrite it since */
+	for (uint64_t i = 0; i < (f->nindex + 63) / 64; i++)
+		atomic_store_explicit(&l->bits[i], 0, memory_order_relaxed);
+	atomic_store_explicit(&l->count, 0, memory_order_relaxed);
+	atomic_store_explicit(&l->epoch, epoch, memory_order_release);
+	return 0;
+}
+
 /* Producer, after publishing: mark the batch's indices in its stream epoch. */
 static void ledger_mark(struct ts_feed *f, const struct ts_feed_batch *b)
 {
 	struct ts_feed_ledger *l = f->ledger;
-	if (!l || !b->index)
+	/* replaced since our publish: our successor took the batch from the ring (ts_feed_stream_state) */
+	if (!l || !b->index || ts_session_role(&f->s) != TS_ROLE_PRODUCER || ledger_at(f, b->stream_epoch))
 		return;
-	if (atomic_load_explicit(&l->epoch, memory_order_relaxed) != b->stream_epoch) {
-		/* NO_EPOCH first: a reader that sees the new epoch sees cleared bits */
-		atomic_store_explicit(&l->epoch, NO_EPOCH, memory_order_seq_cst);
-		/* our nindex, not the file's nbits: checked equal at open, but a peer may rewrite it since */
-		for (uint64_t i = 0; i < (f->nindex + 63) / 64; i++)
-			atomic_store_explicit(&l->bits[i], 0, memory_order_relaxed);
-		atomic_store_explicit(&l->count, 0, memory_order_relaxed);
-		atomic_store_explicit(&l->epoch, b->stream_epoch, memory_order_release);
-	}
 	for (uint64_t i = 0; i < b->nsamples; i++) {
 		uint64_t x = (uint64_t)b->index[i];
 		if (x < f->nindex)
@@ -757,6 +776,15 @@ int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t
 			if ((uint64_t)idx[i] < f->nindex)
 				bits[(uint64_t)idx[i] / 64] |= 1ull << ((uint64_t)idx[i] % 64);
 	}
+	/*
+	 * A producer writes what the ring told it back into the ledger: a
+	 * predecessor killed between its publish and its mark left a batch
+	 * only the ring knows of, and the ring forgets it once we publish a
+	 * full turn; a successor of ours would then make that batch again.
+	 */
+	if (ts_session_role(&f->s) == TS_ROLE_PRODUCER && !ledger_at(f, *epoch))
+		for (uint64_t i = 0; i < words; i++)
+			atomic_fetch_or_explicit(&l->bits[i], bits[i], memory_order_relaxed);
 	uint64_t n = 0;
 	for (uint64_t i = 0; i < f->nindex; i++) {
 		if (bits[i / 64] >> (i % 64) & 1)

@@ -221,6 +221,54 @@ Test(feed, ledger_lag_is_covered_by_the_ring)
 }
 
 /*
+ * A producer killed between its publish and its mark leaves a batch only the
+ * ring knows of. Its successor counts it, and writes it into the ledger: once
+ * the successor has published a full turn the ring forgets the batch, and a
+ * second successor made it again (every consumer trained on it twice).
+ */
+static int publish5(struct ts_feed *f, uint64_t b, uint64_t epoch)
+{
+	int64_t idx[5];
+	for (uint64_t k = 0; k < 5; k++)
+		idx[k] = perm(b * 5 + k);
+	return publish(f, idx, 5, epoch, 0, schema);
+}
+
+Test(feed, a_batch_only_the_ring_knows_of_is_not_made_again_after_a_second_takeover)
+{
+	struct ts_feed a, b, c;
+	int64_t rest[NINDEX];
+	uint64_t epoch, nrest, npub;
+	int ended;
+	cr_assert_eq(ts_feed_open(&a, name, &params, NINDEX), 0);
+	cr_assert_eq(ts_feed_open(&b, name, &params, NINDEX), 0);
+	cr_assert_eq(ts_feed_open(&c, name, &params, NINDEX), 0);
+	cr_assert_eq(ts_feed_role(&a), TS_ROLE_PRODUCER);
+	for (uint64_t s = 0; s < 4; s++)
+		cr_assert_eq(publish5(&a, s, 1), 0);
+	/* a's last batch was published, never marked: a died in between */
+	_Atomic uint64_t *bits = (_Atomic uint64_t *)a.ledger + 8; /* the ledger's bits: after 8 header words */
+	for (uint64_t k = 15; k < 20; k++)
+		atomic_fetch_and(&bits[perm(k) / 64], ~(1ull << (perm(k) % 64)));
+	ts_feed_close(&a);
+	struct ts_feed *s1 = ts_feed_role(&b) == TS_ROLE_PRODUCER ? &b : &c, *s2 = s1 == &b ? &c : &b;
+	cr_assert_eq(ts_feed_role(s1), TS_ROLE_PRODUCER);
+	cr_assert_eq(ts_feed_stream_state(s1, &epoch, &ended, rest, &nrest, &npub, SEC), 0);
+	cr_expect_eq(npub, 20u, "the first successor counts the ring's batch");
+	for (uint64_t s = 4; s < 8; s++) /* a full turn of the ring: it forgets a's last batch */
+		cr_assert_eq(publish5(s1, s, 1), 0);
+	ts_feed_close(s1); /* the successor's job ends mid-epoch */
+	cr_assert_eq(ts_feed_role(s2), TS_ROLE_PRODUCER);
+	cr_assert_eq(ts_feed_stream_state(s2, &epoch, &ended, rest, &nrest, &npub, SEC), 0);
+	cr_expect_eq(npub, 40u, "40 samples were published");
+	cr_expect_eq(nrest, (uint64_t)NINDEX - 40);
+	for (uint64_t k = 0; k < nrest; k++)
+		for (uint64_t j = 15; j < 20; j++)
+			cr_expect_neq(rest[k], perm(j), "sample %ld of a's last batch would be made again", (long)rest[k]);
+	ts_feed_close(s2);
+}
+
+/*
  * The ledger's nbits was checked equal to the dataset's size at open; a peer
  * that rewrites it since must not make the producer clear bits past the end
  * of the file (it used to loop to the file's nbits: SIGSEGV).
