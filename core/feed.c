@@ -1006,6 +1006,32 @@ static void unhold(struct ts_feed *f, uint32_t slot, uint64_t ino)
 }
 
 /* Reading thread: drop the holds of views released meanwhile; a free entry. */
+/*
+ * Bytes of /dev/shm our live views keep, with one more of the file `ino`
+ * (`size` bytes). A view maps its slot file privately: a file the producer
+ * replaced while we held it is unlinked, and its pages stay as long as the
+ * view does. A program that keeps its batches would otherwise fill /dev/shm,
+ * and every job's DataLoader workers with it.
+ */
+static uint64_t viewed_bytes(const struct ts_feed *f, uint64_t ino, uint64_t size)
+{
+	uint64_t total = size;
+	for (unsigned i = 0; i < TS_FEED_MAX_VIEWS; i++) {
+		const struct ts_feed_view *v = &f->views[i];
+		if (!atomic_load_explicit(&v->id, memory_order_relaxed) ||
+		    atomic_load_explicit(&v->released, memory_order_acquire) || v->ino == ino)
+			continue;
+		unsigned j;
+		for (j = 0; j < i; j++) /* each file once */
+			if (atomic_load_explicit(&f->views[j].id, memory_order_relaxed) &&
+			    !atomic_load_explicit(&f->views[j].released, memory_order_acquire) && f->views[j].ino == v->ino)
+				break;
+		if (j == i)
+			total += v->size;
+	}
+	return total;
+}
+
 static struct ts_feed_view *free_view(struct ts_feed *f)
 {
 	struct ts_feed_view *free = NULL;
@@ -1053,6 +1079,11 @@ int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, vo
 		goto out;
 	uint32_t slot = rd->r[0][0].slot;
 	struct ts_feed_map *m = &f->peer[slot];
+	/* the files our views keep stay within a quarter of /dev/shm: past it, the batch is copied */
+	if (!ts_shm_within_quarter(viewed_bytes(f, m->ino, m->size))) {
+		ret = -EXDEV;
+		goto out;
+	}
 	/* Hold first (the producer reads it after its claim), then map, then advance. */
 	__atomic_fetch_or(&((struct ts_feed_hdr *)(uintptr_t)shared)->holders, 1ull << f->s.self, __ATOMIC_SEQ_CST);
 	m->holds++;

@@ -100,7 +100,7 @@ TS_EXPORT int tsshim_feed_open(const char *key, const char *label, uint64_t nind
 	if (!ts_session_name_valid(name))
 		return -EINVAL;
 	open_why[0] = '\0';
-	struct ts_feed *f = malloc(sizeof(*f));
+	struct ts_feed *f = calloc(1, sizeof(*f)); /* zeroed: with every feed slot taken, f->s.why is read unopened */
 	if (!f)
 		return -ENOMEM;
 	struct ts_session_params p = { .depth = ts_cfg.depth, .timeout_ms = ts_cfg.timeout_ms, .label = label };
@@ -121,7 +121,10 @@ TS_EXPORT int tsshim_feed_open(const char *key, const char *label, uint64_t nind
 	pthread_mutex_unlock(&feeds_lock);
 	ts_in_hook = prev;
 	if (ret < 0) {
-		snprintf(open_why, sizeof(open_why), "%s", f->s.why);
+		if (ret == -EMFILE && !f->s.why[0])
+			snprintf(open_why, sizeof(open_why), "%d feeds open in this process already", MAX_FEEDS);
+		else
+			snprintf(open_why, sizeof(open_why), "%s", f->s.why);
 		free(f);
 	}
 	errno = saved;

@@ -19,6 +19,9 @@
 #          cache's default budget is a quarter of /dev/shm: it fits and is
 #          hit) and in 12 MiB with TSSHIM_CACHE_MB=64 (more than a quarter:
 #          refused): the trained checksum of each is the one without the shim.
+#   views  a consumer that keeps every batch it reads (views of the feed's
+#          slot files, which keep files the producer replaced): views stop at
+#          a quarter of /dev/shm, the rest is copied; no publish fails.
 #   lie    a peer rewrote the cache's shared mark of how far its file is
 #          reserved (ts-cachetool lie), then /dev/shm filled up: a fill in
 #          another process must bypass, not write into pages that do not
@@ -96,6 +99,24 @@ if "$PY" -c 'import torch, torchvision, PIL' 2>/dev/null; then
 	done
 else
 	echo "# torch: skipped (python3-torch/torchvision/pil not installed)"
+fi
+
+# --- views ----------------------------------------------------------------------------
+# A consumer that keeps every batch it reads as a view keeps the slot files
+# they lie in: one the producer replaced is unlinked, and its pages stay as
+# long as the view. Views stop (the batch is copied into the program's memory)
+# once the files they keep would pass a quarter of /dev/shm. Before, 40 kept
+# 512 KiB batches filled a 16 MiB /dev/shm: the producer's publish 23 failed
+# with ENOSPC, and so would every other job's DataLoader workers.
+VIEWKEEP="$PWD/$BUILD/tests/ts-viewkeep"
+if [ -x "$VIEWKEEP" ]; then
+	out=$(in_small_shm 16m "$VIEWKEEP" 40 2>&1)
+	used=$(sed -n 's/.* max_used_kib \([0-9]*\) .*/\1/p' <<<"$out")
+	check "views, 16m: 40 batches kept, views then copies, /dev/shm at most half used, nothing left ($(echo "$out" | xargs))" \
+		cond "grep -q '^published 40 views [1-9][0-9]* copies [1-9][0-9]* .* error none\$' <<<\"\$out\" &&
+		      [ \"\${used:-99999}\" -le 8192 ] && grep -qx 'left 0' <<<\"\$out\""
+else
+	echo "# views: skipped (ts-viewkeep not built)"
 fi
 
 # --- exact ------------------------------------------------------------------------
