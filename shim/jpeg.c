@@ -242,8 +242,14 @@ static int params_supported(j_decompress_ptr c)
 	    (unsigned)c->jpeg_color_space > 255 || (unsigned)c->dct_method > 255 ||
 	    (unsigned)c->dither_mode > 255)
 		return 0;
+	/*
+	 * A row is output_width * output_components bytes, but for RGB565 (3
+	 * components in 2 bytes a pixel): that one decodes for real, or a hit
+	 * would write a third past every row the program gave.
+	 */
 	return !c->buffered_image && !c->raw_data_out && !c->quantize_colors && c->data_precision == 8 &&
-	       c->output_components >= 1 && c->output_components <= 4 && c->output_width > 0 && c->output_height > 0;
+	       c->out_color_space != JCS_RGB565 && c->output_components >= 1 && c->output_components <= 4 &&
+	       c->output_width > 0 && c->output_height > 0;
 }
 
 /*
