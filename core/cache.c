@@ -1044,7 +1044,8 @@ static int insert(struct ts_cache *c, const struct ts_cache_key *k, uint64_t has
 	uint64_t nw = TS_CENT_WORD(TS_CENT_GEN(w) + 1, TS_CENT_FILLING);
 	/* release: the fields above are complete before the entry is findable */
 	atomic_store_explicit(&e->word, nw, memory_order_release);
-	*fill = (struct ts_cache_fill){ .ptr = c->arena + start, .len = len, .word = nw, .slot = slot };
+	*fill = (struct ts_cache_fill){ .ptr = c->arena + start, .len = len, .word = nw, .slot = slot,
+					.owner = (uint32_t)getpid() };
 	return 0;
 }
 
@@ -1185,9 +1186,15 @@ int ts_cache_get(struct ts_cache *c, const struct ts_cache_key *k, uint64_t len,
 	return bypass(c, &ctr->bypass_other, saved);
 }
 
+/*
+ * A fill of ours. A forked child inherits its parent's fill handles; its
+ * commit or abort would end a fill the parent still writes, and the range
+ * would be given to another image under the parent's rows.
+ */
 static bool fill_ok(const struct ts_cache *c, const struct ts_cache_fill *f)
 {
-	return c && c->hdr && f && f->slot < c->nentries && TS_CENT_STATE(f->word) == TS_CENT_FILLING;
+	return c && c->hdr && f && f->slot < c->nentries && TS_CENT_STATE(f->word) == TS_CENT_FILLING &&
+	       f->owner == (uint32_t)getpid();
 }
 
 int ts_cache_commit(struct ts_cache *c, struct ts_cache_fill *fill, uint64_t decode_ns)

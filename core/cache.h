@@ -291,7 +291,7 @@ struct ts_cache_fill {
 	uint64_t len;
 	uint64_t word;   /* the entry word while FILLING (private: identifies the fill) */
 	uint32_t slot;   /* private */
-	uint32_t reserved;
+	uint32_t owner;  /* pid of the process filling: a forked child holds a copy, never the fill */
 };
 
 struct ts_cache_stats {

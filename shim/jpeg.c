@@ -81,6 +81,18 @@ static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Fork handlers: a child must not inherit api_lock held by another thread. */
 void ts_jpeg_fork_lock(void) { pthread_mutex_lock(&api_lock); }
 void ts_jpeg_fork_unlock(void) { pthread_mutex_unlock(&api_lock); }
+static void fills_to_pass(void);
+
+/*
+ * A forked child inherits every decode in progress, fills included: the
+ * range in the shared cache is its parent's to write, commit or abort.
+ * The child's copies of them decode for real, on their own.
+ */
+void ts_jpeg_fork_child(void)
+{
+	pthread_mutex_unlock(&api_lock);
+	fills_to_pass();
+}
 
 static void *pick(void *handle, const char *name, void *ours)
 {
@@ -195,6 +207,15 @@ static struct dstate *state_new(const void *cinfo)
 			return &dstates[i];
 	}
 	return NULL; /* table full: this object passes through untracked */
+}
+
+static void fills_to_pass(void)
+{
+	for (unsigned i = 0; i < MAX_DSTATES; i++)
+		if (dstates[i].mode == D_FILL) {
+			dstates[i].fill = (struct ts_cache_fill){ .slot = TS_CACHE_NONE };
+			dstates[i].mode = D_PASS;
+		}
 }
 
 /* End of one image: drop the hit copy, abort an unfinished fill. */

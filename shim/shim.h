@@ -65,6 +65,7 @@ void ts_feed_api_atfork_child(void);
 /* Locks of the other modules, taken around fork (see shim.c's handlers). */
 void ts_jpeg_fork_lock(void);
 void ts_jpeg_fork_unlock(void);
+void ts_jpeg_fork_child(void); /* the unlock, and inherited fills left to the parent */
 void ts_exact_fork_note_job(void);
 void ts_exact_fork_lock(void);
 void ts_exact_fork_unlock(void);

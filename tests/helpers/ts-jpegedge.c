@@ -9,6 +9,8 @@
  *   trunc A           decode the first 3/4 of A's bytes
  *   dither A          RGB565 output with and without dithering
  *   concat AB         a file holding two JPEGs one after the other: decode both
+ *   fork X Y...       X half-decoded when the program forks, the child destroys
+ *                     its copy; the Ys decoded, X finished, the Ys decoded again
  *   suspend A         Pillow's way: read the file in 4 KiB chunks as libjpeg asks
  *                     for more, which suspends every call (read_header,
  *                     start_decompress of a progressive image, read_scanlines,
@@ -20,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <jpeglib.h>
@@ -145,8 +148,87 @@ static int decode_suspending(j_decompress_ptr c, const char *path)
 	return 0;
 }
 
+/* ---- fork: a child that destroys its copy of a decode in progress ------------- */
+
+struct dec {
+	struct jpeg_decompress_struct c;
+	struct jpeg_error_mgr e;
+	unsigned char *buf, *img;
+	size_t row;
+};
+
+static void dec_begin(struct dec *d, const char *path)
+{
+	size_t n;
+	d->buf = slurp(path, &n);
+	d->c.err = jpeg_std_error(&d->e);
+	jpeg_create_decompress(&d->c);
+	jpeg_mem_src(&d->c, d->buf, (unsigned long)n);
+	jpeg_read_header(&d->c, TRUE);
+	jpeg_start_decompress(&d->c);
+	d->row = (size_t)d->c.output_width * (size_t)d->c.output_components;
+	d->img = malloc(d->row * d->c.output_height);
+}
+
+static void dec_rows(struct dec *d, unsigned upto)
+{
+	while (d->c.output_scanline < upto) {
+		JSAMPROW r = d->img + d->row * d->c.output_scanline;
+		if (jpeg_read_scanlines(&d->c, &r, 1) != 1)
+			break;
+	}
+}
+
+static uint64_t dec_end(struct dec *d)
+{
+	dec_rows(d, d->c.output_height);
+	jpeg_finish_decompress(&d->c);
+	uint64_t x = ts_hash64(d->img, d->row * d->c.output_height, 3);
+	jpeg_destroy_decompress(&d->c);
+	free(d->img);
+	free(d->buf);
+	return x;
+}
+
+static uint64_t dec_whole(const char *path)
+{
+	struct dec d;
+	dec_begin(&d, path);
+	return dec_end(&d);
+}
+
+/*
+ * X is being decoded (a fill, under the shim) when the program forks; the
+ * child destroys its copy of the object and exits. The parent decodes the
+ * Ys (in a small cache they take X's range once it is free), finishes X,
+ * then decodes every Y again: each must come out as the first time.
+ */
+static int decode_fork(int argc, char **argv)
+{
+	struct dec x;
+	dec_begin(&x, argv[2]);
+	dec_rows(&x, 10);
+	pid_t p = fork();
+	if (p == 0) {
+		jpeg_destroy_decompress(&x.c);
+		_exit(0);
+	}
+	waitpid(p, NULL, 0);
+	uint64_t first[16];
+	int n = argc - 3 < 16 ? argc - 3 : 16, wrong = 0;
+	for (int i = 0; i < n; i++)
+		first[i] = dec_whole(argv[3 + i]);
+	dec_end(&x);
+	for (int i = 0; i < n; i++)
+		wrong += dec_whole(argv[3 + i]) != first[i];
+	printf("fork: %d of %d decodes differ the second time\n", wrong, n);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc > 3 && !strcmp(argv[1], "fork"))
+		return decode_fork(argc, argv);
 	if (argc < 3) {
 		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|dither|concat|suspend A [B]\n");
 		return 2;

@@ -51,6 +51,20 @@ if [ -n "$P" ]; then
 	check "suspend, hit: served from the cache (session hits $(hits "$T_TMP/susp1.err") -> $(hits "$T_TMP/susp2.err"))" \
 		[ "$(hits "$T_TMP/susp2.err")" = $(($(hits "$T_TMP/susp1.err") + 1)) ]
 fi
+# A program forks while it decodes X (a fill in progress); the child destroys
+# its copy of the object. The fill is the parent's: before, the child's
+# destroy aborted it, the range went to the next images of a 2 MiB cache while
+# the parent still wrote X's rows into it, and a later hit served them.
+"$MKDATA" --classes 1 --train 8 --val 0 --seed 11 "$T_TMP/f" >/dev/null 2>&1 || exit 1
+FX=$(ls "$T_TMP"/f/train/*/*.jpg | sed -n 1p)
+FY=$(ls "$T_TMP"/f/train/*/*.jpg | sed -n '2,8p' | xargs)
+# shellcheck disable=SC2086
+want=$("$EDGE" fork "$FX" $FY 2>&1)
+# shellcheck disable=SC2086
+got=$(TSSHIM_MODE=exact TSSHIM_CACHE_MB=2 TSSHIM_SESSION="$S-fork" LD_PRELOAD="$TS_PRELOAD" "$EDGE" fork "$FX" $FY 2>&1)
+check "fork mid-decode, the child destroys its copy: every later hit as decoded ($got)" \
+	[ "$want" = "$got" ]
+
 if [ -f "$T_TMP/d/train/c001/zz-big.jpg" ]; then
 	big=$T_TMP/d/train/c001/zz-big.jpg
 	want=$("$EDGE" suspend "$big" 2>/dev/null)

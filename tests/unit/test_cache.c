@@ -319,6 +319,39 @@ Test(cache, creator_budget_wins_and_last_out_removes)
 	cr_expect_neq(lstat(path, &sb), 0, "the last user out must remove the segment");
 }
 
+/*
+ * A forked child holds a copy of its parent's fill handle (a decode in
+ * progress when the program forked). Its abort (or commit) must not end the
+ * parent's fill: the range would be given to another image while the parent
+ * still writes its rows there, and a later hit of that image served them.
+ */
+Test(cache, a_forked_childs_copy_of_a_fill_ends_nothing)
+{
+	struct ts_cache c;
+	char name[TS_NAME_MAX], path[TS_PATH_MAX];
+	fresh(&c, name, path, 4 * MIB);
+	struct ts_cache_key k = key_of(7);
+	struct ts_cache_fill f;
+	char *buf = malloc(64 * KIB);
+	cr_assert_eq(ts_cache_get(&c, &k, 64 * KIB, buf, 0, &f), TS_CACHE_FILL);
+	pid_t p = fork();
+	cr_assert_geq(p, 0);
+	if (p == 0) {
+		struct ts_cache_fill copy = f;
+		ts_cache_abort(&c, &f);
+		_exit(ts_cache_commit(&c, &copy, 1) == -EINVAL ? 0 : 1);
+	}
+	int st = 0;
+	cr_assert_eq(waitpid(p, &st, 0), p);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child's commit was refused");
+	cr_expect_eq(stats(&c).aborts, 0u, "the child's abort ended nothing");
+	payload(7, 1, f.ptr, 64 * KIB);
+	cr_expect_eq(ts_cache_commit(&c, &f, 1), 0, "the parent's fill is still its own");
+	expect_hit(&c, &k, 7, 1, 64 * KIB);
+	free(buf);
+	ts_cache_close(&c);
+}
+
 Test(cache, leave_keeps_the_mapping_usable)
 {
 	struct ts_cache c;
