@@ -219,6 +219,21 @@ static void track_open(int dirfd, const char *path, int flags, int fd)
 	ts_hook_leave();
 }
 
+/*
+ * Is descriptor fd still the file it was opened as? Asked once, at its first
+ * read: freopen, close_range, fcntl(F_DUPFD) and raw syscalls close and reuse
+ * a number without a hook of ours, and the bytes read would be proven under
+ * the old file's identity (a later decode of that file served another's
+ * pixels). A file changed since its open is not it either.
+ */
+static int still_the_file(int fd, const struct ts_file_id *id)
+{
+	struct stat sb;
+	return syscall(SYS_fstat, fd, &sb) == 0 && (uint64_t)sb.st_dev == id->dev && (uint64_t)sb.st_ino == id->ino &&
+	       (uint64_t)sb.st_size == id->size &&
+	       (uint64_t)sb.st_mtim.tv_sec * 1000000000ull + (uint64_t)sb.st_mtim.tv_nsec == id->mtime_ns;
+}
+
 /* `off` is where the read started; -1: ask the kernel (read(2)); < -1: unknown. */
 static void track_read(int fd, const void *buf, ssize_t n, off_t off)
 {
@@ -229,6 +244,12 @@ static void track_read(int fd, const void *buf, ssize_t n, off_t off)
 	if (off == -1) { /* where this read started: one lseek, dataset files only */
 		off_t now = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR);
 		off = now >= n ? now - n : -2;
+	}
+	if (off == 0 && e->first_len == 0 && !still_the_file(fd, &e->id)) {
+		entry_clear(fd); /* the number was reused behind our back: another file now */
+		errno = saved;
+		ts_hook_leave();
+		return;
 	}
 	if (off >= 0 && (uint64_t)off == e->contig) {
 		atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);

@@ -7,6 +7,8 @@
  *   abort-reuse A     start A, jpeg_abort, decode A with another DCT method
  *   abort-other A B   start A, jpeg_abort, decode B on the same object
  *   trunc A           decode the first 3/4 of A's bytes
+ *   freopen A B       fopen A, freopen B on that stream and decode what it reads,
+ *                     then decode A read afresh
  *   dither A          RGB565 output with and without dithering
  *   concat AB         a file holding two JPEGs one after the other: decode both
  *   fork X Y...       X half-decoded when the program forks, the child destroys
@@ -269,6 +271,22 @@ int main(int argc, char **argv)
 			c.dct_method = JDCT_IFAST;
 		}
 		finish_image(&c, mode);
+	} else if (!strcmp(mode, "freopen") && argc > 3) {
+		/* fopen(A), nothing read; freopen(B) on the stream: glibc closes A and
+		 * opens B under the same number, with no open or close of ours */
+		FILE *f = fopen(argv[2], "rb");
+		struct stat sb;
+		if (!f || !(f = freopen(argv[3], "rb", f)) || fstat(fileno(f), &sb))
+			return 1;
+		b = malloc((size_t)sb.st_size);
+		lb = fread(b, 1, (size_t)sb.st_size, f);
+		fclose(f);
+		header(&c, b, lb);
+		finish_image(&c, "freopen-B");
+		free(a); /* A again, read afresh: what a thread read last is what is proven */
+		a = slurp(argv[2], &la);
+		header(&c, a, la);
+		finish_image(&c, "then-A");
 	} else if (!strcmp(mode, "trunc")) {
 		header(&c, a, la * 3 / 4);
 		finish_image(&c, "trunc");

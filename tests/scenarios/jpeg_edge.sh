@@ -65,6 +65,17 @@ got=$(TSSHIM_MODE=exact TSSHIM_CACHE_MB=2 TSSHIM_SESSION="$S-fork" LD_PRELOAD="$
 check "fork mid-decode, the child destroys its copy: every later hit as decoded ($got)" \
 	[ "$want" = "$got" ]
 
+# A descriptor reused behind the hooks (freopen closes A and opens B under
+# A's number): B's bytes must not be proven as A (two images of one size: the
+# same key but for the file). Before, B was cached under A's identity, and A
+# decoded later was a hit with B's pixels.
+read -r FA FB < <(awk -F'\t' 'NR > 1 { k = $4 "x" $5; if (k in seen) { print seen[k], $1; exit } seen[k] = $1 }' \
+	"$T_TMP/f/manifest.tsv")
+want=$("$EDGE" freopen "$T_TMP/f/$FA" "$T_TMP/f/$FB" 2>&1)
+got=$(shim freopen "$T_TMP/f/$FA" "$T_TMP/f/$FB" 2>&1)
+check "freopen: B read through A's reused descriptor is not cached as A ($(echo "$got" | xargs))" [ "$want" = "$got" ]
+[ "$want" = "$got" ] || { echo "# want: $want"; echo "# got:  $got"; }
+
 if [ -f "$T_TMP/d/train/c001/zz-big.jpg" ]; then
 	big=$T_TMP/d/train/c001/zz-big.jpg
 	want=$("$EDGE" suspend "$big" 2>/dev/null)
