@@ -164,6 +164,7 @@ struct pf_ctx {
 	/* walk */
 	const char *const *roots;
 	unsigned nroots, next_root;
+	dev_t root_dev;         /* the file system of the root being walked: never left */
 	int top;                /* levels in use */
 	struct pf_level lv[PF_MAX_LEVELS];
 	bool walk_done;         /* no more candidates (the end, or a stop) */
@@ -316,6 +317,7 @@ static bool walk_root(struct pf_ctx *c, const char *root, struct pf_cand *out)
 	if (sys_fstat(fd, &s) != 0) {
 		c->st->errors++;
 	} else if (S_ISDIR(s.st_mode)) {
+		c->root_dev = s.st_dev;
 		level_push(c, fd);
 		return false;
 	} else if (S_ISREG(s.st_mode)) {
@@ -370,10 +372,16 @@ static bool walk_next(struct pf_ctx *c, struct pf_cand *out)
 			/* NOFOLLOW: an entry swapped for a link since we listed it is not followed */
 			int fd = open_at(c, dfd, name,
 					 O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-			if (fd < 0)
+			struct stat s;
+			if (fd < 0) {
 				c->st->errors++;
-			else
+			} else if (sys_fstat(fd, &s) != 0 || s.st_dev != c->root_dev) {
+				/* another file system mounted inside the dataset (/proc, a network share): not ours to read */
+				c->st->skipped++;
+				sys_close(fd);
+			} else {
 				level_push(c, fd);
+			}
 			continue;
 		}
 		c->st->skipped++; /* links, FIFOs, sockets, devices */

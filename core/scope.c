@@ -120,5 +120,12 @@ int ts_scope_detect_add(struct ts_scope_detector *d, const char *abs_path)
 		d->common[last] = '\0';
 	}
 	d->files++;
+	/*
+	 * Files from two top-level trees have "/" in common: that is no dataset,
+	 * and a scope of it would track every file the process reads and, with
+	 * prefetch, read the whole machine (/proc and other users' files too).
+	 */
+	if (!strcmp(d->common, "/"))
+		return 0;
 	return d->files >= (d->spans_dirs ? TS_SCOPE_DETECT_FILES : TS_SCOPE_DETECT_ONE_DIR);
 }

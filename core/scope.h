@@ -45,8 +45,9 @@ struct ts_scope_detector {
  * Feed the path of a decoded file; common[] only ever widens. Returns 1
  * once the scope is worth announcing: TS_SCOPE_DETECT_FILES files from
  * more than one directory (an ImageFolder's classes), or
- * TS_SCOPE_DETECT_ONE_DIR files from one; 0 before; -errno for a path that
- * cannot take part (relative, too long).
+ * TS_SCOPE_DETECT_ONE_DIR files from one; 0 before, and never while all
+ * they have in common is "/"; -errno for a path that cannot take part
+ * (relative, too long).
  */
 int ts_scope_detect_add(struct ts_scope_detector *d, const char *abs_path);
 

@@ -92,4 +92,10 @@ Test(scope, detection_finds_deepest_common_directory)
 	cr_assert_str_eq(detect(root, 2, &done), "/");
 	const char *top[] = { "/1.jpg", "/2.jpg" };
 	cr_assert_str_eq(detect(top, 2, &done), "/");
+	/* two top-level trees: "/" is never announced, however many files come */
+	const char *trees[64];
+	for (int i = 0; i < 64; i++)
+		trees[i] = i % 2 ? "/tmp/a/c1/x.jpg" : "/var/tmp/b/c2/y.jpg";
+	cr_assert_str_eq(detect(trees, 64, &done), "/");
+	cr_assert_eq(done, 0, "a scope of / is no dataset");
 }
