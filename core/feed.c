@@ -270,12 +270,11 @@ int ts_feed_open(struct ts_feed *f, const char *name, const struct ts_session_pa
 	return ret;
 }
 
-static void detach_views(struct ts_feed *f);
 static struct ts_feed_view *free_view(struct ts_feed *f);
 
 void ts_feed_close(struct ts_feed *f)
 {
-	detach_views(f);
+	ts_feed_detach_views(f, NULL, NULL);
 	if (f->hb_running)
 		ts_heartbeat_stop(&f->hb);
 	f->hb_running = 0;
@@ -1153,11 +1152,13 @@ void ts_feed_release_view(struct ts_feed *f, uint64_t id)
  * leave, the producer no longer honours our holds, so each view becomes
  * private anonymous memory at the same address, with the same bytes.
  */
-static void detach_views(struct ts_feed *f)
+void ts_feed_detach_views(struct ts_feed *f, void (*keep)(void *arg, uint64_t id, void *base, size_t size),
+			  void *arg)
 {
 	for (unsigned i = 0; i < TS_FEED_MAX_VIEWS; i++) {
 		struct ts_feed_view *v = &f->views[i];
-		if (!atomic_load(&v->id) || atomic_load(&v->released))
+		uint64_t id = atomic_load(&v->id);
+		if (!id || atomic_load(&v->released))
 			continue;
 		void *copy = mmap(NULL, v->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (copy != MAP_FAILED) {
@@ -1165,6 +1166,8 @@ static void detach_views(struct ts_feed *f)
 			if (mremap(copy, v->size, v->size, MREMAP_MAYMOVE | MREMAP_FIXED, v->base) == MAP_FAILED)
 				munmap(copy, v->size); /* the file mapping stays: bytes may change, never vanish */
 		}
+		if (keep)
+			keep(arg, id, v->base, v->size);
 		atomic_store(&v->id, 0);
 	}
 }

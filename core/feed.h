@@ -191,6 +191,13 @@ int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, vo
 int ts_feed_view_range(const struct ts_feed *f, uint64_t id, void **base, size_t *size);
 /* Unmap a view and drop its hold (any thread); unknown ids (another feed's, released) are ignored. */
 void ts_feed_release_view(struct ts_feed *f, uint64_t id);
+/*
+ * Turn every live view into private memory at the same address, so that it
+ * outlives the feed (ts_feed_close does this first), and hand each to
+ * keep(arg, id, base, size) if given: its unmap is the caller's from then on.
+ */
+void ts_feed_detach_views(struct ts_feed *f, void (*keep)(void *arg, uint64_t id, void *base, size_t size),
+			  void *arg);
 
 /*
  * Remove feed files of session incarnations that are gone, and first the

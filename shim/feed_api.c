@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "cuda_hooks.h"
@@ -38,6 +39,45 @@ struct feed_gpu {
 
 _Atomic int ts_feed_active;
 static pthread_mutex_t feeds_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/*
+ * Views outlive their feed: a feed closed with views alive turns each into
+ * private memory at the same address, and the program lets go of it later,
+ * when its last tensor goes, from whatever thread drops it (a finalizer).
+ * views_mu orders such a release against a close: close takes it before it
+ * takes the feed out of feeds[] and hands the feed's live views to
+ * `orphans` before it frees the feed; a release under it finds its view in
+ * the feed, or here. Lock order: views_mu, then feeds_lock.
+ */
+#define MAX_ORPHANS 256
+static struct orphan {
+	uint64_t id; /* 0: free */
+	void *base;
+	size_t size;
+} orphans[MAX_ORPHANS];
+static pthread_mutex_t views_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void orphan_keep(void *arg, uint64_t id, void *base, size_t size)
+{
+	(void)arg;
+	for (unsigned i = 0; i < MAX_ORPHANS; i++)
+		if (!orphans[i].id) {
+			orphans[i] = (struct orphan){ id, base, size };
+			return;
+		}
+	ts_debug("feed: more than %u views outlive their feeds: one stays mapped until exit", MAX_ORPHANS);
+}
+
+static int orphan_release(uint64_t id)
+{
+	for (unsigned i = 0; id && i < MAX_ORPHANS; i++)
+		if (orphans[i].id == id) {
+			munmap(orphans[i].base, orphans[i].size);
+			orphans[i].id = 0;
+			return 0;
+		}
+	return -EBADF;
+}
 static struct ts_feed *feeds[MAX_FEEDS];
 static struct feed_gpu *feed_gpus[MAX_FEEDS];
 /*
@@ -158,6 +198,7 @@ static void gpu_close(int h, struct ts_feed *f, int exiting)
 void ts_feed_api_atfork_child(void)
 {
 	pthread_mutex_init(&feeds_lock, NULL);
+	pthread_mutex_init(&views_mu, NULL);
 }
 
 TS_EXPORT void tsshim_feed_close(int h)
@@ -166,12 +207,19 @@ TS_EXPORT void tsshim_feed_close(int h)
 	struct ts_feed *f = NULL;
 	if (atomic_load(&ts_is_fork_child))
 		return; /* nothing of ours to close; never wait on the parent's lock */
+	pthread_mutex_lock(&views_mu);
 	pthread_mutex_lock(&feeds_lock);
 	if (feed_of(h)) {
 		f = feeds[h];
 		feeds[h] = NULL;
 	}
 	pthread_mutex_unlock(&feeds_lock);
+	if (f) {
+		ts_in_hook = 1;
+		ts_feed_detach_views(f, orphan_keep, NULL);
+		ts_in_hook = prev;
+	}
+	pthread_mutex_unlock(&views_mu);
 	if (f) {
 		ts_in_hook = 1;
 		gpu_close(h, f, 0);
@@ -193,6 +241,7 @@ void ts_feed_api_fini(void)
 	if (atomic_load(&ts_is_fork_child))
 		return; /* a worker: its job leaves and sweeps, it never does */
 	ts_in_hook = 1;
+	pthread_mutex_lock(&views_mu); /* a release in another thread does not meet a freed feed */
 	pthread_mutex_lock(&feeds_lock);
 	for (int i = 0; i < MAX_FEEDS; i++) {
 		struct ts_feed *f = feeds[i];
@@ -208,6 +257,7 @@ void ts_feed_api_fini(void)
 			ts_info("feed '%s' removed at exit: its last members died after we left it", been_in[i]);
 	nbeen_in = 0;
 	pthread_mutex_unlock(&feeds_lock);
+	pthread_mutex_unlock(&views_mu);
 	errno = saved;
 }
 
@@ -374,7 +424,22 @@ static void release_view(struct ts_feed *f, uint64_t id)
 
 TS_EXPORT int tsshim_feed_release_view(int h, uint64_t id)
 {
-	return FEED_CALL(h, f, (release_view(f, id), 0));
+	int saved = errno, prev = ts_in_hook, ret = 0;
+	void *base;
+	size_t size;
+	ts_in_hook = 1;
+	pthread_mutex_lock(&views_mu); /* the feed is not freed under us (see orphans) */
+	pthread_mutex_lock(&feeds_lock);
+	struct ts_feed *f = feed_of(h);
+	pthread_mutex_unlock(&feeds_lock);
+	if (f && ts_feed_view_range(f, id, &base, &size) == 0)
+		release_view(f, id);
+	else if (!atomic_load(&ts_is_fork_child))
+		ret = orphan_release(id); /* its feed was closed since */
+	pthread_mutex_unlock(&views_mu);
+	ts_in_hook = prev;
+	errno = saved;
+	return ret;
 }
 
 /* ---- the GPU side ------------------------------------------------------------------------ */
