@@ -69,6 +69,7 @@ static _Atomic uint32_t path_next;
  */
 static __thread struct {
 	int valid;
+	int fd;                 /* the descriptor it was read from (perhaps closed since) */
 	struct ts_file_id id;
 	uint64_t first_len, first_hash, contig;
 	uint32_t path_slot, path_gen;
@@ -266,6 +267,7 @@ static void track_read(int fd, const void *buf, ssize_t n, off_t off)
 	memcpy(&snap, e, sizeof(snap));
 	atomic_thread_fence(memory_order_acquire);
 	if (!(s & 1) && s == atomic_load_explicit(&e->seq, memory_order_relaxed) && snap.first_len) {
+		last_read.fd = fd;
 		last_read.id = snap.id;
 		last_read.first_len = snap.first_len;
 		last_read.first_hash = snap.first_hash;
@@ -295,6 +297,23 @@ static void track_readv(int fd, const struct iovec *iov, int cnt, ssize_t n, off
 
 /* ---- provenance and scope --------------------------------------------------- */
 
+/*
+ * A buffer that holds only the start of the file is the file being fed to
+ * the decoder as it is read (Pillow) only while the file is still open
+ * there, where the buffer ends: more is coming. A loader that read a
+ * prefix and stopped (a capped read, a file cut short) decodes just that,
+ * a partial image with warnings; the whole image from the cache is not it.
+ */
+static int still_reading(const struct ts_file_id *id, int fd, uint64_t len)
+{
+	if (!valid_fd(fd) || !fds[fd].tracked || memcmp(&fds[fd].id, id, sizeof(*id)) != 0)
+		return 0;
+	int saved = errno;
+	off_t at = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR);
+	errno = saved;
+	return at >= 0 && (uint64_t)at == len;
+}
+
 int ts_io_provenance(const void *buf, size_t len, struct ts_file_id *id, char *path, size_t pathlen)
 {
 	if (!last_read.valid || !buf || len < last_read.first_len)
@@ -309,6 +328,8 @@ int ts_io_provenance(const void *buf, size_t len, struct ts_file_id *id, char *p
 	 */
 	int whole = last_read.first_len == last_read.id.size && len == last_read.id.size;
 	if (len != last_read.contig && !whole)
+		return 0;
+	if (!whole && len < last_read.id.size && !still_reading(&last_read.id, last_read.fd, len))
 		return 0;
 	/* ...and it starts with exactly the bytes this thread read at the
 	 * start of that file: it is that file's content. */

@@ -7,6 +7,7 @@
  *   abort-reuse A     start A, jpeg_abort, decode A with another DCT method
  *   abort-other A B   start A, jpeg_abort, decode B on the same object
  *   trunc A           decode the first 3/4 of A's bytes
+ *   prefix A          read only the first 3/4 of A (one capped read), close, decode that
  *   freopen A B       fopen A, freopen B on that stream and decode what it reads,
  *                     then decode A read afresh
  *   dither A          RGB565 output with and without dithering
@@ -287,6 +288,21 @@ int main(int argc, char **argv)
 		a = slurp(argv[2], &la);
 		header(&c, a, la);
 		finish_image(&c, "then-A");
+	} else if (!strcmp(mode, "prefix")) {
+		/* a loader that reads only the first 3/4 of the file (a capped read), closes it, decodes that */
+		int fd = open(argv[2], O_RDONLY | O_CLOEXEC);
+		size_t want = la * 3 / 4, got = 0;
+		b = malloc(want);
+		while (fd >= 0 && b && got < want) {
+			ssize_t n = read(fd, b + got, want - got);
+			if (n <= 0)
+				break;
+			got += (size_t)n;
+		}
+		if (fd >= 0)
+			close(fd);
+		header(&c, b, got);
+		finish_image(&c, "prefix");
 	} else if (!strcmp(mode, "trunc")) {
 		header(&c, a, la * 3 / 4);
 		finish_image(&c, "trunc");

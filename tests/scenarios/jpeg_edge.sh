@@ -3,7 +3,8 @@
 # with the same program without the shim, while the cache already holds the
 # images: an object reset with the generic jpeg_abort and reused (same image
 # with another DCT method, or another image), a buffer cut short by the
-# program, RGB565 with and without dithering, a file holding two JPEGs, and
+# program, a file of which the program read only a prefix (before, served the
+# whole cached image instead of the partial decode), RGB565 with and without dithering, a file holding two JPEGs, and
 # Pillow's incremental feeding of progressive images (libjpeg suspends in
 # start_decompress) on a fill, a hit, and a bypass (image larger than the
 # cache).
@@ -33,7 +34,7 @@ exec 9>"$T_TMP/fifo"
 shim() { TSSHIM_MODE=exact TSSHIM_SESSION=$S LD_PRELOAD="$TS_PRELOAD" "$EDGE" "$@"; }
 # Fill the cache with every image the cases touch, in every output they use.
 for f in "$A" "$B" "$T_TMP/d/train/c000/zz-two.jpg"; do shim plain "$f" >/dev/null; shim dither "$f" >/dev/null; done
-for args in "abort-reuse $A" "abort-other $A $B" "trunc $A" "dither $A" "concat $T_TMP/d/train/c000/zz-two.jpg"; do
+for args in "abort-reuse $A" "abort-other $A $B" "trunc $A" "prefix $A" "dither $A" "concat $T_TMP/d/train/c000/zz-two.jpg"; do
 	# shellcheck disable=SC2086
 	want=$("$EDGE" $args 2>&1)
 	# shellcheck disable=SC2086
