@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1004,7 +1005,13 @@ static void unhold(struct ts_feed *f, uint32_t slot, uint64_t ino)
 		__atomic_fetch_and(&((struct ts_feed_hdr *)m->base)->holders, ~(1ull << f->s.self), __ATOMIC_SEQ_CST);
 }
 
-/* Reading thread: drop the holds of views released meanwhile; a free entry. */
+/* A view handed out and not released yet (the reading thread's view of it). */
+static bool view_live(const struct ts_feed_view *v)
+{
+	return atomic_load_explicit(&v->id, memory_order_relaxed) &&
+	       !atomic_load_explicit(&v->released, memory_order_acquire);
+}
+
 /*
  * Bytes of /dev/shm our live views keep, with one more of the file `ino`
  * (`size` bytes). A view maps its slot file privately: a file the producer
@@ -1017,20 +1024,16 @@ static uint64_t viewed_bytes(const struct ts_feed *f, uint64_t ino, uint64_t siz
 	uint64_t total = size;
 	for (unsigned i = 0; i < TS_FEED_MAX_VIEWS; i++) {
 		const struct ts_feed_view *v = &f->views[i];
-		if (!atomic_load_explicit(&v->id, memory_order_relaxed) ||
-		    atomic_load_explicit(&v->released, memory_order_acquire) || v->ino == ino)
-			continue;
-		unsigned j;
-		for (j = 0; j < i; j++) /* each file once */
-			if (atomic_load_explicit(&f->views[j].id, memory_order_relaxed) &&
-			    !atomic_load_explicit(&f->views[j].released, memory_order_acquire) && f->views[j].ino == v->ino)
-				break;
-		if (j == i)
+		bool counted = !view_live(v) || v->ino == ino;
+		for (unsigned j = 0; j < i && !counted; j++) /* each file once */
+			counted = view_live(&f->views[j]) && f->views[j].ino == v->ino;
+		if (!counted)
 			total += v->size;
 	}
 	return total;
 }
 
+/* Reading thread: drop the holds of views released meanwhile; a free entry. */
 static struct ts_feed_view *free_view(struct ts_feed *f)
 {
 	struct ts_feed_view *free = NULL;
@@ -1157,9 +1160,9 @@ void ts_feed_detach_views(struct ts_feed *f, void (*keep)(void *arg, uint64_t id
 {
 	for (unsigned i = 0; i < TS_FEED_MAX_VIEWS; i++) {
 		struct ts_feed_view *v = &f->views[i];
-		uint64_t id = atomic_load(&v->id);
-		if (!id || atomic_load(&v->released))
+		if (!view_live(v))
 			continue;
+		uint64_t id = atomic_load(&v->id);
 		void *copy = mmap(NULL, v->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (copy != MAP_FAILED) {
 			memcpy(copy, v->base, v->size);

@@ -217,42 +217,51 @@ int ts_gpuring_buf_in_use(const struct ts_gpuring *g, const struct ts_segment *s
 	return 0;
 }
 
+/* held[] and mapped[] rows: member self's word with buffer buf's bit, or NULL out of range. */
+typedef _Atomic uint64_t member_rows[TS_MAX_MEMBERS][TS_GPU_MAX_BUFS / 64];
+
+static _Atomic uint64_t *member_word(member_rows *rows, int self, unsigned buf)
+{
+	return self < 0 || self >= (int)TS_MAX_MEMBERS || buf >= TS_GPU_MAX_BUFS ? NULL : &(*rows)[self][buf / 64];
+}
+
+static void member_clear(member_rows *rows, int self)
+{
+	if (self < 0 || self >= (int)TS_MAX_MEMBERS)
+		return;
+	for (unsigned i = 0; i < TS_GPU_MAX_BUFS / 64; i++)
+		atomic_store_explicit(&(*rows)[self][i], 0, memory_order_release);
+}
+
 void ts_gpuring_map(struct ts_gpuring *g, int self, unsigned buf)
 {
-	if (self < 0 || self >= (int)TS_MAX_MEMBERS || buf >= TS_GPU_MAX_BUFS)
-		return;
-	atomic_fetch_or(&g->t->mapped[self][buf / 64], bit(buf)); /* seq_cst: before the unhold */
+	_Atomic uint64_t *w = member_word(&g->t->mapped, self, buf);
+	if (w)
+		atomic_fetch_or(w, bit(buf)); /* seq_cst: before the unhold */
 }
 
 void ts_gpuring_unmap(struct ts_gpuring *g, int self, unsigned buf)
 {
-	if (self < 0 || self >= (int)TS_MAX_MEMBERS || buf >= TS_GPU_MAX_BUFS)
-		return;
-	/* release: after our close of the mapping */
-	atomic_fetch_and_explicit(&g->t->mapped[self][buf / 64], ~bit(buf), memory_order_release);
+	_Atomic uint64_t *w = member_word(&g->t->mapped, self, buf);
+	if (w) /* release: after our close of the mapping */
+		atomic_fetch_and_explicit(w, ~bit(buf), memory_order_release);
 }
 
 void ts_gpuring_unmap_all(struct ts_gpuring *g, int self)
 {
-	if (self < 0 || self >= (int)TS_MAX_MEMBERS)
-		return;
-	for (unsigned i = 0; i < TS_GPU_MAX_BUFS / 64; i++)
-		atomic_store_explicit(&g->t->mapped[self][i], 0, memory_order_release);
+	member_clear(&g->t->mapped, self);
 }
 
 void ts_gpuring_unhold(struct ts_gpuring *g, int self, unsigned buf)
 {
-	if (self < 0 || self >= (int)TS_MAX_MEMBERS || buf >= TS_GPU_MAX_BUFS)
-		return;
-	atomic_fetch_and_explicit(&g->t->held[self][buf / 64], ~bit(buf), memory_order_release);
+	_Atomic uint64_t *w = member_word(&g->t->held, self, buf);
+	if (w)
+		atomic_fetch_and_explicit(w, ~bit(buf), memory_order_release);
 }
 
 void ts_gpuring_unhold_all(struct ts_gpuring *g, int self)
 {
-	if (self < 0 || self >= (int)TS_MAX_MEMBERS)
-		return;
-	for (unsigned i = 0; i < TS_GPU_MAX_BUFS / 64; i++)
-		atomic_store_explicit(&g->t->held[self][i], 0, memory_order_release);
+	member_clear(&g->t->held, self);
 }
 
 /*

@@ -411,17 +411,6 @@ TS_EXPORT int tsshim_feed_read_view(int h, uint32_t npos, const uint64_t *want, 
 	return FEED_CALL(h, f, read_view_noted(h, f, npos, want, ptr, got, eoe, id, ms_ns(timeout_ms)));
 }
 
-/* Ranges in the view's mapping go before the mapping does (its addresses may be reused). */
-static void release_view(struct ts_feed *f, uint64_t id)
-{
-	void *base;
-	size_t size;
-	if (atomic_load_explicit(&ts_stream_nspans, memory_order_relaxed) &&
-	    ts_feed_view_range(f, id, &base, &size) == 0)
-		ts_stream_drop_within(base, size);
-	ts_feed_release_view(f, id);
-}
-
 TS_EXPORT int tsshim_feed_release_view(int h, uint64_t id)
 {
 	int saved = errno, prev = ts_in_hook, ret = 0;
@@ -432,10 +421,14 @@ TS_EXPORT int tsshim_feed_release_view(int h, uint64_t id)
 	pthread_mutex_lock(&feeds_lock);
 	struct ts_feed *f = feed_of(h);
 	pthread_mutex_unlock(&feeds_lock);
-	if (f && ts_feed_view_range(f, id, &base, &size) == 0)
-		release_view(f, id);
-	else if (!atomic_load(&ts_is_fork_child))
+	if (f && ts_feed_view_range(f, id, &base, &size) == 0) {
+		/* ranges in the view's mapping go before the mapping does (its addresses may be reused) */
+		if (atomic_load_explicit(&ts_stream_nspans, memory_order_relaxed))
+			ts_stream_drop_within(base, size);
+		ts_feed_release_view(f, id);
+	} else if (!atomic_load(&ts_is_fork_child)) {
 		ret = orphan_release(id); /* its feed was closed since */
+	}
 	pthread_mutex_unlock(&views_mu);
 	ts_in_hook = prev;
 	errno = saved;

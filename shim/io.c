@@ -182,6 +182,12 @@ static int wanted(const char *abs)
 
 /* ---- the tracking half of every hook -------------------------------------- */
 
+static struct ts_file_id file_id_of(const struct stat *sb)
+{
+	return (struct ts_file_id){ (uint64_t)sb->st_dev, (uint64_t)sb->st_ino, (uint64_t)sb->st_size,
+				    (uint64_t)sb->st_mtim.tv_sec * 1000000000ull + (uint64_t)sb->st_mtim.tv_nsec };
+}
+
 static void track_open(int dirfd, const char *path, int flags, int fd)
 {
 	if (fd < 0 || !valid_fd(fd))
@@ -207,8 +213,7 @@ static void track_open(int dirfd, const char *path, int flags, int fd)
 	    syscall(SYS_fstat, fd, &sb) == 0 && S_ISREG(sb.st_mode)) {
 		struct fd_entry *e = &fds[fd];
 		atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
-		e->id = (struct ts_file_id){ (uint64_t)sb.st_dev, (uint64_t)sb.st_ino, (uint64_t)sb.st_size,
-					     (uint64_t)sb.st_mtim.tv_sec * 1000000000ull + (uint64_t)sb.st_mtim.tv_nsec };
+		e->id = file_id_of(&sb);
 		e->first_len = 0;
 		e->first_hash = 0;
 		e->contig = 0;
@@ -230,9 +235,10 @@ static void track_open(int dirfd, const char *path, int flags, int fd)
 static int still_the_file(int fd, const struct ts_file_id *id)
 {
 	struct stat sb;
-	return syscall(SYS_fstat, fd, &sb) == 0 && (uint64_t)sb.st_dev == id->dev && (uint64_t)sb.st_ino == id->ino &&
-	       (uint64_t)sb.st_size == id->size &&
-	       (uint64_t)sb.st_mtim.tv_sec * 1000000000ull + (uint64_t)sb.st_mtim.tv_nsec == id->mtime_ns;
+	if (syscall(SYS_fstat, fd, &sb) != 0)
+		return 0;
+	struct ts_file_id now = file_id_of(&sb);
+	return memcmp(&now, id, sizeof(now)) == 0;
 }
 
 /* `off` is where the read started; -1: ask the kernel (read(2)); < -1: unknown. */

@@ -620,7 +620,7 @@ echo "# case 17: $((SECONDS - T1)) s"
 # another buffer. The one given up stays exported and open in the consumers, a
 # spare the next slot in need takes once nobody holds it: no cuMemAlloc and no
 # cuMemFree (which waits for the whole device) on the upload path. Before, each
-# such slot got a fresh allocation (11-13 per run instead of 5) and the old one
+# such slot got a fresh allocation (13 in the run measured, instead of 5) and the old one
 # was freed as soon as no copy held it, while consumers still had it open
 # (undefined on CUDA; tsemu counted 6-9 such frees per run).
 T1=$SECONDS

@@ -536,7 +536,7 @@ static void mem_remove(struct mem *m)
 		}
 }
 
-/* Running, and not a zombie: a process that has it open still counts. */
+/* Running, and not a zombie (a dead importer, a dead recorder: both are gone). */
 static int pid_alive(pid_t pid)
 {
 	char path[64], buf[256];
@@ -990,8 +990,7 @@ static int ev_wait(struct evsh *sh, uint64_t gen)
 			return -1;
 		futex_wait(&sh->futex, f, 20000000L);
 		pid_t r = __atomic_load_n(&sh->recorder, __ATOMIC_ACQUIRE);
-		if (r > 0 && r != G.pid && __atomic_load_n(&sh->done, __ATOMIC_ACQUIRE) < gen &&
-		    kill(r, 0) < 0 && errno == ESRCH)
+		if (r > 0 && r != G.pid && __atomic_load_n(&sh->done, __ATOMIC_ACQUIRE) < gen && !pid_alive(r))
 			return 0;
 	}
 }
