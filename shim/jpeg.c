@@ -24,6 +24,8 @@
  * skip, a struct of another libjpeg version) decodes for real, untouched.
  */
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -35,6 +37,7 @@
 #include <time.h>
 
 #include <jpeglib.h>
+#include <jerror.h>
 
 #include "exact.h"
 #include "hash.h"
@@ -71,6 +74,9 @@ struct jpeg_api {
 	void (*abort_d)(j_decompress_ptr);
 	void (*destroy_d)(j_decompress_ptr);
 	void (*calc_output_dimensions)(j_decompress_ptr);
+	boolean (*has_multiple_scans)(j_decompress_ptr);
+	const void *lib_base;    /* dli_fbase of the real libjpeg: its own source managers */
+	int names_crop;          /* the calling object links jpeg_crop_scanline */
 };
 
 #define MAX_APIS 8
@@ -115,6 +121,53 @@ static uint64_t library_id(void *fn)
 
 TS_EXPORT int jpeg_read_header(j_decompress_ptr, boolean);
 
+struct names_query {
+	uintptr_t addr;
+	const char *sym;
+	int found; /* -1: no object holds addr */
+};
+
+static int names_in_object(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	struct names_query *q = arg;
+	const ElfW(Dyn) *dyn = NULL;
+	int holds = 0;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+		if (ph->p_type == PT_LOAD && q->addr >= lo && q->addr - lo < ph->p_memsz)
+			holds = 1;
+		else if (ph->p_type == PT_DYNAMIC)
+			dyn = (const ElfW(Dyn) *)(info->dlpi_addr + ph->p_vaddr);
+	}
+	if (!holds)
+		return 0;
+	uintptr_t strtab = 0;
+	size_t strsz = 0;
+	for (; dyn && dyn->d_tag != DT_NULL; dyn++) {
+		if (dyn->d_tag == DT_STRTAB)
+			strtab = dyn->d_un.d_ptr;
+		else if (dyn->d_tag == DT_STRSZ)
+			strsz = dyn->d_un.d_val;
+	}
+	/* glibc relocates these in place on most targets; where it does not,
+	 * the value is still the link-time address */
+	if (strtab && strtab < info->dlpi_addr)
+		strtab += info->dlpi_addr;
+	size_t n = strlen(q->sym) + 1; /* the terminator: a whole name, not a prefix */
+	q->found = strtab && strsz && memmem((const void *)strtab, strsz, q->sym, n) != NULL;
+	return 1;
+}
+
+/* Does the object holding code at addr name sym among its dynamic symbols
+ * (so that it can call it)? Unknown counts as yes. */
+static int object_names(const void *addr, const char *sym)
+{
+	struct names_query q = { (uintptr_t)addr, sym, -1 };
+	dl_iterate_phdr(names_in_object, &q);
+	return q.found != 0;
+}
+
 static void fill_api(struct jpeg_api *a, void *h);
 
 /* The real functions for calls made from code at `caller`. */
@@ -135,6 +188,7 @@ static const struct jpeg_api *api_for(const void *caller)
 		a->caller_base = base;
 		void *h = base && info.dli_fname ? dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD) : NULL;
 		fill_api(a, h);
+		a->names_crop = object_names(caller, "jpeg_crop_scanline");
 		if (h)
 			dlclose(h); /* NOLOAD took a reference; the object stays loaded */
 		if (a->read_header)
@@ -146,8 +200,10 @@ static const struct jpeg_api *api_for(const void *caller)
 		/* Table full, or the caller's own tree had no libjpeg: the next
 		 * definition in the global scope is the only one left. */
 		static struct jpeg_api next_api;
-		if (!next_api.read_header)
+		if (!next_api.read_header) {
 			fill_api(&next_api, NULL);
+			next_api.names_crop = 1;
+		}
 		a = next_api.read_header ? &next_api : NULL;
 	}
 	pthread_mutex_unlock(&api_lock);
@@ -162,7 +218,11 @@ static const struct jpeg_api *api_for(const void *caller)
 
 /* ---- per decompress-object state --------------------------------------------- */
 
-enum dmode { D_PASS = 0, D_FILL, D_HIT };
+/*
+ * D_ABSORB: a hit must wait for the real start to finish (see start_later);
+ * the real start runs, and the decision is made once it returns TRUE.
+ */
+enum dmode { D_PASS = 0, D_FILL, D_HIT, D_ABSORB };
 
 struct dstate {
 	_Atomic(const void *) cinfo;
@@ -303,15 +363,19 @@ static void make_key(const struct dstate *s, j_decompress_ptr c, struct ts_cache
 	p[27] = (uint8_t)c->dither_mode; /* RGB565 output is dithered without quantisation */
 }
 
-/* Called instead of the real start: decide HIT / FILL / PASS. 1: handled as HIT. */
-static int exact_start(struct dstate *s, j_decompress_ptr c)
+/* Output dimensions, and whether the cache may serve them. In DSTATE_READY only. */
+static int exact_eligible(struct dstate *s, j_decompress_ptr c)
 {
 	if (!s->proven || !ts_exact_enabled())
 		return 0;
 	/* Allowed in DSTATE_READY; fills output_* without decoding anything. */
 	s->api->calc_output_dimensions(c);
-	if (!params_supported(c))
-		return 0;
+	return params_supported(c);
+}
+
+/* Look the image up: HIT (served from now on), FILL (the decode fills it), or PASS. */
+static int exact_decide(struct dstate *s, j_decompress_ptr c)
+{
 	s->row_bytes = (uint64_t)c->output_width * (uint64_t)c->output_components;
 	s->rows_total = c->output_height;
 	uint64_t len = s->row_bytes * c->output_height;
@@ -335,25 +399,60 @@ static int exact_start(struct dstate *s, j_decompress_ptr c)
 	return 0;
 }
 
-/* Move the source past the EOI marker if it is in the buffer (FF D9 cannot
- * occur inside entropy-coded data: FF there is always followed by 00 or RSTn). */
-static void skip_to_eoi(j_decompress_ptr c)
+/* The EOI marker in the source's buffer, or NULL (FF D9 cannot occur inside
+ * entropy-coded data: FF there is always followed by 00 or RSTn). */
+static const JOCTET *find_eoi(j_decompress_ptr c)
 {
 	struct jpeg_source_mgr *src = c->src;
 	if (!src || !src->next_input_byte)
-		return;
+		return NULL;
 	const JOCTET *p = src->next_input_byte, *end = p + src->bytes_in_buffer;
 	/* memchr: a byte loop over a whole image cost as much as the hit's copy */
 	for (const JOCTET *ff = p; end - ff >= 2; ff++) {
 		ff = memchr(ff, 0xFF, (size_t)(end - ff - 1));
 		if (!ff)
-			return;
-		if (ff[1] == 0xD9) {
-			src->next_input_byte = ff + 2;
-			src->bytes_in_buffer = (size_t)(end - ff - 2);
-			return;
-		}
+			return NULL;
+		if (ff[1] == 0xD9)
+			return ff;
 	}
+	return NULL;
+}
+
+/* Move the source past the EOI marker if it is in the buffer. */
+static void skip_to_eoi(j_decompress_ptr c)
+{
+	const JOCTET *eoi = find_eoi(c);
+	if (eoi) {
+		struct jpeg_source_mgr *src = c->src;
+		src->bytes_in_buffer -= (size_t)(eoi + 2 - src->next_input_byte);
+		src->next_input_byte = eoi + 2;
+	}
+}
+
+/*
+ * May a hit be served before the real start ran? Only if a real start could
+ * still run later without the program's help, which a crop after the hit
+ * needs. A single-scan image starts from its headers alone. A multi-scan
+ * one (progressive) reads every scan in start, so its data must be at hand:
+ * libjpeg's own source managers (stdio, memory) never suspend, and a
+ * buffer that already holds the EOI has it all. Otherwise (a file fed in
+ * chunks, as Pillow does) the hit is early only for code that cannot crop:
+ * neither the object that created the decompressor nor the one starting it
+ * links jpeg_crop_scanline (Pillow does not). For code that can, the real
+ * start runs, suspending as it would without the shim, and the hit saves
+ * only the output pass: for progressive images, next to nothing.
+ */
+static int start_later_ok(const struct dstate *s, j_decompress_ptr c, const void *caller)
+{
+	if (s->api->has_multiple_scans && !s->api->has_multiple_scans(c))
+		return 1;
+	Dl_info info;
+	if (c->src && s->api->lib_base && dladdr((void *)c->src->fill_input_buffer, &info) &&
+	    info.dli_fbase == s->api->lib_base)
+		return 1;
+	if (find_eoi(c))
+		return 1;
+	return !s->api->names_crop && !api_for(caller)->names_crop;
 }
 
 /* ---- hooks ----------------------------------------------------------------------- */
@@ -395,13 +494,24 @@ TS_EXPORT boolean jpeg_start_decompress(j_decompress_ptr cinfo)
 {
 	struct dstate *s;
 	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
-	if (s && s->trackable && s->mode == D_PASS && cinfo->global_state == TS_DSTATE_READY) {
-		if (exact_start(s, cinfo))
+	if (s && s->trackable && s->mode == D_PASS && cinfo->global_state == TS_DSTATE_READY &&
+	    exact_eligible(s, cinfo)) {
+		if (!start_later_ok(s, cinfo, CALLER())) {
+			s->mode = D_ABSORB;
+			ts_debug("decode of %s: multi-scan, fed in parts, to code that can crop: "
+				 "a hit waits for the real start", s->path);
+		}
+		else if (exact_decide(s, cinfo))
 			return TRUE;
 	}
 	if (s && s->mode == D_HIT)
 		return TRUE;
-	return a->start(cinfo);
+	boolean ok = a->start(cinfo);
+	if (ok && s && s->mode == D_ABSORB) {
+		s->mode = D_PASS;
+		exact_decide(s, cinfo); /* the real start is done: rows from the cache, or a fill */
+	}
+	return ok;
 }
 
 TS_EXPORT JDIMENSION jpeg_read_scanlines(j_decompress_ptr cinfo, JSAMPARRAY rows, JDIMENSION max)
@@ -466,7 +576,8 @@ TS_EXPORT void jpeg_crop_scanline(j_decompress_ptr cinfo, JDIMENSION *xoffset, J
 		free(s->hit);
 		s->hit = NULL;
 		s->mode = D_PASS;
-		a->start(cinfo);
+		if (cinfo->global_state == TS_DSTATE_READY) /* else it ran before the hit */
+			a->start(cinfo);
 	} else if (s && s->mode == D_FILL) {
 		ts_exact_abort(&s->fill);
 		s->mode = D_PASS;
@@ -482,6 +593,12 @@ TS_EXPORT boolean jpeg_finish_decompress(j_decompress_ptr cinfo)
 {
 	struct dstate *s;
 	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
+	if (s && s->mode == D_HIT && cinfo->output_scanline < s->rows_total) {
+		/* As libjpeg: a program that finishes before the last row is wrong */
+		cinfo->err->msg_code = JERR_TOO_LITTLE_DATA;
+		cinfo->err->error_exit((j_common_ptr)cinfo);
+		return FALSE; /* an error_exit that returns: the image is not finished */
+	}
 	if (s && s->mode == D_HIT) {
 		/* Nothing was decoded: consume the image's bytes up to its EOI as
 		 * finish would (a stream may hold more images), return the object
@@ -537,7 +654,10 @@ static void fill_api(struct jpeg_api *a, void *h)
 	a->abort_d = pick(h, "jpeg_abort_decompress", (void *)jpeg_abort_decompress);
 	a->destroy_d = pick(h, "jpeg_destroy_decompress", (void *)jpeg_destroy_decompress);
 	a->calc_output_dimensions = pick(h, "jpeg_calc_output_dimensions", NULL);
+	a->has_multiple_scans = pick(h, "jpeg_has_multiple_scans", NULL);
 	a->lib_id = library_id((void *)a->read_header);
+	Dl_info info;
+	a->lib_base = a->read_header && dladdr((void *)a->read_header, &info) ? info.dli_fbase : NULL;
 	/* A partial library is no library: decode calls would crash half-way. */
 	if (!a->create || !a->start || !a->read_scanlines || !a->finish || !a->abort_d || !a->destroy_d ||
 	    !a->calc_output_dimensions)

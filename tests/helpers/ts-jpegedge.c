@@ -18,6 +18,10 @@
  *                     for more, which suspends every call (read_header,
  *                     start_decompress of a progressive image, read_scanlines,
  *                     finish) until enough has arrived
+ *   suspend-crop A    the same, cropped to the middle half of the columns
+ *                     after start_decompress
+ *   early A           read half the rows, then jpeg_finish_decompress (libjpeg:
+ *                     error JERR_TOO_LITTLE_DATA)
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -113,7 +117,7 @@ static int more(struct chunked *s)
 	return 1;
 }
 
-static int decode_suspending(j_decompress_ptr c, const char *path)
+static int decode_suspending(j_decompress_ptr c, const char *path, int crop)
 {
 	static struct chunked s; /* static: survives the caller's setjmp */
 	struct stat sb;
@@ -130,6 +134,9 @@ static int decode_suspending(j_decompress_ptr c, const char *path)
 		calls++;
 	while (ok && !jpeg_start_decompress(c) && (ok = more(&s)))
 		calls++;
+	JDIMENSION x = c->output_width / 4, w = c->output_width / 2;
+	if (ok && crop)
+		jpeg_crop_scanline(c, &x, &w);
 	size_t row = (size_t)c->output_width * (size_t)c->output_components;
 	unsigned char *img = ok ? calloc(row, c->output_height) : NULL;
 	while (img && c->output_scanline < c->output_height) {
@@ -140,7 +147,7 @@ static int decode_suspending(j_decompress_ptr c, const char *path)
 	while (img && !jpeg_finish_decompress(c) && more(&s))
 		calls++;
 	if (img)
-		printf("suspend %ux%u %016llx warnings=%ld\n", c->output_width, c->output_height,
+		printf("%s %ux%u %016llx warnings=%ld\n", crop ? "suspend-crop" : "suspend", c->output_width, c->output_height,
 		       (unsigned long long)ts_hash64(img, row * c->output_height, 3), c->err->num_warnings);
 	else
 		printf("suspend: ran out of data\n");
@@ -233,14 +240,14 @@ int main(int argc, char **argv)
 	if (argc > 3 && !strcmp(argv[1], "fork"))
 		return decode_fork(argc, argv);
 	if (argc < 3) {
-		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|dither|concat|suspend A [B]\n");
+		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|prefix|early|dither|concat|suspend|suspend-crop A, freopen A B, fork X Y...\n");
 		return 2;
 	}
 	const char *mode = argv[1];
 	size_t la = 0, lb = 0;
 	/* B is read only when it is used: what a thread read last is what the
 	 * shim can prove a buffer to be. suspend reads A itself, chunk by chunk. */
-	unsigned char *a = strcmp(mode, "suspend") ? slurp(argv[2], &la) : NULL, *b = NULL;
+	unsigned char *a = strncmp(mode, "suspend", 7) ? slurp(argv[2], &la) : NULL, *b = NULL;
 	struct jpeg_decompress_struct c;
 	struct err e;
 	c.err = jpeg_std_error(&e.pub);
@@ -252,8 +259,8 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	jpeg_create_decompress(&c);
-	if (!strcmp(mode, "suspend")) {
-		if (decode_suspending(&c, argv[2])) {
+	if (!strcmp(mode, "suspend") || !strcmp(mode, "suspend-crop")) {
+		if (decode_suspending(&c, argv[2], !strcmp(mode, "suspend-crop"))) {
 			perror(argv[2]);
 			return 1;
 		}
@@ -303,6 +310,17 @@ int main(int argc, char **argv)
 			close(fd);
 		header(&c, b, got);
 		finish_image(&c, "prefix");
+	} else if (!strcmp(mode, "early")) {
+		/* the program stops half-way and finishes: libjpeg refuses */
+		header(&c, a, la);
+		jpeg_start_decompress(&c);
+		size_t row = (size_t)c.output_width * (size_t)c.output_components;
+		unsigned char *img = malloc(row);
+		while (img && c.output_scanline < c.output_height / 2)
+			jpeg_read_scanlines(&c, &img, 1);
+		free(img);
+		printf("early finish=%d at row %u of %u\n", jpeg_finish_decompress(&c), c.output_scanline,
+		       c.output_height);
 	} else if (!strcmp(mode, "trunc")) {
 		header(&c, a, la * 3 / 4);
 		finish_image(&c, "trunc");
