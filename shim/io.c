@@ -96,9 +96,27 @@ static int valid_fd(int fd)
 	return fd >= 0 && fd < MAX_TRACKED_FD;
 }
 
+/*
+ * The process whose descriptors the table follows. A vfork or posix_spawn
+ * child shares our memory until it execs (no fork handler runs there):
+ * its close_range, close and dup2 are not ours to follow.
+ */
+static _Atomic pid_t table_pid;
+
+static int table_foreign(void)
+{
+	pid_t p = atomic_load_explicit(&table_pid, memory_order_relaxed);
+	return p && p != getpid();
+}
+
+void ts_io_fork_child(void)
+{
+	atomic_store(&table_pid, getpid());
+}
+
 static void entry_clear(int fd)
 {
-	if (!valid_fd(fd) || !fds[fd].tracked)
+	if (!valid_fd(fd) || !fds[fd].tracked || table_foreign())
 		return;
 	struct fd_entry *e = &fds[fd];
 	atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
@@ -108,7 +126,8 @@ static void entry_clear(int fd)
 
 static void entry_copy(int from, int to)
 {
-	if (!valid_fd(from) || !valid_fd(to) || from == to)
+	if (!valid_fd(from) || !valid_fd(to) || from == to || (!fds[from].tracked && !fds[to].tracked) ||
+	    table_foreign())
 		return;
 	struct fd_entry snap;
 	uint32_t s;
@@ -209,7 +228,7 @@ static void track_open(int dirfd, const char *path, int flags, int fd)
 	int saved = errno;
 	char abs[TS_SCOPE_PATH_MAX];
 	struct stat sb;
-	if (absolute_path(dirfd, path, abs, sizeof(abs)) == 0 && wanted(abs) &&
+	if (absolute_path(dirfd, path, abs, sizeof(abs)) == 0 && wanted(abs) && !table_foreign() &&
 	    syscall(SYS_fstat, fd, &sb) == 0 && S_ISREG(sb.st_mode)) {
 		struct fd_entry *e = &fds[fd];
 		atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
@@ -415,6 +434,7 @@ const char *ts_io_scope_string(void)
 
 void ts_io_init(void)
 {
+	atomic_store(&table_pid, getpid());
 	if (ts_cfg.ndata == 0)
 		return;
 	if (ts_scope_set(&scopes[0], ts_cfg.data, ts_cfg.ndata) == 0) {
@@ -680,4 +700,60 @@ TS_EXPORT int fclose(FILE *f)
 		errno = saved;
 	}
 	return real_fclose(f);
+}
+
+/* freopen closes the stream's descriptor and opens the new file, often under
+ * the same number, with no call of ours in between. */
+static FILE *reopened(FILE *nf, const char *path, const char *mode)
+{
+	if (nf && path && mode && mode[0] == 'r' && !strchr(mode, '+'))
+		track_open(AT_FDCWD, path, O_RDONLY, fileno(nf));
+	return nf;
+}
+
+static void forget_stream(FILE *f)
+{
+	int saved = errno;
+	entry_clear(f ? fileno(f) : -1);
+	errno = saved;
+}
+
+TS_REAL(FILE *, freopen, (const char *, const char *, FILE *));
+TS_EXPORT FILE *freopen(const char *path, const char *mode, FILE *f)
+{
+	REAL_OR_FAIL(freopen, NULL);
+	forget_stream(f);
+	return reopened(real_freopen(path, mode, f), path, mode);
+}
+
+TS_REAL(FILE *, freopen64, (const char *, const char *, FILE *));
+TS_EXPORT FILE *freopen64(const char *path, const char *mode, FILE *f)
+{
+	REAL_OR_FAIL(freopen64, NULL);
+	forget_stream(f);
+	return reopened(real_freopen64(path, mode, f), path, mode);
+}
+
+static void forget_range(unsigned first, unsigned last)
+{
+	for (unsigned fd = first; fd <= last && fd < MAX_TRACKED_FD; fd++)
+		entry_clear((int)fd);
+}
+
+TS_REAL(int, close_range, (unsigned, unsigned, int));
+TS_EXPORT int close_range(unsigned first, unsigned last, int flags)
+{
+	REAL_OR_FAIL(close_range, -1);
+	if (!(flags & CLOSE_RANGE_CLOEXEC)) /* that one closes nothing until exec */
+		forget_range(first, last);
+	return real_close_range(first, last, flags);
+}
+
+TS_REAL(void, closefrom, (int));
+TS_EXPORT void closefrom(int lowfd)
+{
+	if (!TS_RESOLVE(closefrom))
+		return;
+	forget_range(lowfd < 0 ? 0 : (unsigned)lowfd, ~0u);
+	real_closefrom(lowfd);
 }

@@ -34,5 +34,7 @@ unsigned ts_io_scope_roots(const char **roots, unsigned max);
 
 /* Set up from the configuration (constructor). */
 void ts_io_init(void);
+/* In a forked child (fork handler): the table now follows this process. */
+void ts_io_fork_child(void);
 
 #endif

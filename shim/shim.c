@@ -141,6 +141,7 @@ static void atfork_parent(void)
 static void atfork_child(void)
 {
 	ts_exact_fork_unlock();
+	ts_io_fork_child();
 	ts_jpeg_fork_child();
 	pthread_mutex_init(&join_lock, NULL);
 	ts_session_atfork_child();

@@ -10,6 +10,10 @@
  *   prefix A          read only the first 3/4 of A (one capped read), close, decode that
  *   freopen A B       fopen A, freopen B on that stream and decode what it reads,
  *                     then decode A read afresh
+ *   freopen-read A B  fopen A, read its start, freopen B on that stream, read
+ *                     B whole and decode it
+ *   vfork A           open A; a vfork child calls close_range(3, ~0) and
+ *                     exits; read A whole and decode it
  *   dither A          RGB565 output with and without dithering
  *   concat AB         a file holding two JPEGs one after the other: decode both
  *   fork X Y...       X half-decoded when the program forks, the child destroys
@@ -240,14 +244,15 @@ int main(int argc, char **argv)
 	if (argc > 3 && !strcmp(argv[1], "fork"))
 		return decode_fork(argc, argv);
 	if (argc < 3) {
-		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|prefix|early|dither|concat|suspend|suspend-crop A, freopen A B, fork X Y...\n");
+		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|prefix|early|dither|concat|suspend|suspend-crop|vfork A, freopen|freopen-read A B, fork X Y...\n");
 		return 2;
 	}
 	const char *mode = argv[1];
 	size_t la = 0, lb = 0;
 	/* B is read only when it is used: what a thread read last is what the
 	 * shim can prove a buffer to be. suspend reads A itself, chunk by chunk. */
-	unsigned char *a = strncmp(mode, "suspend", 7) ? slurp(argv[2], &la) : NULL, *b = NULL;
+	int reads_a = !strncmp(mode, "suspend", 7) || !strcmp(mode, "vfork");
+	unsigned char *a = reads_a ? NULL : slurp(argv[2], &la), *b = NULL;
 	struct jpeg_decompress_struct c;
 	struct err e;
 	c.err = jpeg_std_error(&e.pub);
@@ -295,6 +300,37 @@ int main(int argc, char **argv)
 		a = slurp(argv[2], &la);
 		header(&c, a, la);
 		finish_image(&c, "then-A");
+	} else if (!strcmp(mode, "freopen-read") && argc > 3) {
+		/* as freopen, but A's start was read first: B is a file of its own */
+		FILE *f = fopen(argv[2], "rb");
+		unsigned char head[100];
+		struct stat sb;
+		if (!f || fread(head, 1, sizeof(head), f) != sizeof(head) || !(f = freopen(argv[3], "rb", f)) ||
+		    fstat(fileno(f), &sb))
+			return 1;
+		b = malloc((size_t)sb.st_size);
+		lb = fread(b, 1, (size_t)sb.st_size, f);
+		fclose(f);
+		header(&c, b, lb);
+		finish_image(&c, "freopen-read-B");
+	} else if (!strcmp(mode, "vfork")) {
+		/* what posix_spawn and Python's subprocess do: the child, sharing our
+		 * memory, closes every descriptor but stdio before its exec */
+		int fd = open(argv[2], O_RDONLY | O_CLOEXEC), st = 0;
+		pid_t pid = fd >= 0 ? vfork() : -1;
+		if (pid == 0) {
+			close_range(3, ~0u, 0);
+			_exit(0);
+		}
+		if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
+			return 1;
+		struct stat sb;
+		if (fstat(fd, &sb) || !(a = malloc((size_t)sb.st_size)))
+			return 1;
+		la = (size_t)read(fd, a, (size_t)sb.st_size);
+		close(fd);
+		header(&c, a, la);
+		finish_image(&c, "vfork");
 	} else if (!strcmp(mode, "prefix")) {
 		/* a loader that reads only the first 3/4 of the file (a capped read), closes it, decodes that */
 		int fd = open(argv[2], O_RDONLY | O_CLOEXEC);

@@ -496,6 +496,16 @@ static void dups(struct ctx *c)
 	FDRES("dup: dup(closed hi)", dup(c->hi));
 	FDRES("dup: dup(-1)", dup(-1));
 
+	/* close_range on the private number only (other threads own the rest). */
+	h = dup2(d, c->hi);
+	RD("close_range: read 10 from hi", read(c->hi, b, 10), b);
+	RES("close_range: CLOEXEC only", close_range((unsigned)c->hi, (unsigned)c->hi, CLOSE_RANGE_CLOEXEC));
+	emit(c, "close_range: cloexec=%d", cloexec(c->hi));
+	RD("close_range: still reads", read(c->hi, b, 10), b);
+	RES("close_range: hi..hi", close_range((unsigned)c->hi, (unsigned)c->hi, 0));
+	RD("close_range: read closed hi", read(c->hi, b, 10), b);
+	RES("close_range: first > last", close_range((unsigned)c->hi, (unsigned)c->hi - 1, 0));
+
 	/* dup3 with O_CLOEXEC onto a descriptor of another (tracked) file. */
 	int t = open(REL("empty.jpg"), O_RDONLY);
 	fdres(c, "dup: open empty (target)", t, errno);

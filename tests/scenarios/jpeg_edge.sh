@@ -4,10 +4,12 @@
 # images: an object reset with the generic jpeg_abort and reused (same image
 # with another DCT method, or another image), a buffer cut short by the
 # program, a file of which the program read only a prefix (before, served the
-# whole cached image instead of the partial decode), RGB565 with and without dithering, a file holding two JPEGs, and
-# Pillow's incremental feeding of progressive images (libjpeg suspends in
-# start_decompress) on a fill, a hit, and a bypass (image larger than the
-# cache).
+# whole cached image instead of the partial decode), a finish before the last
+# row, RGB565 with and without dithering, a file holding two JPEGs, Pillow's
+# incremental feeding of progressive images (libjpeg suspends in
+# start_decompress) on a fill, a hit, a crop after the hit, and a bypass (image
+# larger than the cache), and descriptors reused by freopen or closed by a
+# vfork child.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib.sh
@@ -85,6 +87,20 @@ want=$("$EDGE" freopen "$T_TMP/f/$FA" "$T_TMP/f/$FB" 2>&1)
 got=$(shim freopen "$T_TMP/f/$FA" "$T_TMP/f/$FB" 2>&1)
 check "freopen: B read through A's reused descriptor is not cached as A ($(echo "$got" | xargs))" [ "$want" = "$got" ]
 [ "$want" = "$got" ] || { echo "# want: $want"; echo "# got:  $got"; }
+
+# The descriptor table follows freopen after a read (before, B stayed under
+# A's stale entry and was never proven, so never shared), and a vfork child's
+# close_range is not the parent's (it shares our memory until its exec:
+# before, it untracked every file the parent had open).
+fshim() { TSSHIM_MODE=exact TSSHIM_SESSION="$S-f" TSSHIM_DATA="$T_TMP/f" TSSHIM_LOG=debug LD_PRELOAD="$TS_PRELOAD" "$EDGE" "$@"; }
+want=$("$EDGE" freopen-read "$T_TMP/f/$FA" "$T_TMP/f/$FB" 2>&1)
+got=$(fshim freopen-read "$T_TMP/f/$FA" "$T_TMP/f/$FB" 2>"$T_TMP/fr.err")
+check "freopen after a read: B decoded as without the shim, and proven B's" \
+	cond '[ "$want" = "$got" ] && grep -q "$FB: proven dataset file" "$T_TMP/fr.err"'
+want=$("$EDGE" vfork "$T_TMP/f/$FA" 2>&1)
+got=$(fshim vfork "$T_TMP/f/$FA" 2>"$T_TMP/vf.err")
+check "a vfork child's close_range leaves the parent's files tracked: proven, same pixels" \
+	cond '[ "$want" = "$got" ] && grep -q "$FA: proven dataset file" "$T_TMP/vf.err"'
 
 if [ -f "$T_TMP/d/train/c001/zz-big.jpg" ]; then
 	big=$T_TMP/d/train/c001/zz-big.jpg

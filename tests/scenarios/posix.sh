@@ -2,7 +2,7 @@
 # POSIX semantics under the shim: ts-posixcheck runs a fixed script of file
 # operations (open/open64/openat/openat64/__open_2/__open64_2/__openat_2,
 # read/__read_chk/pread/pread64/__pread64_chk/readv/preadv, lseek64,
-# close/dup/dup2/dup3, fopen/fopen64/fread/fseek/ftell/fclose/fdopen/freopen/
+# close/dup/dup2/dup3/close_range, fopen/fopen64/fread/fseek/ftell/fclose/fdopen/freopen/
 # fmemopen), alone and from 4 threads at once, on .jpg and other files, and
 # prints every return value, errno and hash of the bytes read. Its output,
 # stderr and exit status must be the same without the shim, with it while no
