@@ -1456,7 +1456,8 @@ static bool user_counts(const struct ts_cache_header *h, const struct ts_cache_u
 		return true;
 	uint64_t start;
 	uint32_t ppid = 0;
-	return ts_prim_read_stat(pid, &start, &ppid) == 0 && live_job(h, ppid);
+	int r = ts_prim_read_stat(pid, &start, &ppid);
+	return r ? !ts_proc_gone(r) : live_job(h, ppid);
 }
 
 /* Free the slots of users that no longer count (under the lock); count the rest. */

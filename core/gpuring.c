@@ -34,8 +34,9 @@ static uint64_t claim_word(const struct ts_ident *me)
 static int claimer_dead(uint64_t claim)
 {
 	uint64_t start;
-	if (ts_prim.proc_start_time((uint32_t)(claim >> 32), &start))
-		return 1;
+	int r = ts_prim.proc_start_time((uint32_t)(claim >> 32), &start);
+	if (r)
+		return ts_proc_gone(r);
 	return (start & 0x7fffffffull) != (claim >> 1 & 0x7fffffffull);
 }
 

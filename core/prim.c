@@ -119,8 +119,9 @@ enum ts_liveness ts_proc_liveness(uint32_t pid, uint64_t start_time)
 	uint64_t st;
 	if (pid == 0)
 		return TS_PROC_DEAD;
-	if (ts_prim.proc_start_time(pid, &st) != 0)
-		return TS_PROC_DEAD;
+	int r = ts_prim.proc_start_time(pid, &st);
+	if (r != 0)
+		return ts_proc_gone(r) ? TS_PROC_DEAD : TS_PROC_ALIVE;
 	return st == start_time ? TS_PROC_ALIVE : TS_PROC_DEAD;
 }
 

@@ -45,7 +45,20 @@ int ts_prim_read_stat(uint32_t pid, uint64_t *start, uint32_t *ppid);
 /* Our own identity, cached after the first call (re-read after fork). */
 int ts_self_ident(struct ts_ident *out);
 
-/* Alive: the pid exists, is not a zombie, and started when we recorded. */
+/*
+ * Did proc_start_time say the process is gone? Only -ESRCH (no such pid, or
+ * a zombie) and -EINVAL (a pid that cannot exist) do. Any other error
+ * (EMFILE: the asking process is out of descriptors, ENOMEM, EIO) says
+ * nothing about the other process: taken as gone, one job short of
+ * descriptors evicted every live member of its session.
+ */
+static inline int ts_proc_gone(int start_time_ret)
+{
+	return start_time_ret == -ESRCH || start_time_ret == -EINVAL;
+}
+
+/* Alive: the pid exists, is not a zombie, and started when we recorded; or
+ * it cannot be told (the heartbeat still tells a stuck member). */
 enum ts_liveness ts_proc_liveness(uint32_t pid, uint64_t start_time);
 
 /* futex on a 32-bit word in shared memory. wait: 0, -EAGAIN (value differed),

@@ -738,8 +738,8 @@ int ts_clean_temp_files(void)
 		if (strncmp(e->d_name, prefix, (size_t)plen) != 0 || sscanf(e->d_name + plen, "%u.", &pid) != 1)
 			continue;
 		uint64_t st;
-		if (ts_prim.proc_start_time(pid, &st) == 0)
-			continue; /* its creator is still at work */
+		if (!ts_proc_gone(ts_prim.proc_start_time(pid, &st)))
+			continue; /* its creator is still at work, or cannot be told */
 		snprintf(path, sizeof(path), "%s/%s", ts_shm_dir(), e->d_name);
 		removed += unlink(path) == 0;
 	}

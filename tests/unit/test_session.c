@@ -36,6 +36,7 @@ static struct ts_prim_ops saved_prim;
 #define FAKE_PID0  3900000u
 #define FAKE_PROCS (TS_MAX_MEMBERS + 8)
 static _Atomic uint64_t fake_start[FAKE_PROCS];
+#define FAKE_UNREADABLE UINT64_MAX
 static _Atomic uint64_t fake_clock;
 
 static uint64_t fake_now(void)
@@ -49,6 +50,8 @@ static int fake_proc_start_time(uint32_t pid, uint64_t *out)
 		uint64_t v = atomic_load(&fake_start[pid - FAKE_PID0]);
 		if (v == 0)
 			return -ESRCH;
+		if (v == FAKE_UNREADABLE)
+			return -EMFILE; /* the asker is out of descriptors */
 		*out = v;
 		return 0;
 	}
@@ -483,6 +486,36 @@ Test(health, pid_reuse_is_dead)
 		     "a live pid with another start time is another process: DEAD");
 	member_revive(3);
 	cr_expect_eq(ts_member_health(seg, 3, ts_now_ns()), TS_MEMBER_LIVE);
+	free(seg);
+}
+
+Test(health, a_process_that_cannot_be_read_is_not_dead)
+{
+	/* Before: an asker out of descriptors (EMFILE on /proc/PID/stat) took
+	 * every member for dead, evicted them and removed the segment. */
+	use_fakes();
+	struct ts_segment *seg = image_new(100);
+	member_put(seg, 2);
+	atomic_store(&fake_start[2], FAKE_UNREADABLE);
+	uint64_t hb = ts_now_ns();
+	cr_expect_eq(ts_member_health(seg, 2, hb), TS_MEMBER_LIVE, "unreadable, beating: LIVE, not DEAD");
+	cr_expect_eq(ts_member_health(seg, 2, hb + 200000000ull), TS_MEMBER_STALE,
+		     "unreadable and silent: STALE (the heartbeat still tells)");
+	free(seg);
+}
+
+Test(election, a_consumer_out_of_descriptors_does_not_take_over_a_live_producer)
+{
+	use_fakes();
+	struct ts_segment *seg = image_new(100);
+	member_put(seg, 0);
+	member_put(seg, 1);
+	struct ts_session p = handle(seg, 0), c = handle(seg, 1);
+	cr_assert_eq(ts_session_tick(&p), TS_ROLE_PRODUCER);
+	cr_assert_eq(ts_session_tick(&c), TS_ROLE_CONSUMER);
+	atomic_store(&fake_start[0], FAKE_UNREADABLE);
+	cr_expect_eq(ts_session_tick(&c), TS_ROLE_CONSUMER, "the producer beats: no takeover");
+	cr_expect_eq(ts_session_tick(&p), TS_ROLE_PRODUCER);
 	free(seg);
 }
 
