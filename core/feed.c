@@ -8,6 +8,7 @@
 #include "feed.h"
 
 #include <dirent.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -254,7 +255,16 @@ int ts_feed_open(struct ts_feed *f, const char *name, const struct ts_session_pa
 	f->nindex = nindex;
 	if (!(f->hdr_snap = malloc(sizeof(*f->hdr_snap))))
 		return -ENOMEM;
-	int ret = ts_session_join(&f->s, name, p);
+	/*
+	 * Two slots at least: a successor's fence claims the next slot while it
+	 * still has to read the last batch published. With one, the claim took
+	 * that batch's slot, stream_state failed with -ESTALE at every call, and
+	 * the open claim held every consumer back.
+	 */
+	struct ts_session_params q = *p;
+	if (q.depth < 2)
+		q.depth = 2;
+	int ret = ts_session_join(&f->s, name, &q);
 	if (ret) {
 		free(f->hdr_snap);
 		f->hdr_snap = NULL;
@@ -331,6 +341,38 @@ static int segment_incarnation(const char *seg_path, uint64_t *inc)
 	return ret;
 }
 
+/*
+ * What follows "<prefix><session>." in one of that session's own file names:
+ * "<incarnation>.<kind>", kind ledger, gpu or a slot file, perhaps with the
+ * suffix of a temporary. Session names hold dots: the files of session
+ * "sweep.2" start like those of "sweep", and taking "2" for an incarnation
+ * removed a live session's ledger.
+ */
+static int feed_file_of(const char *rest, unsigned long long *inc)
+{
+	char *end;
+	unsigned a, b, c, g;
+	int n = 0;
+	if (!isxdigit((unsigned char)rest[0]))
+		return 0;
+	*inc = strtoull(rest, &end, 16);
+	if (*end != '.')
+		return 0;
+	const char *kind = end + 1;
+	if (!strncmp(kind, "ledger", 6))
+		n = 6;
+	else if (!strncmp(kind, "gpu", 3))
+		n = 3;
+	else if (kind[0] != 'w' || sscanf(kind, "w%u.e%u.s%u.g%u%n", &a, &b, &c, &g, &n) != 4)
+		return 0;
+	kind += n;
+	if (*kind == '\0')
+		return 1;
+	unsigned pid, serial; /* ts_shm_create_tmp's ".tmpPID.N" */
+	int m = 0;
+	return sscanf(kind, ".tmp%u.%u%n", &pid, &serial, &m) == 2 && kind[m] == '\0';
+}
+
 int ts_feed_clean_stale(const char *session_name, uint64_t ended)
 {
 	char seg_path[TS_PATH_MAX], prefix[TS_PATH_MAX], path[TS_PATH_MAX * 2];
@@ -353,18 +395,15 @@ int ts_feed_clean_stale(const char *session_name, uint64_t ended)
 	if ((got = segment_incarnation(seg_path, &live)) != 0 && got != -ENOENT)
 		return 0; /* there but unreadable: do not guess */
 	int plen = snprintf(prefix, sizeof(prefix), TS_FEED_PREFIX "%u.%s.", (unsigned)getuid(), session_name);
+	unsigned long long inc;
 	DIR *d = opendir(ts_shm_dir());
 	if (!d)
 		return -errno;
 	int removed = 0;
 	struct dirent *e;
 	while ((e = readdir(d)) != NULL) {
-		unsigned long long inc;
-		char *end;
-		if (strncmp(e->d_name, prefix, (size_t)plen) != 0)
-			continue;
-		inc = strtoull(e->d_name + plen, &end, 16);
-		if (*end != '.' || (live && inc == live) || (inc >= young && inc != ended && inc != ended2))
+		if (strncmp(e->d_name, prefix, (size_t)plen) != 0 || !feed_file_of(e->d_name + plen, &inc) ||
+		    (live && inc == live) || (inc >= young && inc != ended && inc != ended2))
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", ts_shm_dir(), e->d_name);
 		removed += unlink(path) == 0;
@@ -710,8 +749,23 @@ static int hdr_matches(const struct ts_feed_hdr *h, const struct ts_batch_meta *
 
 /* ---- stream state (a successor's view) --------------------------------- */
 
+static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
+			uint64_t *npublished, uint64_t timeout_ns);
+
+/* A fence this call claimed is given up when the count fails: left open, it
+ * held every consumer back while each later call failed the same way. */
 int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
 			 uint64_t *npublished, uint64_t timeout_ns)
+{
+	int claimed_before = f->w.claimed;
+	int ret = count_stream(f, epoch, ended, rest, nrest, npublished, timeout_ns);
+	if (ret && !claimed_before && f->w.claimed)
+		ts_ring_abort(f->s.seg, &f->w);
+	return ret;
+}
+
+static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
+			uint64_t *npublished, uint64_t timeout_ns)
 {
 	struct ts_segment *seg = f->s.seg;
 	struct ts_batch_meta m;
@@ -854,7 +908,18 @@ int ts_feed_at_head(struct ts_feed *f)
 	return f->r.seq == atomic_load_explicit(&f->s.seg->ring.pub_seq, memory_order_acquire);
 }
 
+static int next_info(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *out);
+
+/* -ESTALE: evicted (or fallen a whole turn behind): detached, attach again. */
 int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *out)
+{
+	int ret = next_info(f, timeout_ns, out);
+	if (ret == -ESTALE)
+		f->attached = 0;
+	return ret;
+}
+
+static int next_info(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *out)
 {
 	struct ts_batch_meta m;
 	const struct ts_feed_hdr *h;

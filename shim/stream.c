@@ -351,6 +351,20 @@ static struct loader *loader_get(const char *key, uint64_t nindex)
 
 /* ---- producer ------------------------------------------------------------------------------ */
 
+/*
+ * A claim timed out on a slot a consumer holds: once the stall time has
+ * passed, evict those that stopped reading; give up at twice it. 1: try
+ * again. The wait counts across the fence and the publish of one batch: a
+ * successor's fence met the same laggard, and before it never evicted.
+ */
+static int laggards_waited(struct ts_feed *f, uint64_t *waited)
+{
+	uint64_t stall = ts_stall_ns(f->s.seg);
+	if ((*waited += SLICE_NS) >= stall && ts_feed_evict_laggards(f) < 0)
+		return 0;
+	return *waited < 2 * stall;
+}
+
 static int produce(struct loader *L, unsigned npos, void *const *data, const size_t *bytes, size_t nsamples,
 		   const int64_t *ids, unsigned flags, struct tsshim_where *where)
 {
@@ -365,10 +379,15 @@ static int produce(struct loader *L, unsigned npos, void *const *data, const siz
 		ts_session_set_idle(&f->s, 0);
 		L->idle = 0;
 	}
+	uint64_t waited = 0;
+	int ret;
 	if (!L->have_epoch) {
 		uint64_t e, nrest, npub;
 		int ended;
-		int ret = ts_feed_stream_state(f, &e, &ended, NULL, &nrest, &npub, SLICE_NS);
+		/* its fence claims a slot, which a consumer may hold, as for a publish */
+		while ((ret = ts_feed_stream_state(f, &e, &ended, NULL, &nrest, &npub, SLICE_NS)) == -ETIMEDOUT &&
+		       laggards_waited(f, &waited))
+			;
 		if (ret)
 			return ret == -EPERM ? -EAGAIN : TSSHIM_BATCH_OWN;
 		L->epoch = ended ? e + 1 : e;
@@ -386,15 +405,8 @@ static int produce(struct loader *L, unsigned npos, void *const *data, const siz
 		.len = len, .src = (const void *const *)data, .index = ids, .stream_epoch = L->epoch,
 		.schema = schema, .schema_len = (uint32_t)slen,
 	};
-	uint64_t stall = ts_stall_ns(f->s.seg), waited = 0;
-	int ret;
-	while ((ret = ts_feed_publish(f, &b, SLICE_NS)) == -ETIMEDOUT) {
-		/* a consumer holds the slot: evict those that stopped reading */
-		if ((waited += SLICE_NS) >= stall && ts_feed_evict_laggards(f) < 0)
-			break;
-		if (waited >= 2 * stall)
-			break;
-	}
+	while ((ret = ts_feed_publish(f, &b, SLICE_NS)) == -ETIMEDOUT && laggards_waited(f, &waited))
+		;
 	if (ret == -EPERM)
 		return -EAGAIN; /* replaced as producer meanwhile: consume instead */
 	if (ret) {

@@ -340,7 +340,7 @@ Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
 	int64_t idx[2] = { 0, 1 };
 	int go;
 	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	/* ts-feedpeer stall: attaches, stalls until told, then reads: -ESTALE, exit 0 */
+	/* ts-feedpeer stall: attaches, stalls until told, then looks: -ESTALE, detached, attaches again: exit 0 */
 	pid_t pid = start_held_peer("stall", &go);
 	for (int k = 0; k < 4; k++)
 		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
@@ -362,7 +362,7 @@ Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
 Test(feed, stale_files_of_an_ended_session_are_removed)
 {
 	char path[512];
-	snprintf(path, sizeof(path), "%s/" TS_FEED_PREFIX "%u.%s.1234.w0.e1.s0", ts_shm_dir(), (unsigned)getuid(), name);
+	snprintf(path, sizeof(path), "%s/" TS_FEED_PREFIX "%u.%s.1234.w0.e1.s0.g0", ts_shm_dir(), (unsigned)getuid(), name);
 	int fd = open(path, O_CREAT | O_EXCL | O_RDWR, 0600);
 	cr_assert_geq(fd, 0);
 	close(fd);
@@ -383,6 +383,27 @@ Test(feed, stale_files_of_an_ended_session_are_removed)
 	cr_expect_eq(ts_feed_clean_stale(name, 0), 0);
 	cr_expect_eq(access(path, F_OK), 0, "a file of an incarnation younger than a second is not removed");
 	unlink(path);
+}
+
+/*
+ * Session names hold dots: the files of a live feed "NAME.2" start like
+ * those of NAME. A sweep of NAME (no segment: ended) took the "2" for an
+ * incarnation of NAME and removed the live feed's ledger and slot files.
+ */
+Test(feed, the_sweep_of_a_name_leaves_a_live_feed_whose_name_extends_it)
+{
+	char other[160];
+	int64_t idx[2] = { 0, 1 };
+	snprintf(other, sizeof(other), "%s.2", name);
+	struct ts_feed f;
+	cr_assert_eq(ts_feed_open(&f, other, &params, NINDEX), 0);
+	for (int k = 0; k < 2; k++)
+		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
+	int files = count_feed_files(other);
+	cr_assert_geq(files, 3, "the ledger and two slot files");
+	cr_expect_eq(ts_feed_clean_stale(name, 0), 0, "nothing of %s is %s's", other, name);
+	cr_expect_eq(count_feed_files(other), files, "the live feed keeps every file");
+	ts_feed_close(&f);
 }
 
 /*
@@ -417,6 +438,23 @@ Test(feed, a_feed_whose_last_member_was_killed_after_we_left_is_removed_by_the_s
 	cr_expect_geq(ts_feed_clean_stale(name, 0), 3, "every member is dead: the ledger and slot files go");
 	cr_expect_eq(count_feed_files(name), 0, "nothing of the feed is left in /dev/shm");
 	cr_expect_eq(access(seg, F_OK), -1, "the segment is removed with its files");
+}
+
+Test(feed, at_depth_1_a_producer_still_reads_the_stream_it_continues)
+{
+	struct ts_feed f;
+	int64_t idx[4] = { 0, 1, 2, 3 };
+	struct ts_session_params one = params;
+	one.depth = 1; /* TSSHIM_DEPTH=1 */
+	cr_assert_eq(ts_feed_open(&f, name, &one, NINDEX), 0);
+	cr_assert_eq(publish(&f, idx, 4, 1, 0, schema), 0);
+	uint64_t epoch, nrest, npub;
+	int ended;
+	cr_expect_eq(ts_feed_stream_state(&f, &epoch, &ended, NULL, &nrest, &npub, SEC), 0,
+		     "the fence's claim must not take the slot of the batch it reads");
+	cr_expect_eq(epoch, 1u);
+	cr_expect_eq(ended, 0);
+	ts_feed_close(&f);
 }
 
 Test(feed, successor_fences_a_replaced_producers_open_claim)
