@@ -134,6 +134,9 @@ $(EMU_DIR)/libcudart.so.13: $(BUILD)/obj/tools/cudaemu/runtime.o tools/cudaemu/l
 # ts-cudaemu-check links nothing CUDA: it dlopen()s the emulated libraries.
 LIBS_ts-cudaemu-check := -ldl
 LIBS_ts-cudacalls     := -ldl
+# ts-gpurace calls the CUDA runtime directly: tsemu's at build and run time.
+LIBS_ts-gpurace       := -L$(EMU_DIR) -l:libcudart.so.13
+$(BUILD)/tests/ts-gpurace: | $(EMU_DIR)/libcudart.so.13
 
 # For the CUDA hooks scenario: a library linked against (emulated) libcudart,
 # which ts-cudacalls loads RTLD_LOCAL.

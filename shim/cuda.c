@@ -246,7 +246,7 @@ static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstrea
 {
 	CUstream os = our_stream(s, sync);
 	ts_gpu_keep(hit->gpu, hit->seq, hit->npos, hit->len, hit->pos, hit->off, (CUdeviceptr)(uintptr_t)dst,
-		    hit->n, os);
+		    hit->n, os, sync);
 }
 
 /*
@@ -259,16 +259,21 @@ static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstrea
 		struct ts_stream_hit hit_;                                                        \
 		if (!copy_enter())                                                                 \
 			return (CALL);                                                             \
+		int errno_ = errno; /* ours may set it (a ring file opened, /proc read) */        \
 		copy_seen(path, dir, n);                                                           \
 		enum ts_hit_kind k_ = batch_hit(dir, src, n, &hit_);                               \
 		if (k_ == TS_HIT_CONSUMER && batch_serve(&hit_, dst, stream, sync)) {              \
 			copy_leave();                                                              \
+			errno = errno_;                                                            \
 			return (OK);                                                               \
 		}                                                                                  \
+		errno = errno_;                                                                    \
 		__typeof__(CALL) r_ = (CALL);                                                      \
+		errno_ = errno;                                                                    \
 		if (k_ == TS_HIT_PRODUCER && r_ == (OK))                                           \
 			batch_keep(&hit_, dst, stream, sync);                                      \
 		copy_leave();                                                                      \
+		errno = errno_;                                                                    \
 		return r_;                                                                         \
 	} while (0)
 

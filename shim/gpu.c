@@ -603,7 +603,7 @@ void ts_gpu_keep_announce(struct ts_gpu *g, uint64_t seq, uint32_t npos, const u
 }
 
 void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, uint32_t p, uint64_t off,
-		 CUdeviceptr dst, size_t n, CUstream s)
+		 CUdeviceptr dst, size_t n, CUstream s, int sync)
 {
 	if (!drv_ready() || npos < 1 || npos > TS_MAX_POSITIONS || p >= npos)
 		return;
@@ -654,6 +654,14 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
 	if (k->stream != s || o->ctx != ctx || off != k->done[p] || n > k->len[p] - off)
 		goto skip;
 	if (drv.MemcpyAsync(o->ptr + k->off[p] + off, dst, n, s) != CUDA_SUCCESS)
+		goto drop;
+	/*
+	 * A synchronous upload has landed when it returns, and the program may
+	 * change dst at once (an in-place kernel on a non-blocking stream, a
+	 * free): our copy of it must have read it by then. Before, consumers
+	 * were served the changed bytes.
+	 */
+	if (sync && (drv.EventRecord(o->ev, s) != CUDA_SUCCESS || drv.EventSynchronize(o->ev) != CUDA_SUCCESS))
 		goto drop;
 	k->done[p] += n;
 	if (position_complete(k, p)) {

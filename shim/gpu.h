@@ -50,10 +50,11 @@ void ts_gpu_free(struct ts_gpu *g, int exiting);
  * its start, on the stream of the batch's first upload; each complete one
  * records the buffer's event). Once every position this job uploads is
  * complete (learnt from its earlier batches; at first all of them), the
- * slot is READY; positions not complete then read as 0 bytes.
+ * slot is READY; positions not complete then read as 0 bytes. sync: the
+ * upload was synchronous, so ours has read dst before this returns.
  */
 void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, uint32_t p, uint64_t off,
-		 CUdeviceptr dst, size_t n, CUstream s);
+		 CUdeviceptr dst, size_t n, CUstream s, int sync);
 /*
  * Producer, when it registers batch `seq`: begin keeping it now (its ring
  * slot says WRITING), so that a consumer whose upload comes before ours

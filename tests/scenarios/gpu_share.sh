@@ -12,8 +12,9 @@
 # consumer giving up on a live producer that publishes nothing, jobs that
 # keep their labels on the host, and producers that upload in pieces, twice,
 # on two streams or some labels only, a peer that rewrites the GPU
-# ring's depth mid-run, and buffer records that claim more than their
-# allocations. Every job runs under `timeout`; no
+# ring's depth mid-run, buffer records that claim more than their
+# allocations, and a producer that changes a batch in place once its
+# synchronous upload returned. Every job runs under `timeout`; no
 # /dev/shm object of a case's
 # session may survive its jobs.
 set -u
@@ -640,6 +641,34 @@ check "18: no buffer freed while a consumer had it open ($fo)" cond '[ "$fo" = 0
 check "18: both consumers were served from the ring (served lines: $(nlines c18a " share=served "), $(nlines c18b " share=served "))" \
 	cond '[ "$(nlines c18a " share=served ")" -gt 0 ] && [ "$(nlines c18b " share=served ")" -gt 0 ]'
 echo "# case 18: $((SECONDS - T1)) s"
+
+# === 19. a synchronous upload is done when it returns; errno across uploads ==================
+# The producer changes each batch's images in place (a non-blocking stream)
+# right after its synchronous cudaMemcpy returned, as CUDA allows. The shim's
+# copy into the ring must have read them by then: before, it was still queued
+# and consumers were served the changed bytes (9 of 10 batches). And errno is
+# the program's across every upload: before, a consumer's first served upload
+# (which creates the ring when the producer never uses CUDA) left ENOENT.
+T1=$SECONDS
+GPURACE=$PWD/$BUILD/tests/ts-gpurace
+race() { # race NAME SESSION MODE: ts-gpurace MODE 12 in SESSION, in the background
+	env TSSHIM_SESSION="$2" LD_PRELOAD="$TS_PRELOAD" timeout "$JOB_TIMEOUT" "$GPURACE" "$3" 12 \
+		>"$T_TMP/$1.out" 2>"$T_TMP/$1.err" &
+	JPID[$1]=$!
+}
+for prod in prod cpuprod; do
+	S=$(session_name "c19$prod")
+	race "c19$prod" "$S" "$prod"
+	sleep 0.05
+	race "c19c$prod" "$S" cons
+	wait_jobs "c19$prod" "c19c$prod"
+	got=$(cat "$T_TMP/c19c$prod.out")
+	check "19 ($prod): every served upload is the producer's batch as uploaded, errno kept ($got)" \
+		cond '[ "${JRC[c19$prod]}" = 0 ] && [ "${JRC[c19c$prod]}" = 0 ] && [[ "$got" =~ served=[1-9] ]]' ||
+		show_err "c19$prod" "c19c$prod"
+	check "19 ($prod): no /dev/shm object of the session left" shm_gone "$S"
+done
+echo "# case 19: $((SECONDS - T1)) s"
 
 # Across every case: no producer freed a buffer a live consumer still had open
 # through IPC (undefined on CUDA; tsemu counts it and overwrites the memory).

@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ts-gpurace: what a program may do with an upload once CUDA says it is done,
+ * and what it may expect of errno across it, in a shared session.
+ *   prod N      producer: N batches, each uploaded with synchronous cudaMemcpy
+ *               (labels, then images), then the images changed in place on a
+ *               non-blocking stream (legal: the copies have landed)
+ *   cons N      consumer: the same N batches uploaded synchronously, read back
+ *               and compared with its host bytes
+ *   cpuprod N   producer that never uses CUDA (the consumer makes the ring)
+ * Every mode checks that errno is the same after the uploads as before.
+ * Prints "MODE done: batches=N served=S bad=B errno_changed=E"; exit 1 when
+ * B or E is not 0. Link with tsemu's (or CUDA's) libcudart.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "tsshim.h"
+
+#define SAMPLES 16
+#define SAMPLE_BYTES 65536
+#define ERRNO_MARK 4242
+
+static void fill(unsigned char *img, int64_t *lbl, int64_t *ids, int b, int nb)
+{
+	for (int i = 0; i < SAMPLES; i++) {
+		memset(img + (size_t)i * SAMPLE_BYTES, (b * 7 + i) & 0xff, SAMPLE_BYTES);
+		lbl[i] = b * 100 + i;
+		ids[i] = (b * SAMPLES + i) % (SAMPLES * nb);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 3 || (strcmp(argv[1], "prod") && strcmp(argv[1], "cons") && strcmp(argv[1], "cpuprod"))) {
+		fprintf(stderr, "usage: ts-gpurace prod|cons|cpuprod NBATCH\n");
+		return 2;
+	}
+	int nb = atoi(argv[2]), prod = strcmp(argv[1], "cons") != 0, gpu = strcmp(argv[1], "cpuprod") != 0;
+	size_t bytes = (size_t)SAMPLES * SAMPLE_BYTES, lbytes = SAMPLES * sizeof(int64_t);
+	unsigned char *img = NULL, *back = malloc(bytes);
+	int64_t *lbl = NULL, *lback = malloc(lbytes), ids[SAMPLES];
+	void *d = NULL, *dl = NULL;
+	cudaStream_t side = NULL;
+	if (!gpu) {
+		img = malloc(bytes);
+		lbl = malloc(lbytes);
+	} else if (cudaMallocHost((void **)&img, bytes) || cudaMallocHost((void **)&lbl, lbytes) ||
+		   cudaMalloc(&d, bytes) || cudaMalloc(&dl, lbytes) ||
+		   cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking)) {
+		fprintf(stderr, "ts-gpurace: CUDA set-up failed\n");
+		return 2;
+	}
+	if (!img || !lbl || !back || !lback)
+		return 2;
+	int bad = 0, served = 0, errno_changed = 0;
+	for (int b = 0; b < nb; b++) {
+		fill(img, lbl, ids, b, nb);
+		void *data[2] = { img, lbl };
+		size_t len[2] = { bytes, lbytes };
+		unsigned flags = (b == 0 ? TSSHIM_BATCH_FIRST : 0) | (b + 1 == nb ? TSSHIM_BATCH_LAST : 0);
+		int r = tsshim_batch ? tsshim_batch("train.gpurace", 2, data, len, SAMPLES, ids,
+						    (uint64_t)SAMPLES * (uint64_t)nb, flags, NULL)
+				     : 0;
+		served += r == TSSHIM_BATCH_SERVED;
+		if (gpu) {
+			errno = ERRNO_MARK;
+			cudaError_t e2 = cudaMemcpy(dl, lbl, lbytes, cudaMemcpyHostToDevice);
+			cudaError_t e1 = cudaMemcpy(d, img, bytes, cudaMemcpyHostToDevice);
+			errno_changed += errno != ERRNO_MARK;
+			if (e1 || e2) {
+				fprintf(stderr, "ts-gpurace: upload failed (%d, %d)\n", e1, e2);
+				return 3;
+			}
+			if (prod) { /* in-place preprocessing, after the uploads returned */
+				cudaMemsetAsync(d, 0xee, bytes, side);
+				cudaStreamSynchronize(side);
+			} else if (cudaMemcpy(back, d, bytes, cudaMemcpyDeviceToHost) ||
+				   cudaMemcpy(lback, dl, lbytes, cudaMemcpyDeviceToHost) || memcmp(back, img, bytes) ||
+				   memcmp(lback, lbl, lbytes)) {
+				bad++;
+				fprintf(stderr, "batch %d (%s): device bytes differ from the host's\n", b,
+					r == TSSHIM_BATCH_SERVED ? "served" : "own");
+			}
+		}
+		usleep(20000);
+	}
+	printf("%s done: batches=%d served=%d bad=%d errno_changed=%d\n", argv[1], nb, served, bad, errno_changed);
+	return bad || errno_changed ? 1 : 0;
+}
