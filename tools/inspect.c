@@ -1292,7 +1292,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case ':':
 			return usage_error("option '%s' needs a value", argv[optind - 1]);
-		default:
+		default: /* a short one inside a cluster (-xh) is not argv[optind - 1] itself */
+			if (optopt && optopt != '?') {
+				char opt[3] = { '-', (char)optopt, '\0' };
+				return usage_error("unknown option '%s'", opt);
+			}
 			return usage_error("unknown option '%s'", argv[optind - 1]);
 		}
 	}

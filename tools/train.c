@@ -1927,10 +1927,11 @@ static uint64_t parse_u64(const char *name, const char *s, uint64_t min, uint64_
 {
 	char range[96];
 	snprintf(range, sizeof range, "an integer from %" PRIu64 " to %" PRIu64, min, max);
-	if (!*s || strspn(s, "0123456789") != strlen(s) || strlen(s) > 19)
+	if (!*s || strspn(s, "0123456789") != strlen(s))
 		goto bad;
+	errno = 0;
 	uint64_t v = strtoull(s, NULL, 10);
-	if (v < min || v > max)
+	if (errno == ERANGE || v < min || v > max)
 		goto bad;
 	return v;
 bad:
@@ -1941,8 +1942,10 @@ static double parse_num(const char *name, const char *s, const char *unit)
 {
 	char *end;
 	errno = 0;
+	/* plain decimal (the README's rule for numbers): strtod alone takes hex, spaces, inf */
+	int plain = *s && strspn(s, "0123456789.") == strlen(s);
 	double v = strtod(s, &end);
-	if (!*s || *end || errno || !(v >= 0) || v > 1e9)
+	if (!plain || *end || errno || !(v >= 0) || v > 1e9)
 		bad_usage("--%s: expected a number of %s >= 0, got '%s'", name, unit, s);
 	return v;
 }
@@ -2034,7 +2037,7 @@ static void parse_args(int argc, char **argv)
 		case O_SPIN: opt.step_spin = 1; break;
 		case O_VAL_EVERY: opt.val_every = parse_u64("val-every", a, 0, UINT64_MAX / 2); break;
 		case O_BREAK: opt.break_after = parse_u64("break-after", a, 0, UINT64_MAX / 2); break;
-		case O_GPU: opt.gpu = (int)parse_u64("--gpu", a, 0, 63); break;
+		case O_GPU: opt.gpu = (int)parse_u64("gpu", a, 0, 63); break;
 		case O_READBACK: opt.readback = 1; break;
 		case O_LABELS_HOST: opt.labels_on_host = 1; break;
 		case O_UPLOAD: opt.upload = parse_pattern(a); break;
@@ -2043,7 +2046,10 @@ static void parse_args(int argc, char **argv)
 		case O_HELP: usage(stdout); exit(0);
 		case O_WORKER_FD: bad_usage("--worker-fd is internal: it is how spawned workers start");
 		case ':': bad_usage("%s: missing value", argv[optind - 1]);
-		default: bad_usage("unknown option '%s'", argv[optind - 1]);
+		default: /* a short one inside a cluster (-xy) is not argv[optind - 1] itself */
+			if (optopt && optopt != '?')
+				bad_usage("unknown option '-%c'", optopt);
+			bad_usage("unknown option '%s'", argv[optind - 1]);
 		}
 	}
 	if (optind >= argc)

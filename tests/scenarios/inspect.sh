@@ -50,6 +50,9 @@ check "--help exits 0 and documents the exit status" \
 	[ "$RC" = 0 -a -n "$(grep -i 'exit status' <<<"$OUT")" -a -z "$ERR" ]
 run_inspect --frobnicate
 check "unknown option: exit 2, usage on stderr" [ "$RC" = 2 -a -z "$OUT" -a -n "$(grep usage: <<<"$ERR")" ]
+run_inspect -xh
+check "unknown short option in a cluster: exit 2, named ('-x', not the program)" \
+	[ "$RC" = 2 -a -n "$(grep -F "unknown option '-x'" <<<"$ERR")" ]
 run_inspect --count 2
 check "--count without --watch: exit 2" [ "$RC" = 2 ]
 run_inspect --watch --interval

@@ -46,6 +46,22 @@ check "--help explains every option${missing:+ (missing:$missing)}" [ -z "$missi
 "$TRAIN" --batch 0 "$D/train" >/dev/null 2>"$T_TMP/usage.err"
 rc=$?
 check "bad value: exit 2 with a clear message" cond '[ $rc = 2 ] && grep -q -- "--batch: expected an integer" "$T_TMP/usage.err"'
+# refused WANT ARG...: exit 2, and stderr says WANT. Before: --gpu was named
+# '----gpu', -xy named the program, 0x10 and ' 5' were milliseconds.
+refused() {
+	local want=$1 rc
+	shift
+	"$TRAIN" "$@" "$D/train" >/dev/null 2>"$T_TMP/usage.err"
+	rc=$?
+	check "usage: '$*' is refused, naming it" cond '[ $rc = 2 ] && grep -qF -- "$want" "$T_TMP/usage.err"'
+}
+refused "--gpu: expected" --gpu 99
+refused "unknown option '-x'" -xy
+refused "--step-ms: expected" --step-ms 0x10
+refused "--step-ms: expected" --step-ms " 5"
+refused "--seed: expected" --seed 18446744073709551616
+"$TRAIN" --seed 18446744073709551615 --help >/dev/null 2>&1
+check "usage: the largest seed (2^64-1) is a seed" [ $? = 0 ]
 
 # --- determinism across loader configurations -------------------------------------
 shm_count() { local f n=0; for f in /dev/shm/train_*; do [ -e "$f" ] && n=$((n + 1)); done; echo $n; }
