@@ -93,6 +93,7 @@
 #include "ring.h"
 #include "session.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -1135,7 +1136,35 @@ static int clean_one(struct entry *e)
 	return 0;
 }
 
-static void clean_json(const struct entries *l, int tmp)
+/*
+ * Decoded-image caches whose users are all dead (every job of an exact-mode
+ * session killed): no session segment names them, so the sweep above never
+ * saw them, and up to 8 GiB of /dev/shm stayed. Only NAME's if given.
+ * Their session names, for the report, in `removed` (count returned).
+ */
+#define MAX_CACHES_REPORTED 64
+static int clean_caches(const char *only, char removed[][TS_NAME_MAX])
+{
+	char prefix[64], path[TS_PATH_MAX];
+	int plen = snprintf(prefix, sizeof(prefix), TS_CACHE_PREFIX "%u.", (unsigned)getuid()), n = 0;
+	DIR *d = opendir(ts_shm_dir());
+	if (!d)
+		return 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		const char *name = e->d_name + plen;
+		if (strncmp(e->d_name, prefix, (size_t)plen) != 0 || !ts_session_name_valid(name) ||
+		    (only && strcmp(only, name) != 0) ||
+		    ts_cache_path(path, sizeof(path), getuid(), name) != 0)
+			continue;
+		if (ts_cache_remove_if_stale(path) == 1 && n < MAX_CACHES_REPORTED)
+			snprintf(removed[n++], TS_NAME_MAX, "%s", name);
+	}
+	closedir(d);
+	return n;
+}
+
+static void clean_json(const struct entries *l, int tmp, char caches[][TS_NAME_MAX], int ncaches)
 {
 	struct jw j;
 	j_begin(&j);
@@ -1156,11 +1185,15 @@ static void clean_json(const struct entries *l, int tmp)
 	}
 	j_close(&j, ']');
 	j_u64(&j, "temp_files_removed", tmp > 0 ? (uint64_t)tmp : 0);
+	j_open(&j, "caches_removed", '[');
+	for (int i = 0; i < ncaches; i++)
+		j_str(&j, NULL, caches[i]);
+	j_close(&j, ']');
 	j_close(&j, '}');
 	j_end(&j);
 }
 
-static void clean_text(const struct entries *l, int tmp)
+static void clean_text(const struct entries *l, int tmp, char caches[][TS_NAME_MAX], int ncaches)
 {
 	int any = tmp > 0;
 	for (size_t i = 0; i < l->n; i++) {
@@ -1175,6 +1208,9 @@ static void clean_text(const struct entries *l, int tmp)
 	}
 	if (tmp > 0)
 		printf("removed  %d temporary file(s) of creators that died\n", tmp);
+	for (int i = 0; i < ncaches; i++)
+		printf("removed  %s: decoded-image cache, its users all dead\n", caches[i]);
+	any |= ncaches > 0;
 	if (!any)
 		printf("nothing to clean\n");
 }
@@ -1194,10 +1230,12 @@ static int clean(const struct opts *o)
 			ret = EXIT_FAIL;
 	}
 	int tmp = ts_clean_temp_files();
+	static char caches[MAX_CACHES_REPORTED][TS_NAME_MAX];
+	int ncaches = clean_caches(o->name, caches);
 	if (o->json)
-		clean_json(&l, tmp);
+		clean_json(&l, tmp, caches, ncaches);
 	else
-		clean_text(&l, tmp);
+		clean_text(&l, tmp, caches, ncaches);
 	free(l.v);
 	return ret;
 }
@@ -1227,7 +1265,8 @@ static void usage(FILE *f)
 		"  --count N        stop after N refreshes\n"
 		"  --clean          remove sessions (only NAME if given) whose members\n"
 		"                   are all dead (a DataLoader feed's files with them),\n"
-		"                   and temporary files of creators that died; never\n"
+		"                   decoded-image caches whose users are all dead, and\n"
+		"                   temporary files of creators that died; never\n"
 		"                   touches a live or unreadable session\n"
 		"  -h, --help       this text\n"
 		"\n"

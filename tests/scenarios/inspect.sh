@@ -208,8 +208,31 @@ feed_file() { echo "/dev/shm/tsshim-feed.$(id -u).$1.18eaf2f07c44d400.$2"; }
 for f in "$(feed_file "$DEAD" ledger)" "$(feed_file "$DEAD" w0.e1.s0.g0)" "$(feed_file "$LIVE" ledger)"; do
 	(umask 077; : >"$f")
 done
+# Decoded-image caches: one whose only user was killed, one in use. No
+# session segment names them; before, --clean saw neither ("nothing to
+# clean") and the dead one's /dev/shm stayed for good.
+CACHETOOL=$PWD/$BUILD/tests/ts-cachetool
+cache_file() { echo "/dev/shm/tsshim-cache.$(id -u).$1"; }
+hold_cache() { # hold_cache VAR NAME FD: a user of NAME's cache until FD closes; its pid in VAR
+	local __var=$1 out
+	out=$(mktemp "$T_TMP/cache.XXXXXX")
+	mkfifo "$out.in"
+	"$CACHETOOL" hold "$2" --budget-mb 8 <"$out.in" >"$out" 2>&1 &
+	local pid=$!
+	T_PIDS+=("$pid")
+	eval "exec $3>\"\$out.in\""
+	wait_for "$out" '^holding' 10 || echo "# cache user of $2 did not start: $(cat "$out")"
+	printf -v "$__var" '%s' "$pid"
+}
+hold_cache CD "${PREFIX}cdead" 7
+kill -KILL "$CD"; wait "$CD" 2>/dev/null; exec 7>&-
+hold_cache CL "${PREFIX}clive" 8
 run_inspect --clean
 check "--clean exits 0" [ "$RC" = 0 ]
+check "--clean removed the cache whose users are all dead, and says so" \
+	cond '[ ! -e "$(cache_file "${PREFIX}cdead")" ] && grep -Eq "^removed +${PREFIX}cdead: decoded-image cache" <<<"$OUT"'
+check "--clean left the cache in use" [ -e "$(cache_file "${PREFIX}clive")" ]
+exec 8>&-
 check "--clean removed the dead session and says so" cond '[ ! -e "$(seg_path "$DEAD")" ] && grep -Eq "^removed +$DEAD" <<<"$OUT"'
 check "--clean left the live session and says so" cond '[ -e "$(seg_path "$LIVE")" ] && grep -Eq "^left +$LIVE \(has live members\)" <<<"$OUT"'
 check "--clean removed the dead session's feed files" cond '[ ! -e "$(feed_file "$DEAD" ledger)" -a ! -e "$(feed_file "$DEAD" w0.e1.s0.g0)" ]'
