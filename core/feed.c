@@ -341,6 +341,26 @@ static int segment_incarnation(const char *seg_path, uint64_t *inc)
 	return ret;
 }
 
+/* Past the decimal digits at s, or NULL when there are none. */
+static const char *past_digits(const char *s)
+{
+	const char *p = s;
+	while (*p >= '0' && *p <= '9')
+		p++;
+	return p > s ? p : NULL;
+}
+
+/* Past "<c1><digits>.<c2><digits>..." (tags "wesg": a slot file), or NULL. */
+static const char *past_tagged(const char *k, const char *tags)
+{
+	for (size_t i = 0; k && tags[i]; i++) {
+		if ((i && *k++ != '.') || *k++ != tags[i])
+			return NULL;
+		k = past_digits(k);
+	}
+	return k;
+}
+
 /*
  * What follows "<prefix><session>." in one of that session's own file names:
  * "<incarnation>.<kind>", kind ledger, gpu or a slot file, perhaps with the
@@ -351,8 +371,6 @@ static int segment_incarnation(const char *seg_path, uint64_t *inc)
 static int feed_file_of(const char *rest, unsigned long long *inc)
 {
 	char *end;
-	unsigned a, b, c, g;
-	int n = 0;
 	if (!isxdigit((unsigned char)rest[0]))
 		return 0;
 	*inc = strtoull(rest, &end, 16);
@@ -360,17 +378,18 @@ static int feed_file_of(const char *rest, unsigned long long *inc)
 		return 0;
 	const char *kind = end + 1;
 	if (!strncmp(kind, "ledger", 6))
-		n = 6;
+		kind += 6;
 	else if (!strncmp(kind, "gpu", 3))
-		n = 3;
-	else if (kind[0] != 'w' || sscanf(kind, "w%u.e%u.s%u.g%u%n", &a, &b, &c, &g, &n) != 4)
+		kind += 3;
+	else if (!(kind = past_tagged(kind, "wesg")))
 		return 0;
-	kind += n;
 	if (*kind == '\0')
 		return 1;
-	unsigned pid, serial; /* ts_shm_create_tmp's ".tmpPID.N" */
-	int m = 0;
-	return sscanf(kind, ".tmp%u.%u%n", &pid, &serial, &m) == 2 && kind[m] == '\0';
+	if (strncmp(kind, ".tmp", 4) != 0) /* else ts_shm_create_tmp's ".tmpPID.N" */
+		return 0;
+	kind = past_digits(kind + 4);
+	kind = kind && *kind == '.' ? past_digits(kind + 1) : NULL;
+	return kind && *kind == '\0';
 }
 
 int ts_feed_clean_stale(const char *session_name, uint64_t ended)
