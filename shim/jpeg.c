@@ -219,7 +219,7 @@ static const struct jpeg_api *api_for(const void *caller)
 /* ---- per decompress-object state --------------------------------------------- */
 
 /*
- * D_ABSORB: a hit must wait for the real start to finish (see start_later);
+ * D_ABSORB: a hit must wait for the real start to finish (start_later_ok);
  * the real start runs, and the decision is made once it returns TRUE.
  */
 enum dmode { D_PASS = 0, D_FILL, D_HIT, D_ABSORB };
@@ -500,9 +500,9 @@ TS_EXPORT boolean jpeg_start_decompress(j_decompress_ptr cinfo)
 			s->mode = D_ABSORB;
 			ts_debug("decode of %s: multi-scan, fed in parts, to code that can crop: "
 				 "a hit waits for the real start", s->path);
-		}
-		else if (exact_decide(s, cinfo))
+		} else if (exact_decide(s, cinfo)) {
 			return TRUE;
+		}
 	}
 	if (s && s->mode == D_HIT)
 		return TRUE;

@@ -284,35 +284,28 @@ int main(int argc, char **argv)
 			c.dct_method = JDCT_IFAST;
 		}
 		finish_image(&c, mode);
-	} else if (!strcmp(mode, "freopen") && argc > 3) {
-		/* fopen(A), nothing read; freopen(B) on the stream: glibc closes A and
-		 * opens B under the same number, with no open or close of ours */
-		FILE *f = fopen(argv[2], "rb");
-		struct stat sb;
-		if (!f || !(f = freopen(argv[3], "rb", f)) || fstat(fileno(f), &sb))
-			return 1;
-		b = malloc((size_t)sb.st_size);
-		lb = fread(b, 1, (size_t)sb.st_size, f);
-		fclose(f);
-		header(&c, b, lb);
-		finish_image(&c, "freopen-B");
-		free(a); /* A again, read afresh: what a thread read last is what is proven */
-		a = slurp(argv[2], &la);
-		header(&c, a, la);
-		finish_image(&c, "then-A");
-	} else if (!strcmp(mode, "freopen-read") && argc > 3) {
-		/* as freopen, but A's start was read first: B is a file of its own */
+	} else if ((!strcmp(mode, "freopen") || !strcmp(mode, "freopen-read")) && argc > 3) {
+		/* fopen(A), nothing read (freopen-read: its start read); freopen(B)
+		 * on the stream: glibc closes A and opens B under the same number,
+		 * with no open or close of ours */
+		int read_first = !strcmp(mode, "freopen-read");
 		FILE *f = fopen(argv[2], "rb");
 		unsigned char head[100];
 		struct stat sb;
-		if (!f || fread(head, 1, sizeof(head), f) != sizeof(head) || !(f = freopen(argv[3], "rb", f)) ||
-		    fstat(fileno(f), &sb))
+		if (!f || (read_first && fread(head, 1, sizeof(head), f) != sizeof(head)) ||
+		    !(f = freopen(argv[3], "rb", f)) || fstat(fileno(f), &sb))
 			return 1;
 		b = malloc((size_t)sb.st_size);
 		lb = fread(b, 1, (size_t)sb.st_size, f);
 		fclose(f);
 		header(&c, b, lb);
-		finish_image(&c, "freopen-read-B");
+		finish_image(&c, read_first ? "freopen-read-B" : "freopen-B");
+		if (!read_first) {
+			free(a); /* A again, read afresh: what a thread read last is what is proven */
+			a = slurp(argv[2], &la);
+			header(&c, a, la);
+			finish_image(&c, "then-A");
+		}
 	} else if (!strcmp(mode, "vfork")) {
 		/* what posix_spawn and Python's subprocess do: the child, sharing our
 		 * memory, closes every descriptor but stdio before its exec */
