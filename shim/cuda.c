@@ -70,17 +70,44 @@
 
 /* ---- kinds (signatures) and the names that have them ------------------------ */
 
+/*
+ * A kind is a signature and, for copies, what stream handle 0 means: the
+ * legacy default stream, or (the _ptds/_ptsz variants, which a program
+ * built with --default-stream per-thread calls) the calling thread's
+ * per-thread default stream. Our own copies beside a caller's go on the
+ * stream it means, or its cudaStreamSynchronize(0) would not cover them.
+ */
 enum kind {
-	K_RT_MEMCPY,        /* cudaError_t (void *, const void *, size_t, cudaMemcpyKind) */
-	K_RT_MEMCPY_ASYNC,  /* ... cudaStream_t */
-	K_DRV_HTOD,         /* CUresult (CUdeviceptr, const void *, size_t) */
-	K_DRV_HTOD_ASYNC,   /* ... CUstream */
-	K_DRV_MEMCPY,       /* CUresult (CUdeviceptr, CUdeviceptr, size_t): unified addressing */
-	K_DRV_MEMCPY_ASYNC, /* ... CUstream */
-	K_GETPROC,          /* cuGetProcAddress */
-	K_GETPROC_V2,       /* cuGetProcAddress_v2 */
+	K_RT_MEMCPY,           /* cudaError_t (void *, const void *, size_t, cudaMemcpyKind) */
+	K_RT_MEMCPY_ASYNC,     /* ... cudaStream_t */
+	K_DRV_HTOD,            /* CUresult (CUdeviceptr, const void *, size_t) */
+	K_DRV_HTOD_ASYNC,      /* ... CUstream */
+	K_DRV_MEMCPY,          /* CUresult (CUdeviceptr, CUdeviceptr, size_t): unified addressing */
+	K_DRV_MEMCPY_ASYNC,    /* ... CUstream */
+	K_RT_MEMCPY_PT,        /* the same six, per-thread default stream */
+	K_RT_MEMCPY_ASYNC_PT,
+	K_DRV_HTOD_PT,
+	K_DRV_HTOD_ASYNC_PT,
+	K_DRV_MEMCPY_PT,
+	K_DRV_MEMCPY_ASYNC_PT,
+	K_GETPROC,             /* cuGetProcAddress */
+	K_GETPROC_V2,          /* cuGetProcAddress_v2 */
 	K_COUNT
 };
+
+#define PT_SHIFT (K_RT_MEMCPY_PT - K_RT_MEMCPY)
+
+/* 1: handle 0 is the per-thread default stream for a function of kind k. */
+static inline int kind_pt(enum kind k)
+{
+	return k >= K_RT_MEMCPY_PT && k <= K_DRV_MEMCPY_ASYNC_PT;
+}
+
+/* Kinds a and b have one signature (they differ at most in stream 0). */
+static inline int same_signature(enum kind a, enum kind b)
+{
+	return (kind_pt(a) ? a - PT_SHIFT : a) == (kind_pt(b) ? b - PT_SHIFT : b);
+}
 
 typedef cudaError_t (*rt_memcpy_fn)(void *, const void *, size_t, enum cudaMemcpyKind);
 typedef cudaError_t (*rt_memcpy_async_fn)(void *, const void *, size_t, enum cudaMemcpyKind, cudaStream_t);
@@ -93,12 +120,12 @@ typedef CUresult (*getproc2_fn)(const char *, void **, int, cuuint64_t, CUdriver
 
 /* Every symbol we export and hook by name; the index is the export's id. */
 #define HOOKED(X)                                                                     \
-	X(cudaMemcpy, K_RT_MEMCPY) X(cudaMemcpy_ptds, K_RT_MEMCPY)                    \
-	X(cudaMemcpyAsync, K_RT_MEMCPY_ASYNC) X(cudaMemcpyAsync_ptsz, K_RT_MEMCPY_ASYNC) \
-	X(cuMemcpyHtoD_v2, K_DRV_HTOD) X(cuMemcpyHtoD_v2_ptds, K_DRV_HTOD)            \
-	X(cuMemcpyHtoDAsync_v2, K_DRV_HTOD_ASYNC) X(cuMemcpyHtoDAsync_v2_ptsz, K_DRV_HTOD_ASYNC) \
-	X(cuMemcpy, K_DRV_MEMCPY) X(cuMemcpy_ptds, K_DRV_MEMCPY)                      \
-	X(cuMemcpyAsync, K_DRV_MEMCPY_ASYNC) X(cuMemcpyAsync_ptsz, K_DRV_MEMCPY_ASYNC) \
+	X(cudaMemcpy, K_RT_MEMCPY) X(cudaMemcpy_ptds, K_RT_MEMCPY_PT)                 \
+	X(cudaMemcpyAsync, K_RT_MEMCPY_ASYNC) X(cudaMemcpyAsync_ptsz, K_RT_MEMCPY_ASYNC_PT) \
+	X(cuMemcpyHtoD_v2, K_DRV_HTOD) X(cuMemcpyHtoD_v2_ptds, K_DRV_HTOD_PT)         \
+	X(cuMemcpyHtoDAsync_v2, K_DRV_HTOD_ASYNC) X(cuMemcpyHtoDAsync_v2_ptsz, K_DRV_HTOD_ASYNC_PT) \
+	X(cuMemcpy, K_DRV_MEMCPY) X(cuMemcpy_ptds, K_DRV_MEMCPY_PT)                   \
+	X(cuMemcpyAsync, K_DRV_MEMCPY_ASYNC) X(cuMemcpyAsync_ptsz, K_DRV_MEMCPY_ASYNC_PT) \
 	X(cuGetProcAddress, K_GETPROC) X(cuGetProcAddress_v2, K_GETPROC_V2)
 
 enum export_id {
@@ -216,25 +243,29 @@ static inline enum ts_hit_kind batch_hit(enum dir dir, const void *src, size_t n
 }
 
 /*
- * The stream our own copies go on. The caller's stream, async; for the
- * default stream (handle 0: the legacy or the per-thread stream, by how the
- * caller was compiled) the legacy stream, async too: it is ordered after
- * what any blocking stream of the context did before, per-thread default
- * streams included, and before what they do next, as the caller's own copy
- * would be. A synchronous copy also waits for ours (sync). Waiting for
- * every async copy on the default stream, as before, made PyTorch's
- * x.cuda(non_blocking=True) (stream 0) wait on the host for the work queued
- * before it, the previous step's backward pass: the loop lost its lead.
+ * The stream our own copies go on: the caller's stream, async. For the
+ * default stream (handle 0, and every synchronous copy) the one the caller
+ * means, named explicitly, async too: the legacy stream, ordered after what
+ * any blocking stream of the context did before and before what they do
+ * next, as the caller's own copy would be; or (pt: a _ptds/_ptsz entry
+ * point) the thread's per-thread stream, which is all the caller's
+ * cudaStreamSynchronize(0) waits for. A synchronous copy also waits for
+ * ours (sync). Waiting on the host for every async copy on the default
+ * stream, as before, made PyTorch's x.cuda(non_blocking=True) (stream 0)
+ * wait for the work queued before it, the previous step's backward pass:
+ * the loop lost its lead.
  */
-static inline CUstream our_stream(CUstream s, int sync)
+static inline CUstream our_stream(CUstream s, int sync, int pt)
 {
-	return s && !sync ? s : CU_STREAM_LEGACY;
+	if (s && !sync)
+		return s;
+	return pt ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
 }
 
 /* Consumer: 1 when the upload was served from the GPU ring. */
-static int batch_serve(const struct ts_stream_hit *hit, const void *dst, CUstream s, int sync)
+static int batch_serve(const struct ts_stream_hit *hit, const void *dst, CUstream s, int sync, int pt)
 {
-	CUstream os = our_stream(s, sync);
+	CUstream os = our_stream(s, sync, pt);
 	if (!ts_gpu_serve(hit->gpu, hit->piece, hit->npieces, (CUdeviceptr)(uintptr_t)dst, os, sync))
 		return 0;
 	ADD(replaced, 1);
@@ -242,9 +273,9 @@ static int batch_serve(const struct ts_stream_hit *hit, const void *dst, CUstrea
 }
 
 /* Producer, after its real upload succeeded: keep it in the ring. */
-static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstream s, int sync)
+static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstream s, int sync, int pt)
 {
-	CUstream os = our_stream(s, sync);
+	CUstream os = our_stream(s, sync, pt);
 	ts_gpu_keep(hit->gpu, hit->seq, hit->npos, hit->len, hit->pos, hit->off, (CUdeviceptr)(uintptr_t)dst,
 		    hit->n, os, sync);
 }
@@ -252,9 +283,9 @@ static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstrea
 /*
  * One body for every copy hook: count, serve or keep a stream range,
  * otherwise pass through. CALL is the real call's expression; OK its
- * success value.
+ * success value; pt: stream 0 is the per-thread default stream.
  */
-#define COPY_BODY(path, dir, dst, src, n, stream, sync, CALL, OK)                                   \
+#define COPY_BODY(path, dir, dst, src, n, stream, sync, pt, CALL, OK)                                 \
 	do {                                                                                       \
 		struct ts_stream_hit hit_;                                                        \
 		if (!copy_enter())                                                                 \
@@ -262,7 +293,7 @@ static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstrea
 		int errno_ = errno; /* ours may set it (a ring file opened, /proc read) */        \
 		copy_seen(path, dir, n);                                                           \
 		enum ts_hit_kind k_ = batch_hit(dir, src, n, &hit_);                               \
-		if (k_ == TS_HIT_CONSUMER && batch_serve(&hit_, dst, stream, sync)) {              \
+		if (k_ == TS_HIT_CONSUMER && batch_serve(&hit_, dst, stream, sync, pt)) {            \
 			copy_leave();                                                              \
 			errno = errno_;                                                            \
 			return (OK);                                                               \
@@ -271,7 +302,7 @@ static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstrea
 		__typeof__(CALL) r_ = (CALL);                                                      \
 		errno_ = errno;                                                                    \
 		if (k_ == TS_HIT_PRODUCER && r_ == (OK))                                           \
-			batch_keep(&hit_, dst, stream, sync);                                      \
+			batch_keep(&hit_, dst, stream, sync, pt);                                    \
 		copy_leave();                                                                      \
 		errno = errno_;                                                                    \
 		return r_;                                                                         \
@@ -282,39 +313,43 @@ static inline enum dir rt_dir(enum cudaMemcpyKind kind)
 	return kind == cudaMemcpyHostToDevice ? DIR_H2D : kind == cudaMemcpyDefault ? DIR_UNKNOWN : DIR_OTHER;
 }
 
-static inline cudaError_t rt_memcpy(rt_memcpy_fn real, void *dst, const void *src, size_t n,
+static inline cudaError_t rt_memcpy(rt_memcpy_fn real, int pt, void *dst, const void *src, size_t n,
 				    enum cudaMemcpyKind kind)
 {
-	COPY_BODY(PATH_RUNTIME, rt_dir(kind), dst, src, n, (CUstream)0, 1, real(dst, src, n, kind), cudaSuccess);
+	COPY_BODY(PATH_RUNTIME, rt_dir(kind), dst, src, n, (CUstream)0, 1, pt, real(dst, src, n, kind),
+		  cudaSuccess);
 }
 
-static inline cudaError_t rt_memcpy_async(rt_memcpy_async_fn real, void *dst, const void *src, size_t n,
+static inline cudaError_t rt_memcpy_async(rt_memcpy_async_fn real, int pt, void *dst, const void *src, size_t n,
 					  enum cudaMemcpyKind kind, cudaStream_t s)
 {
-	COPY_BODY(PATH_RUNTIME, rt_dir(kind), dst, src, n, (CUstream)s, 0, real(dst, src, n, kind, s), cudaSuccess);
+	COPY_BODY(PATH_RUNTIME, rt_dir(kind), dst, src, n, (CUstream)s, 0, pt, real(dst, src, n, kind, s),
+		  cudaSuccess);
 }
 
-static inline CUresult drv_htod(htod_fn real, CUdeviceptr dst, const void *src, size_t n)
+static inline CUresult drv_htod(htod_fn real, int pt, CUdeviceptr dst, const void *src, size_t n)
 {
-	COPY_BODY(PATH_DRIVER, DIR_H2D, (void *)(uintptr_t)dst, src, n, (CUstream)0, 1, real(dst, src, n),
+	COPY_BODY(PATH_DRIVER, DIR_H2D, (void *)(uintptr_t)dst, src, n, (CUstream)0, 1, pt, real(dst, src, n),
 		  CUDA_SUCCESS);
 }
 
-static inline CUresult drv_htod_async(htod_async_fn real, CUdeviceptr dst, const void *src, size_t n, CUstream s)
+static inline CUresult drv_htod_async(htod_async_fn real, int pt, CUdeviceptr dst, const void *src, size_t n,
+				      CUstream s)
 {
-	COPY_BODY(PATH_DRIVER, DIR_H2D, (void *)(uintptr_t)dst, src, n, s, 0, real(dst, src, n, s), CUDA_SUCCESS);
+	COPY_BODY(PATH_DRIVER, DIR_H2D, (void *)(uintptr_t)dst, src, n, s, 0, pt, real(dst, src, n, s),
+		  CUDA_SUCCESS);
 }
 
-static inline CUresult drv_memcpy(memcpy_fn real, CUdeviceptr dst, CUdeviceptr src, size_t n)
+static inline CUresult drv_memcpy(memcpy_fn real, int pt, CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
 	COPY_BODY(PATH_DRIVER, DIR_UNKNOWN, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, (CUstream)0, 1,
-		  real(dst, src, n), CUDA_SUCCESS);
+		  pt, real(dst, src, n), CUDA_SUCCESS);
 }
 
-static inline CUresult drv_memcpy_async(memcpy_async_fn real, CUdeviceptr dst, CUdeviceptr src, size_t n,
+static inline CUresult drv_memcpy_async(memcpy_async_fn real, int pt, CUdeviceptr dst, CUdeviceptr src, size_t n,
 					CUstream s)
 {
-	COPY_BODY(PATH_DRIVER, DIR_UNKNOWN, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, s, 0,
+	COPY_BODY(PATH_DRIVER, DIR_UNKNOWN, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, s, 0, pt,
 		  real(dst, src, n, s), CUDA_SUCCESS);
 }
 
@@ -332,46 +367,47 @@ static void *_Atomic slot_real[K_COUNT][NSLOT];
 
 #define REAL(type, k, i) ((type)atomic_load_explicit(&slot_real[k][i], memory_order_acquire))
 
-#define W_RT_MEMCPY(k, i)                                                                              \
-	static cudaError_t w_rt_memcpy_##i(void *d, const void *s, size_t n, enum cudaMemcpyKind kind) \
-	{                                                                                              \
-		return rt_memcpy(REAL(rt_memcpy_fn, k, i), d, s, n, kind);                             \
-	}
-#define W_RT_MEMCPY_ASYNC(k, i)                                                                          \
-	static cudaError_t w_rt_memcpy_async_##i(void *d, const void *s, size_t n, enum cudaMemcpyKind kind, \
-						 cudaStream_t st_)                                           \
-	{                                                                                                \
-		return rt_memcpy_async(REAL(rt_memcpy_async_fn, k, i), d, s, n, kind, st_);              \
-	}
-#define W_DRV_HTOD(k, i)                                                        \
-	static CUresult w_drv_htod_##i(CUdeviceptr d, const void *s, size_t n)  \
-	{                                                                       \
-		return drv_htod(REAL(htod_fn, k, i), d, s, n);                  \
-	}
-#define W_DRV_HTOD_ASYNC(k, i)                                                                 \
-	static CUresult w_drv_htod_async_##i(CUdeviceptr d, const void *s, size_t n, CUstream st_) \
-	{                                                                                      \
-		return drv_htod_async(REAL(htod_async_fn, k, i), d, s, n, st_);                \
-	}
-#define W_DRV_MEMCPY(k, i)                                                       \
-	static CUresult w_drv_memcpy_##i(CUdeviceptr d, CUdeviceptr s, size_t n) \
-	{                                                                        \
-		return drv_memcpy(REAL(memcpy_fn, k, i), d, s, n);               \
-	}
-#define W_DRV_MEMCPY_ASYNC(k, i)                                                                  \
-	static CUresult w_drv_memcpy_async_##i(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st_) \
+/* Slot i of kind k: w_<k>_<i>, calling slot_real[k][i]. */
+#define W_RT_MEMCPY(k, i)                                                                         \
+	static cudaError_t w_##k##_##i(void *d, const void *s, size_t n, enum cudaMemcpyKind kind) \
 	{                                                                                         \
-		return drv_memcpy_async(REAL(memcpy_async_fn, k, i), d, s, n, st_);               \
+		return rt_memcpy(REAL(rt_memcpy_fn, k, i), kind_pt(k), d, s, n, kind);            \
+	}
+#define W_RT_MEMCPY_ASYNC(k, i)                                                                   \
+	static cudaError_t w_##k##_##i(void *d, const void *s, size_t n, enum cudaMemcpyKind kind, \
+				       cudaStream_t st_)                                          \
+	{                                                                                         \
+		return rt_memcpy_async(REAL(rt_memcpy_async_fn, k, i), kind_pt(k), d, s, n, kind, st_); \
+	}
+#define W_DRV_HTOD(k, i)                                                         \
+	static CUresult w_##k##_##i(CUdeviceptr d, const void *s, size_t n)      \
+	{                                                                        \
+		return drv_htod(REAL(htod_fn, k, i), kind_pt(k), d, s, n);       \
+	}
+#define W_DRV_HTOD_ASYNC(k, i)                                                              \
+	static CUresult w_##k##_##i(CUdeviceptr d, const void *s, size_t n, CUstream st_)   \
+	{                                                                                   \
+		return drv_htod_async(REAL(htod_async_fn, k, i), kind_pt(k), d, s, n, st_); \
+	}
+#define W_DRV_MEMCPY(k, i)                                                      \
+	static CUresult w_##k##_##i(CUdeviceptr d, CUdeviceptr s, size_t n)     \
+	{                                                                       \
+		return drv_memcpy(REAL(memcpy_fn, k, i), kind_pt(k), d, s, n);  \
+	}
+#define W_DRV_MEMCPY_ASYNC(k, i)                                                                \
+	static CUresult w_##k##_##i(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st_)       \
+	{                                                                                       \
+		return drv_memcpy_async(REAL(memcpy_async_fn, k, i), kind_pt(k), d, s, n, st_); \
 	}
 #define W_GETPROC(k, i)                                                                          \
-	static CUresult w_getproc_##i(const char *sym, void **pfn, int ver, cuuint64_t fl)       \
+	static CUresult w_##k##_##i(const char *sym, void **pfn, int ver, cuuint64_t fl)         \
 	{                                                                                        \
 		return getproc_do(atomic_load_explicit(&slot_real[k][i], memory_order_acquire), 0, sym, \
 				  pfn, ver, fl, NULL);                                           \
 	}
 #define W_GETPROC_V2(k, i)                                                                             \
-	static CUresult w_getproc_v2_##i(const char *sym, void **pfn, int ver, cuuint64_t fl,          \
-					 CUdriverProcAddressQueryResult *qs)                           \
+	static CUresult w_##k##_##i(const char *sym, void **pfn, int ver, cuuint64_t fl,               \
+				    CUdriverProcAddressQueryResult *qs)                                \
 	{                                                                                              \
 		return getproc_do(atomic_load_explicit(&slot_real[k][i], memory_order_acquire), 1, sym, pfn, \
 				  ver, fl, qs);                                                        \
@@ -383,20 +419,24 @@ SLOTS(W_DRV_HTOD, K_DRV_HTOD)
 SLOTS(W_DRV_HTOD_ASYNC, K_DRV_HTOD_ASYNC)
 SLOTS(W_DRV_MEMCPY, K_DRV_MEMCPY)
 SLOTS(W_DRV_MEMCPY_ASYNC, K_DRV_MEMCPY_ASYNC)
+SLOTS(W_RT_MEMCPY, K_RT_MEMCPY_PT)
+SLOTS(W_RT_MEMCPY_ASYNC, K_RT_MEMCPY_ASYNC_PT)
+SLOTS(W_DRV_HTOD, K_DRV_HTOD_PT)
+SLOTS(W_DRV_HTOD_ASYNC, K_DRV_HTOD_ASYNC_PT)
+SLOTS(W_DRV_MEMCPY, K_DRV_MEMCPY_PT)
+SLOTS(W_DRV_MEMCPY_ASYNC, K_DRV_MEMCPY_ASYNC_PT)
 SLOTS(W_GETPROC, K_GETPROC)
 SLOTS(W_GETPROC_V2, K_GETPROC_V2)
 
-#define PTR(prefix, i) (void *)prefix##_##i,
+#define PTR(k, i) (void *)w_##k##_##i,
+#define ROW(k) [k] = {SLOTS(PTR, k)}
 static void *const wrappers[K_COUNT][NSLOT] = {
-	[K_RT_MEMCPY] = {SLOTS(PTR, w_rt_memcpy)},
-	[K_RT_MEMCPY_ASYNC] = {SLOTS(PTR, w_rt_memcpy_async)},
-	[K_DRV_HTOD] = {SLOTS(PTR, w_drv_htod)},
-	[K_DRV_HTOD_ASYNC] = {SLOTS(PTR, w_drv_htod_async)},
-	[K_DRV_MEMCPY] = {SLOTS(PTR, w_drv_memcpy)},
-	[K_DRV_MEMCPY_ASYNC] = {SLOTS(PTR, w_drv_memcpy_async)},
-	[K_GETPROC] = {SLOTS(PTR, w_getproc)},
-	[K_GETPROC_V2] = {SLOTS(PTR, w_getproc_v2)},
+	ROW(K_RT_MEMCPY),        ROW(K_RT_MEMCPY_ASYNC),    ROW(K_DRV_HTOD),      ROW(K_DRV_HTOD_ASYNC),
+	ROW(K_DRV_MEMCPY),       ROW(K_DRV_MEMCPY_ASYNC),   ROW(K_RT_MEMCPY_PT),  ROW(K_RT_MEMCPY_ASYNC_PT),
+	ROW(K_DRV_HTOD_PT),      ROW(K_DRV_HTOD_ASYNC_PT),  ROW(K_DRV_MEMCPY_PT), ROW(K_DRV_MEMCPY_ASYNC_PT),
+	ROW(K_GETPROC),          ROW(K_GETPROC_V2),
 };
+#undef ROW
 #undef PTR
 
 static int is_wrapper(const void *p)
@@ -429,16 +469,20 @@ static void *wrapper_of(const void *real)
 
 /* The wrapper for real function `real` of kind k: its slot, claimed if new.
  * NULL (use `real` unwrapped) when the table is full, or when `real` is
- * already known under another signature (then nothing is safe to assume). */
+ * already known under another signature (then nothing is safe to assume).
+ * Known under this signature's other stream kind, it keeps the kind it has:
+ * a driver that hands out one function for both can treat stream 0 only
+ * one way, and the first probe asks for the legacy one. */
 static void *wrap(enum kind k, void *real)
 {
 	if (!real || ours(real))
 		return NULL;
 	void *w = wrapper_of(real);
 	if (w) {
-		for (int i = 0; i < NSLOT; i++)
-			if (w == wrappers[k][i])
-				return w;
+		for (int k2 = 0; k2 < K_COUNT; k2++)
+			for (int i = 0; i < NSLOT; i++)
+				if (w == wrappers[k2][i])
+					return same_signature((enum kind)k2, k) ? w : NULL;
 		return NULL;
 	}
 	for (int i = 0; i < NSLOT; i++) {
@@ -564,13 +608,13 @@ static const struct {
 	enum kind kind;
 } probes[] = {
 	{"cuMemcpyHtoD", 3020, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_HTOD},
-	{"cuMemcpyHtoD", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_HTOD},
+	{"cuMemcpyHtoD", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_HTOD_PT},
 	{"cuMemcpyHtoDAsync", 3020, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_HTOD_ASYNC},
-	{"cuMemcpyHtoDAsync", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_HTOD_ASYNC},
+	{"cuMemcpyHtoDAsync", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_HTOD_ASYNC_PT},
 	{"cuMemcpy", 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_MEMCPY},
-	{"cuMemcpy", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_MEMCPY},
+	{"cuMemcpy", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_MEMCPY_PT},
 	{"cuMemcpyAsync", 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_MEMCPY_ASYNC},
-	{"cuMemcpyAsync", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_MEMCPY_ASYNC},
+	{"cuMemcpyAsync", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_MEMCPY_ASYNC_PT},
 	{"cuGetProcAddress", 11030, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_GETPROC},
 	{"cuGetProcAddress", 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_GETPROC_V2},
 };
@@ -690,14 +734,14 @@ static CUresult getproc_do(void *real, int v2, const char *symbol, void **pfn, i
 static cudaError_t ts_cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
 	rt_memcpy_fn real = (rt_memcpy_fn)export_real(E_cudaMemcpy, CALLER());
-	return real ? rt_memcpy(real, dst, src, n, kind) : NO_RUNTIME;
+	return real ? rt_memcpy(real, 0, dst, src, n, kind) : NO_RUNTIME;
 }
 EXPORT_AS(cudaMemcpy)
 
 static cudaError_t ts_cudaMemcpy_ptds(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
 	rt_memcpy_fn real = (rt_memcpy_fn)export_real(E_cudaMemcpy_ptds, CALLER());
-	return real ? rt_memcpy(real, dst, src, n, kind) : NO_RUNTIME;
+	return real ? rt_memcpy(real, 1, dst, src, n, kind) : NO_RUNTIME;
 }
 EXPORT_AS(cudaMemcpy_ptds)
 
@@ -705,7 +749,7 @@ static cudaError_t ts_cudaMemcpyAsync(void *dst, const void *src, size_t n, enum
 				      cudaStream_t s)
 {
 	rt_memcpy_async_fn real = (rt_memcpy_async_fn)export_real(E_cudaMemcpyAsync, CALLER());
-	return real ? rt_memcpy_async(real, dst, src, n, kind, s) : NO_RUNTIME;
+	return real ? rt_memcpy_async(real, 0, dst, src, n, kind, s) : NO_RUNTIME;
 }
 EXPORT_AS(cudaMemcpyAsync)
 
@@ -713,63 +757,63 @@ static cudaError_t ts_cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t n,
 					   cudaStream_t s)
 {
 	rt_memcpy_async_fn real = (rt_memcpy_async_fn)export_real(E_cudaMemcpyAsync_ptsz, CALLER());
-	return real ? rt_memcpy_async(real, dst, src, n, kind, s) : NO_RUNTIME;
+	return real ? rt_memcpy_async(real, 1, dst, src, n, kind, s) : NO_RUNTIME;
 }
 EXPORT_AS(cudaMemcpyAsync_ptsz)
 
 static CUresult ts_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
 {
 	htod_fn real = (htod_fn)export_real(E_cuMemcpyHtoD_v2, CALLER());
-	return real ? drv_htod(real, dst, src, n) : NO_DRIVER;
+	return real ? drv_htod(real, 0, dst, src, n) : NO_DRIVER;
 }
 EXPORT_AS(cuMemcpyHtoD_v2)
 
 static CUresult ts_cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n)
 {
 	htod_fn real = (htod_fn)export_real(E_cuMemcpyHtoD_v2_ptds, CALLER());
-	return real ? drv_htod(real, dst, src, n) : NO_DRIVER;
+	return real ? drv_htod(real, 1, dst, src, n) : NO_DRIVER;
 }
 EXPORT_AS(cuMemcpyHtoD_v2_ptds)
 
 static CUresult ts_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
 	htod_async_fn real = (htod_async_fn)export_real(E_cuMemcpyHtoDAsync_v2, CALLER());
-	return real ? drv_htod_async(real, dst, src, n, s) : NO_DRIVER;
+	return real ? drv_htod_async(real, 0, dst, src, n, s) : NO_DRIVER;
 }
 EXPORT_AS(cuMemcpyHtoDAsync_v2)
 
 static CUresult ts_cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
 	htod_async_fn real = (htod_async_fn)export_real(E_cuMemcpyHtoDAsync_v2_ptsz, CALLER());
-	return real ? drv_htod_async(real, dst, src, n, s) : NO_DRIVER;
+	return real ? drv_htod_async(real, 1, dst, src, n, s) : NO_DRIVER;
 }
 EXPORT_AS(cuMemcpyHtoDAsync_v2_ptsz)
 
 static CUresult ts_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
 	memcpy_fn real = (memcpy_fn)export_real(E_cuMemcpy, CALLER());
-	return real ? drv_memcpy(real, dst, src, n) : NO_DRIVER;
+	return real ? drv_memcpy(real, 0, dst, src, n) : NO_DRIVER;
 }
 EXPORT_AS(cuMemcpy)
 
 static CUresult ts_cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
 	memcpy_fn real = (memcpy_fn)export_real(E_cuMemcpy_ptds, CALLER());
-	return real ? drv_memcpy(real, dst, src, n) : NO_DRIVER;
+	return real ? drv_memcpy(real, 1, dst, src, n) : NO_DRIVER;
 }
 EXPORT_AS(cuMemcpy_ptds)
 
 static CUresult ts_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
 	memcpy_async_fn real = (memcpy_async_fn)export_real(E_cuMemcpyAsync, CALLER());
-	return real ? drv_memcpy_async(real, dst, src, n, s) : NO_DRIVER;
+	return real ? drv_memcpy_async(real, 0, dst, src, n, s) : NO_DRIVER;
 }
 EXPORT_AS(cuMemcpyAsync)
 
 static CUresult ts_cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
 	memcpy_async_fn real = (memcpy_async_fn)export_real(E_cuMemcpyAsync_ptsz, CALLER());
-	return real ? drv_memcpy_async(real, dst, src, n, s) : NO_DRIVER;
+	return real ? drv_memcpy_async(real, 1, dst, src, n, s) : NO_DRIVER;
 }
 EXPORT_AS(cuMemcpyAsync_ptsz)
 

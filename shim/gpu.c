@@ -157,6 +157,7 @@ struct ts_gpu {
 		int stream_set;          /* announced: the first upload's stream is the batch's */
 		int recorded;            /* the event follows every position complete so far */
 		CUstream stream;
+		const void *stream_thread; /* stream is CU_STREAM_PER_THREAD: whose */
 		uint64_t len[TS_MAX_POSITIONS], off[TS_MAX_POSITIONS], done[TS_MAX_POSITIONS];
 	} k[MAX_KEEPS];
 	/*
@@ -540,6 +541,15 @@ static struct keep *keep_entry(struct ts_gpu *g, unsigned slot)
 	return free;
 }
 
+/* CU_STREAM_PER_THREAD names another stream in each thread: the thread
+ * tells two apart (stream_thread); other handles name one stream. */
+static __thread char thread_mark;
+
+static inline const void *stream_thread(CUstream s)
+{
+	return s == CU_STREAM_PER_THREAD ? &thread_mark : NULL;
+}
+
 static struct keep *keep_begin(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, CUstream s)
 {
 	uint64_t size = 0, off[TS_MAX_POSITIONS];
@@ -566,6 +576,7 @@ static struct keep *keep_begin(struct ts_gpu *g, uint64_t seq, uint32_t npos, co
 	k->npos = npos;
 	k->recorded = 0;
 	k->stream = s;
+	k->stream_thread = stream_thread(s);
 	k->stream_set = s != NULL;
 	return k;
 }
@@ -646,12 +657,13 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
 		goto out;
 	if (!k->stream_set) { /* announced: this is the batch's first upload */
 		k->stream = s;
+		k->stream_thread = stream_thread(s);
 		k->stream_set = 1;
 	}
 	struct own_buf *o = &g->own[k->own];
 	/* one stream orders the copies before the event: positions on other streams are not kept */
 	/* a position is kept as one run of bytes from its start: done[] is what is covered */
-	if (k->stream != s || o->ctx != ctx || off != k->done[p] || n > k->len[p] - off)
+	if (k->stream != s || k->stream_thread != stream_thread(s) || o->ctx != ctx || off != k->done[p] || n > k->len[p] - off)
 		goto skip;
 	if (drv.MemcpyAsync(o->ptr + k->off[p] + off, dst, n, s) != CUDA_SUCCESS)
 		goto drop;

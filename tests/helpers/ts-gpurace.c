@@ -8,6 +8,11 @@
  *   cons N      consumer: the same N batches uploaded synchronously, read back
  *               and compared with its host bytes
  *   cpuprod N   producer that never uses CUDA (the consumer makes the ring)
+ * A third argument "pt" makes each upload an async one on the per-thread
+ * default stream (cudaMemcpyAsync_ptsz on stream 0, as a program built with
+ * --default-stream per-thread does) followed by cudaStreamSynchronize(0);
+ * the consumer then reads back on a non-blocking stream, which is ordered
+ * after nothing but what that synchronize covered.
  * Every mode checks that errno is the same after the uploads as before.
  * Prints "MODE done: batches=N served=S bad=B errno_changed=E"; exit 1 when
  * B or E is not 0. Link with tsemu's (or CUDA's) libcudart.
@@ -19,6 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#define __CUDA_API_VERSION_INTERNAL 1 /* the _ptds/_ptsz prototypes beside the legacy ones */
 #include <cuda_runtime_api.h>
 
 #include "tsshim.h"
@@ -36,12 +42,32 @@ static void fill(unsigned char *img, int64_t *lbl, int64_t *ids, int b, int nb)
 	}
 }
 
+/* Upload n bytes as the mode says: synchronous, or async on the per-thread
+ * default stream and then synchronised. */
+static cudaError_t upload(void *d, const void *h, size_t n, int pt)
+{
+	if (!pt)
+		return cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+	cudaError_t e = cudaMemcpyAsync_ptsz(d, h, n, cudaMemcpyHostToDevice, 0);
+	return e ? e : cudaStreamSynchronize_ptsz(0);
+}
+
+static cudaError_t read_back(void *h, const void *d, size_t n, int pt, cudaStream_t side)
+{
+	if (!pt)
+		return cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost);
+	cudaError_t e = cudaMemcpyAsync(h, d, n, cudaMemcpyDeviceToHost, side);
+	return e ? e : cudaStreamSynchronize(side);
+}
+
 int main(int argc, char **argv)
 {
-	if (argc != 3 || (strcmp(argv[1], "prod") && strcmp(argv[1], "cons") && strcmp(argv[1], "cpuprod"))) {
-		fprintf(stderr, "usage: ts-gpurace prod|cons|cpuprod NBATCH\n");
+	if ((argc != 3 && !(argc == 4 && !strcmp(argv[3], "pt"))) ||
+	    (strcmp(argv[1], "prod") && strcmp(argv[1], "cons") && strcmp(argv[1], "cpuprod"))) {
+		fprintf(stderr, "usage: ts-gpurace prod|cons|cpuprod NBATCH [pt]\n");
 		return 2;
 	}
+	int pt = argc == 4;
 	int nb = atoi(argv[2]), prod = strcmp(argv[1], "cons") != 0, gpu = strcmp(argv[1], "cpuprod") != 0;
 	size_t bytes = (size_t)SAMPLES * SAMPLE_BYTES, lbytes = SAMPLES * sizeof(int64_t);
 	unsigned char *img = NULL, *back = malloc(bytes);
@@ -71,8 +97,8 @@ int main(int argc, char **argv)
 		served += r == TSSHIM_BATCH_SERVED;
 		if (gpu) {
 			errno = ERRNO_MARK;
-			cudaError_t e2 = cudaMemcpy(dl, lbl, lbytes, cudaMemcpyHostToDevice);
-			cudaError_t e1 = cudaMemcpy(d, img, bytes, cudaMemcpyHostToDevice);
+			cudaError_t e2 = upload(dl, lbl, lbytes, pt);
+			cudaError_t e1 = upload(d, img, bytes, pt);
 			errno_changed += errno != ERRNO_MARK;
 			if (e1 || e2) {
 				fprintf(stderr, "ts-gpurace: upload failed (%d, %d)\n", e1, e2);
@@ -81,8 +107,8 @@ int main(int argc, char **argv)
 			if (prod) { /* in-place preprocessing, after the uploads returned */
 				cudaMemsetAsync(d, 0xee, bytes, side);
 				cudaStreamSynchronize(side);
-			} else if (cudaMemcpy(back, d, bytes, cudaMemcpyDeviceToHost) ||
-				   cudaMemcpy(lback, dl, lbytes, cudaMemcpyDeviceToHost) || memcmp(back, img, bytes) ||
+			} else if (read_back(back, d, bytes, pt, side) || read_back(lback, dl, lbytes, pt, side) ||
+				   memcmp(back, img, bytes) ||
 				   memcmp(lback, lbl, lbytes)) {
 				bad++;
 				fprintf(stderr, "batch %d (%s): device bytes differ from the host's\n", b,
@@ -91,6 +117,7 @@ int main(int argc, char **argv)
 		}
 		usleep(20000);
 	}
-	printf("%s done: batches=%d served=%d bad=%d errno_changed=%d\n", argv[1], nb, served, bad, errno_changed);
+	printf("%s%s done: batches=%d served=%d bad=%d errno_changed=%d\n", argv[1], pt ? " pt" : "", nb, served, bad,
+	       errno_changed);
 	return bad || errno_changed ? 1 : 0;
 }

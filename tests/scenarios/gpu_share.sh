@@ -651,22 +651,26 @@ echo "# case 18: $((SECONDS - T1)) s"
 # (which creates the ring when the producer never uses CUDA) left ENOENT.
 T1=$SECONDS
 GPURACE=$PWD/$BUILD/tests/ts-gpurace
-race() { # race NAME SESSION MODE: ts-gpurace MODE 12 in SESSION, in the background
-	env TSSHIM_SESSION="$2" LD_PRELOAD="$TS_PRELOAD" timeout "$JOB_TIMEOUT" "$GPURACE" "$3" 12 \
+race() { # race NAME SESSION MODE [pt]: ts-gpurace MODE 12 [pt] in SESSION, in the background
+	env TSSHIM_SESSION="$2" ${4:+TSEMU_D2D_GBPS=0.5} LD_PRELOAD="$TS_PRELOAD" timeout "$JOB_TIMEOUT" "$GPURACE" "$3" 12 ${4:+"$4"} \
 		>"$T_TMP/$1.out" 2>"$T_TMP/$1.err" &
 	JPID[$1]=$!
 }
-for prod in prod cpuprod; do
-	S=$(session_name "c19$prod")
-	race "c19$prod" "$S" "$prod"
+# pt: async uploads on the per-thread default stream (--default-stream
+# per-thread), synchronised with cudaStreamSynchronize(0): the ring's copies
+# must be on that stream, not the legacy one, for the synchronize to cover them.
+for way in prod cpuprod prod.pt cpuprod.pt; do
+	prod=${way%.pt} pt=${way#"$prod"} pt=${pt#.} c=c19${way/./}
+	S=$(session_name "$c")
+	race "$c" "$S" "$prod" "$pt"
 	sleep 0.05
-	race "c19c$prod" "$S" cons
-	wait_jobs "c19$prod" "c19c$prod"
-	got=$(cat "$T_TMP/c19c$prod.out")
-	check "19 ($prod): every served upload is the producer's batch as uploaded, errno kept ($got)" \
-		cond '[ "${JRC[c19$prod]}" = 0 ] && [ "${JRC[c19c$prod]}" = 0 ] && [[ "$got" =~ served=[1-9] ]]' ||
-		show_err "c19$prod" "c19c$prod"
-	check "19 ($prod): no /dev/shm object of the session left" shm_gone "$S"
+	race "${c}c" "$S" cons "$pt"
+	wait_jobs "$c" "${c}c"
+	got=$(cat "$T_TMP/${c}c.out")
+	check "19 ($prod${pt:+, per-thread stream}): every served upload is the producer's batch as uploaded, errno kept ($got)" \
+		cond '[ "${JRC[$c]}" = 0 ] && [ "${JRC[${c}c]}" = 0 ] && [[ "$got" =~ served=[1-9] ]]' ||
+		show_err "$c" "${c}c"
+	check "19 ($prod${pt:+, per-thread stream}): no /dev/shm object of the session left" shm_gone "$S"
 done
 echo "# case 19: $((SECONDS - T1)) s"
 
