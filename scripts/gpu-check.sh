@@ -83,7 +83,7 @@ for r in 1 2 3 4 5; do
 	pkill -KILL -f "^$TRAIN .*/kp$r\.rec" 2>/dev/null
 	wait 2>/dev/null
 	check "kill $r: both consumers finish" finished kc$r kd$r
-	check "kill $r: tsshim-verify" "$VERIFY" "$T/kp$r.rec" "$T/kc$r.rec" "$T/kd$r.rec"
+	check "kill $r: tsshim-verify" "$VERIFY" --killed "$T/kp$r.rec" "$T/kc$r.rec" "$T/kd$r.rec"
 done
 
 # 4. how the producer uploads (gpu_share case 14): in pieces, a piece twice,

@@ -6,8 +6,10 @@
  * from the device). Published batches (share=pub) define the stream: stream
  * batch fseq -> its samples' hashes. A served batch (share=served) must be
  * the stream's samples from (fseq, fsamp) on, and no job may train on one
- * stream position twice. Two passes over the files: the stream first, then
- * every line against it. --help documents the checks.
+ * stream position, or one sample id in one epoch, twice. Every record is
+ * read into memory once (a pipe can be read only once); two passes over
+ * them: the stream first, then every line against it. --help documents the
+ * checks.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -23,12 +25,15 @@
 #define PROG "tsshim-verify"
 #define MAX_SAMPLES (1u << 24) /* per line: far above any batch, bounds garbage */
 #define MAX_LOADERS 1024
+#define NO_BOUND UINT64_MAX
 
 enum { SHARE_NONE = -1, SHARE_OWN, SHARE_PUB, SHARE_SERVED };
 
 static struct {
 	int strict, quiet;
 	unsigned long max_problems;
+	const char **killed; /* --killed RECORD, in order */
+	int nkilled;
 } opt = {.max_problems = 20};
 
 /* ---- small helpers -------------------------------------------------------------- */
@@ -107,9 +112,11 @@ static int parse_hashes(const char *s, struct hvec *out)
 struct slot {
 	uint64_t k[3]; /* loader, stream batch, sample (0 for batches) */
 	int used;
+	int kind; /* ids: how it was trained (id_kind); stream: the publishing record */
 	const char *file; /* where it was defined; NULL: just added */
 	unsigned long line;
-	uint64_t *h; /* a stream batch's per-sample hashes */
+	uint64_t *h;   /* a stream batch's per-sample hashes */
+	uint64_t *ids; /* and sample ids (NULL: the pub line had none) */
 	size_t n;
 };
 
@@ -163,8 +170,10 @@ static struct slot *table_get(struct table *t, uint64_t a, uint64_t b, uint64_t 
 
 static void table_free(struct table *t)
 {
-	for (size_t i = 0; i < t->cap; i++)
+	for (size_t i = 0; i < t->cap; i++) {
 		free(t->s[i].h);
+		free(t->s[i].ids);
+	}
 	free(t->s);
 	memset(t, 0, sizeof *t);
 }
@@ -174,11 +183,27 @@ static void table_free(struct table *t)
 static struct {
 	struct table stream; /* (loader, fseq) -> published batch */
 	struct table seen;   /* this file's (loader, fseq, sample) -> line */
+	struct table ids;    /* this file's (epoch, sample id) -> line, kind */
 	char *loaders[MAX_LOADERS];
 	int nloaders;
-	uint64_t files, lines, pub, served, own, verified, unverifiable, problems;
-	struct hvec sh, dsh;
+	/* per loader: stream batches from this one on may lack their pub line
+	 * (a job named by --killed published them and died before recording) */
+	uint64_t unrecorded_from[MAX_LOADERS + 1];
+	uint64_t files, lines, pub, served, own, verified, unverifiable, problems, repeats_role, repeats_epoch;
+	int rec; /* the record being read: its index */
+	struct hvec sh, dsh, id;
 } V;
+
+/* One record, read whole. */
+struct rec {
+	const char *name;
+	char *text;
+	size_t len;
+	int killed;  /* named by --killed: the job was killed on purpose */
+	int has_end; /* its '# end' line was seen (pass 1) */
+	int any_pub;
+	uint64_t last_pub, loader;
+};
 
 /* The current file and its loader (its "# tsshim_loader=" header; none: 0). */
 static struct {
@@ -186,6 +211,9 @@ static struct {
 	unsigned long line;
 	uint64_t loader;
 	uint64_t unshared, first_unshared;
+	uint64_t batch_lines, next_seq, train_batches, train_samples;
+	unsigned long end_line;
+	const char *end; /* the '# end' line's text, NULL: none yet */
 } F;
 
 __attribute__((format(printf, 1, 2))) static void problem(const char *fmt, ...)
@@ -215,16 +243,19 @@ static uint64_t loader_id(const char *name)
 /* ---- lines ---------------------------------------------------------------------------- */
 
 struct line {
-	const char *seq, *phase, *n, *share, *fseq, *fsamp, *sh, *dsh; /* values, NULL: absent */
-	int kind;                                                       /* SHARE_* */
-	uint64_t nsamples, fseq_v, fsamp_v;
+	const char *seq, *phase, *n, *share, *fseq, *fsamp, *sh, *dsh, *epoch, *ids; /* values, NULL: absent */
+	int kind;                                                                     /* SHARE_* */
+	uint64_t nsamples, fseq_v, fsamp_v, seq_v, epoch_v;
+	int has_ids; /* V.id holds n sample ids */
 };
 
 /* Split buf at blanks (in place) and pick the fields. */
 static void split_fields(char *buf, struct line *l)
 {
-	static const char *const keys[] = {"seq=", "phase=", "n=", "share=", "fseq=", "fsamp=", "sh=", "dsh="};
-	const char **vals[] = {&l->seq, &l->phase, &l->n, &l->share, &l->fseq, &l->fsamp, &l->sh, &l->dsh};
+	static const char *const keys[] = {"seq=", "phase=", "n=",  "share=", "fseq=",
+					   "fsamp=", "sh=", "dsh=", "epoch=", "ids="};
+	const char **vals[] = {&l->seq, &l->phase, &l->n, &l->share, &l->fseq,
+			       &l->fsamp, &l->sh, &l->dsh, &l->epoch, &l->ids};
 	memset(l, 0, sizeof *l);
 	for (char *save = NULL, *t = strtok_r(buf, " \t\r\n", &save); t; t = strtok_r(NULL, " \t\r\n", &save))
 		for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
@@ -232,6 +263,35 @@ static void split_fields(char *buf, struct line *l)
 				*vals[i] = t + strlen(keys[i]);
 				break;
 			}
+}
+
+/* "A,B,..": decimal sample ids. Returns 0, or -1 on bad input. */
+static int parse_ids(const char *s, struct hvec *out)
+{
+	char num[24];
+	out->n = 0;
+	for (const char *p = s;;) {
+		size_t len = strcspn(p, ",");
+		uint64_t v;
+		if (len == 0 || len >= sizeof num || out->n == MAX_SAMPLES)
+			return -1;
+		memcpy(num, p, len);
+		num[len] = 0;
+		if (parse_dec(num, &v) < 0)
+			return -1;
+		if (out->n == out->cap) {
+			size_t nc = out->cap ? 2 * out->cap : 256;
+			uint64_t *nv = realloc(out->v, nc * sizeof *nv);
+			if (!nv)
+				out_of_memory();
+			out->v = nv;
+			out->cap = nc;
+		}
+		out->v[out->n++] = v;
+		if (!p[len])
+			return 0;
+		p += len + 1;
+	}
 }
 
 /* Parse a batch line into l and V.sh/V.dsh. Returns 1 when it can be
@@ -242,6 +302,11 @@ static int parse_line(char *buf, struct line *l, int report)
 	if (!l->seq || !l->phase || !l->n) {
 		if (report)
 			problem("not a batch line (no seq=, phase= or n=)");
+		return 0;
+	}
+	if (parse_dec(l->seq, &l->seq_v) < 0) {
+		if (report)
+			problem("malformed batch line: bad seq=");
 		return 0;
 	}
 	if (!l->share) {
@@ -266,6 +331,11 @@ static int parse_line(char *buf, struct line *l, int report)
 		why = "sh= does not hold n hashes";
 	else if (l->dsh && (parse_hashes(l->dsh, &V.dsh) < 0 || V.dsh.n != l->nsamples))
 		why = "dsh= is not a list of n 16-hex-digit hashes";
+	else if (l->epoch && parse_dec(l->epoch, &l->epoch_v) < 0)
+		why = "bad epoch=";
+	else if (l->ids && (parse_ids(l->ids, &V.id) < 0 || V.id.n != l->nsamples))
+		why = "ids= is not a list of n sample ids";
+	l->has_ids = l->ids && !why;
 	if (why && report)
 		problem("malformed batch line: %s", why);
 	return !why;
@@ -285,9 +355,14 @@ static void stream_add(const struct line *l)
 	}
 	s->file = F.name;
 	s->line = F.line;
+	s->kind = V.rec;
 	s->n = V.sh.n;
 	s->h = xcalloc(s->n, sizeof *s->h);
 	memcpy(s->h, V.sh.v, s->n * sizeof *s->h);
+	if (l->has_ids) {
+		s->ids = xcalloc(s->n, sizeof *s->ids);
+		memcpy(s->ids, V.id.v, s->n * sizeof *s->ids);
+	}
 }
 
 /* (a): the device got exactly the host bytes. */
@@ -342,29 +417,115 @@ static void check_pub(const struct line *l)
 	report_repeats(rep, l->fseq_v, rk, rprev);
 }
 
-/* Positions past the known stream: counted; the first one is still a real
- * position of this job (repeats). A problem with --strict only. */
+/* (g): no sample id twice in one epoch of a job's training. */
+struct id_repeats {
+	size_t n, across, epoch; /* repeats: problems; across roles; across the stream's epoch mark */
+	uint64_t id;
+	unsigned long prev;
+};
+
+/* How a sample was trained: share=own or pub, or served from the stream
+ * batch record r published (ID_SERVED + r). */
+#define ID_SERVED 16
+
+static void mark_id(uint64_t epoch, uint64_t id, int kind, struct id_repeats *r)
+{
+	struct slot *s = table_get(&V.ids, epoch, id, 0, 1);
+	if (!s->file) {
+		s->file = F.name;
+		s->line = F.line;
+		s->kind = kind;
+		return;
+	}
+	if (s->kind != kind)
+		r->across++;
+	else if (kind >= ID_SERVED)
+		r->epoch++;
+	else if (!r->n++)
+		r->id = id, r->prev = s->line;
+}
+
+/*
+ * A repeat between lines of one share kind is a problem: a loader gave a
+ * sample twice. Two kinds of repeat are counted instead (problems with
+ * --strict), being known limits of native consumers (README, Limitations):
+ *  - across roles (own or pub, and served; or served from batches of two
+ *    producers): a job or a successor that took over mid-epoch, or a job
+ *    that went on with its own loader; a native successor cannot be told
+ *    which samples are left;
+ *  - across the stream's epoch mark (served twice from one producer's
+ *    batches, at distinct stream positions: that producer's own epoch holds
+ *    each sample once, so the job's epoch spans two of the stream's): a
+ *    consumer that attached in mid-epoch, or whose producer broke out of
+ *    its epochs early.
+ */
+static void report_id_repeats(const struct line *l, const struct id_repeats *r)
+{
+	if (r->n)
+		problem("sample id %" PRIu64 " trained twice in epoch %" PRIu64 " (first at line %lu; %zu of this "
+			"line's samples repeat)", r->id, l->epoch_v, r->prev, r->n);
+	V.repeats_role += r->across;
+	V.repeats_epoch += r->epoch;
+	if (r->across && opt.strict)
+		problem("%zu samples of epoch %" PRIu64 " trained again after the job or its producer changed "
+			"(share=%s)", r->across, l->epoch_v, l->share);
+	if (r->epoch && opt.strict)
+		problem("%zu samples of epoch %" PRIu64 " served again from the stream's next epoch: this epoch of "
+			"the job spans the stream's epoch mark", r->epoch, l->epoch_v);
+}
+
+/* The line's own ids (pub, own) against the epoch's. */
+static void check_own_ids(const struct line *l)
+{
+	struct id_repeats r = {0};
+	if (!l->has_ids || strcmp(l->phase, "train"))
+		return;
+	for (size_t i = 0; i < V.id.n; i++)
+		mark_id(l->epoch_v, V.id.v[i], l->kind, &r); /* SHARE_OWN or SHARE_PUB: below ID_SERVED */
+	report_id_repeats(l, &r);
+}
+
+/*
+ * Positions past the known stream: every one is still a position of this
+ * job (repeats; an offset from batch seq's start names one position
+ * whatever its size). Unrecorded pub lines can explain them only where a
+ * job named by --killed may have published that batch and died before
+ * recording it: from its last recorded pub on. Then they are counted (a
+ * problem with --strict); otherwise nothing publishes them: a problem.
+ */
 static void unverifiable(uint64_t seq, uint64_t k, size_t left)
 {
-	unsigned long prev;
+	unsigned long prev = 0, rprev = 0;
+	size_t rep = 0;
+	uint64_t rk = 0;
 	V.unverifiable += left;
-	if (mark_seen(seq, k, &prev) < 0)
-		report_repeats(1, seq, k, prev);
-	if (opt.strict)
+	for (size_t i = 0; i < left; i++)
+		if (mark_seen(seq, k + i, &prev) < 0 && !rep++)
+			rk = k + i, rprev = prev;
+	report_repeats(rep, seq, rk, rprev);
+	if (seq < V.unrecorded_from[F.loader])
+		problem("%zu served samples from stream batch %" PRIu64 " sample %" PRIu64 " on: no record publishes "
+			"that stream batch (no job named by --killed can have published it unrecorded)", left, seq, k);
+	else if (opt.strict)
 		problem("unverifiable: %zu served samples from stream batch %" PRIu64 " sample %" PRIu64
 			" on: no share=pub line records that stream batch", left, seq, k);
 }
 
 /* (c): the served samples are the stream's from (fseq, fsamp) on, walking
  * into the next stream batches; positions no pub line defines are
- * unverifiable (a problem only with --strict). */
+ * unverifiable. */
 static void check_served(const struct line *l)
 {
 	uint64_t seq = l->fseq_v, k = l->fsamp_v, rseq = 0, rk = 0, mseq = 0, mk = 0;
 	size_t bad = 0, rep = 0, first = 0, i;
 	unsigned long rprev = 0, prev;
-	const struct slot *s = table_get(&V.stream, F.loader, seq, 0, 0), *ms = NULL;
+	struct id_repeats ir = {0};
 	V.served++;
+	if (!F.loader) {
+		problem("share=served in a record without a '# tsshim_loader=' header: the stream it read is unknown");
+		return;
+	}
+	const struct slot *s = table_get(&V.stream, F.loader, seq, 0, 0), *ms = NULL;
 	if (s && k >= s->n) {
 		problem("share=served with fsamp=%" PRIu64 " beyond stream batch %" PRIu64 " (%zu samples, published "
 			"at %s:%lu)", k, seq, s->n, s->file, s->line);
@@ -383,6 +544,8 @@ static void check_served(const struct line *l)
 			first = i, mseq = seq, mk = k, ms = s;
 		if (mark_seen(seq, k, &prev) < 0 && !rep++)
 			rseq = seq, rk = k, rprev = prev;
+		if (s->ids && !strcmp(l->phase, "train"))
+			mark_id(l->epoch_v, s->ids[k], ID_SERVED + s->kind, &ir);
 	}
 	if (bad)
 		problem("served sample %zu differs from the stream (image and label bytes): stream batch %" PRIu64
@@ -390,6 +553,7 @@ static void check_served(const struct line *l)
 			" (%zu of %zu samples differ)", first, mseq, mk, ms->h[mk], ms->file, ms->line, V.sh.v[first],
 			bad, V.sh.n);
 	report_repeats(rep, rseq, rk, rprev);
+	report_id_repeats(l, &ir);
 	if (i < V.sh.n)
 		unverifiable(seq, k, V.sh.n - i);
 }
@@ -399,19 +563,33 @@ static void check_line(char *buf)
 {
 	struct line l;
 	V.lines++;
+	F.batch_lines++;
+	if (F.end)
+		problem("a batch line after the '# end' line (line %lu)", F.end_line);
 	if (!parse_line(buf, &l, 1))
 		return;
+	if (l.seq_v != F.next_seq)
+		problem("seq=%" PRIu64 " where %" PRIu64 " comes next: a batch line is missing or repeated", l.seq_v,
+			F.next_seq);
+	F.next_seq = l.seq_v + 1;
+	if (!strcmp(l.phase, "train")) {
+		F.train_batches++;
+		F.train_samples += l.nsamples;
+	}
 	check_device(&l);
 	if (!strcmp(l.phase, "val") && l.kind != SHARE_OWN) {
 		problem("validation batch with share=%s: validation must stay the job's own (share=own)", l.share);
 		return;
 	}
-	if (l.kind == SHARE_PUB)
+	if (l.kind == SHARE_PUB) {
 		check_pub(&l);
-	else if (l.kind == SHARE_SERVED)
+		check_own_ids(&l);
+	} else if (l.kind == SHARE_SERVED) {
 		check_served(&l);
-	else
+	} else {
 		V.own++;
+		check_own_ids(&l);
+	}
 }
 
 /* ---- files ------------------------------------------------------------------------------ */
@@ -427,47 +605,116 @@ static void header_line(const char *buf)
 	F.loader = loader_id(name);
 }
 
-/* One pass over one file; pass 1 builds the stream, pass 2 checks. Returns
- * -1 when it cannot be read. */
-static int run_file(const char *name, int pass)
+/* Read a record whole (a pipe or /dev/stdin too). 0, or -1 with a message. */
+static int rec_load(struct rec *r)
 {
-	FILE *f = fopen(name, "re");
+	FILE *f = fopen(r->name, "re");
 	if (!f) {
-		fprintf(stderr, PROG ": %s: %s\n", name, strerror(errno));
+		fprintf(stderr, PROG ": %s: %s\n", r->name, strerror(errno));
 		return -1;
 	}
-	char *buf = NULL;
-	size_t cap = 0;
-	ssize_t len;
-	memset(&F, 0, sizeof F);
-	F.name = name;
-	while ((len = getline(&buf, &cap, f)) >= 0) {
-		F.line++;
-		if (buf[0] == '#') {
-			header_line(buf);
-			continue;
+	size_t cap = 0, got;
+	char chunk[65536];
+	while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) {
+		if (r->len + got + 1 > cap) {
+			size_t nc = cap ? cap : 1 << 16;
+			while (nc < r->len + got + 1)
+				nc *= 2;
+			char *nt = realloc(r->text, nc);
+			if (!nt)
+				out_of_memory();
+			r->text = nt;
+			cap = nc;
 		}
-		if (strspn(buf, " \t\r\n") == (size_t)len)
-			continue; /* blank */
-		struct line l;
-		if (pass == 2)
-			check_line(buf);
-		else if (parse_line(buf, &l, 0))
-			stream_add(&l);
+		memcpy(r->text + r->len, chunk, got);
+		r->len += got;
+		r->text[r->len] = 0;
 	}
-	int err = ferror(f);
-	free(buf);
+	int err = ferror(f) ? errno : 0;
 	fclose(f);
 	if (err) {
-		fprintf(stderr, PROG ": %s: read error\n", name);
+		fprintf(stderr, PROG ": %s: %s\n", r->name, strerror(err));
 		return -1;
 	}
-	if (pass == 2 && F.unshared) {
+	return 0;
+}
+
+/* The '# end batches=B samples=S ...' line against the training lines. */
+static void check_end(void)
+{
+	uint64_t b, n;
+	char bs[24] = "", ns[24] = "";
+	if (sscanf(F.end, "# end batches=%23[0-9] samples=%23[0-9]", bs, ns) != 2 || parse_dec(bs, &b) < 0 ||
+	    parse_dec(ns, &n) < 0) {
+		F.line = F.end_line;
+		problem("malformed '# end' line (no batches= and samples=)");
+	} else if (b != F.train_batches || n != F.train_samples) {
+		F.line = F.end_line;
+		problem("'# end' says batches=%" PRIu64 " samples=%" PRIu64 ", the training lines hold %" PRIu64
+			" batches of %" PRIu64 " samples", b, n, F.train_batches, F.train_samples);
+	}
+}
+
+/* The record as a whole, after its lines (pass 2). */
+static void check_record(const struct rec *r)
+{
+	if (F.unshared) {
 		F.line = F.first_unshared;
 		problem("record lacks share= fields: run tsshim-train with --tsshim (%" PRIu64 " batch lines)",
 			F.unshared);
 	}
-	return 0;
+	if (F.end) {
+		check_end();
+	} else if (!r->killed) {
+		problem("incomplete record: no '# end' line (the job died, hung or was cut short; name a job "
+			"killed on purpose with --killed)");
+	}
+	if (!F.batch_lines && !r->killed)
+		problem("no batch lines");
+}
+
+/* One pass over one record; pass 1 builds the stream, pass 2 checks. */
+static void rec_pass(struct rec *r, int pass, char **buf, size_t *cap)
+{
+	memset(&F, 0, sizeof F);
+	F.name = r->name;
+	for (size_t at = 0; at < r->len;) {
+		const char *nl = memchr(r->text + at, '\n', r->len - at);
+		size_t len = nl ? (size_t)(nl - (r->text + at)) : r->len - at;
+		if (!nl && r->killed)
+			break; /* a line cut short by the kill */
+		if (len + 1 > *cap) {
+			free(*buf);
+			*cap = len + 1;
+			*buf = xcalloc(*cap, 1);
+		}
+		memcpy(*buf, r->text + at, len);
+		(*buf)[len] = 0;
+		at += len + 1;
+		F.line++;
+		if ((*buf)[0] == '#') {
+			header_line(*buf);
+			if (!strncmp(*buf, "# end", 5) && !F.end) {
+				F.end = r->text + at - len - 1;
+				F.end_line = F.line;
+				r->has_end = 1;
+			}
+			continue;
+		}
+		if (strspn(*buf, " \t\r") == len)
+			continue; /* blank */
+		struct line l;
+		if (pass == 2) {
+			check_line(*buf);
+		} else if (parse_line(*buf, &l, 0)) {
+			stream_add(&l);
+			if (l.kind == SHARE_PUB && (!r->any_pub || l.fseq_v > r->last_pub))
+				r->last_pub = l.fseq_v, r->any_pub = 1;
+		}
+	}
+	r->loader = F.loader;
+	if (pass == 2)
+		check_record(r);
 }
 
 /* ---- options and main ----------------------------------------------------------------- */
@@ -475,15 +722,16 @@ static int run_file(const char *name, int pass)
 static void usage(FILE *f)
 {
 	fprintf(f,
-"Usage: " PROG " [--strict] [--quiet] [--max-problems N] RECORD...\n"
+"Usage: " PROG " [--strict] [--quiet] [--max-problems N] [--killed RECORD]... RECORD...\n"
 "\n"
 "Checks the records (tsshim-train --tsshim --record) of the jobs of one\n"
 "session: that every job trained on exactly the bytes its loader or the\n"
-"session's stream gave it. Per batch line it reads share=, fseq=, fsamp=, sh=\n"
-"and dsh= (see tsshim-train --help); sh= holds, per sample, XXH64 of its image\n"
-"bytes then its label bytes, so equal hashes mean equal images with their own\n"
-"labels. Published batches define the stream; the stream of each loader (the\n"
-"record's '# tsshim_loader=' header) is separate.\n"
+"session's stream gave it. Per batch line it reads seq=, phase=, epoch=, n=,\n"
+"ids=, share=, fseq=, fsamp=, sh= and dsh= (see tsshim-train --help); sh=\n"
+"holds, per sample, XXH64 of its image bytes then its label bytes, so equal\n"
+"hashes mean equal images with their own labels. Published batches define the\n"
+"stream; the stream of each loader (the record's '# tsshim_loader=' header) is\n"
+"separate. A RECORD may be a pipe: each is read once.\n"
 "\n"
 "Checks\n"
 "  (a) dsh= (when present) equals sh= sample by sample: the device got the\n"
@@ -491,17 +739,36 @@ static void usage(FILE *f)
 "  (b) share=pub lines define stream batch fseq (fsamp must be 0); two pub\n"
 "      lines of the same fseq must hold the same samples.\n"
 "  (c) a share=served line's n samples equal the stream's from (fseq, fsamp)\n"
-"      on, walking into fseq+1, ... as needed. Positions of stream batches no\n"
-"      pub line records (a producer killed before it wrote its line) are\n"
-"      unverifiable: counted, a problem only with --strict.\n"
+"      on, walking into fseq+1, ... as needed; its record names its loader.\n"
+"      Positions of stream batches no pub line records are unverifiable. A\n"
+"      job named by --killed may have published batches after its last\n"
+"      recorded pub line and died before recording them: positions from\n"
+"      there on are counted (a problem only with --strict); any other\n"
+"      unverifiable position is a problem.\n"
 "  (d) within one record, no stream position is trained twice (pub or\n"
 "      served).\n"
 "  (e) validation lines (phase=val) are share=own.\n"
 "  (f) every batch line has share=: a record written without --tsshim fails.\n"
+"  (g) within one record and epoch, no sample id is trained twice (served\n"
+"      samples have the ids their pub line gives). Two kinds of repeat are\n"
+"      known limits of native jobs, counted (problems only with --strict):\n"
+"      repeats_role, between lines of different share= or served from two\n"
+"      producers' batches (a takeover, or a job that went on with its own\n"
+"      loader, in mid-epoch: a native successor cannot be told which samples\n"
+"      are left); repeats_epoch, served twice from one producer's batches\n"
+"      (the job's epoch spans the stream's epoch mark: it attached in\n"
+"      mid-epoch, or its producer left its epochs early).\n"
+"  (h) a record is whole: seq= counts up from 0 with no gap or repeat, the\n"
+"      '# end batches=B samples=S' line tsshim-train writes on success is\n"
+"      there, after every batch line, and matches its training lines, and\n"
+"      there is at least one batch line. A record named by --killed may end\n"
+"      early: no '# end' line, no batch line.\n"
 "  Lines that cannot be parsed are problems too.\n"
 "\n"
 "Options\n"
-"  --strict              unverifiable positions are problems\n"
+"  --killed RECORD       a record of a job killed on purpose (repeatable)\n"
+"  --strict              counted unverifiable positions and repeats are\n"
+"                        problems\n"
 "  --quiet               no summary line (problems are still listed)\n"
 "  --max-problems N      list at most N problems (default 20; all are counted)\n"
 "  --help                this text\n"
@@ -509,7 +776,7 @@ static void usage(FILE *f)
 "Output (stdout): one line per problem, FILE:LINE: what was expected and what\n"
 "was found; then the summary:\n"
 "  " PROG ": files=F lines=L pub=P served=S own=O samples_verified=V\n"
-"  unverifiable=U problems=K: OK|FAILED\n"
+"  unverifiable=U repeats_role=R repeats_epoch=E problems=K: OK|FAILED\n"
 "(one line). samples_verified: served samples equal to the stream's;\n"
 "unverifiable: served samples of unknown stream batches.\n"
 "\n"
@@ -525,8 +792,9 @@ __attribute__((noreturn)) static void bad_usage(const char *msg, const char *arg
 
 static void parse_args(int argc, char **argv)
 {
-	enum { O_STRICT = 256, O_QUIET, O_MAX, O_HELP };
+	enum { O_STRICT = 256, O_QUIET, O_MAX, O_HELP, O_KILLED };
 	static const struct option lo[] = {
+		{"killed", required_argument, 0, O_KILLED},
 		{"strict", no_argument, 0, O_STRICT},
 		{"quiet", no_argument, 0, O_QUIET},
 		{"max-problems", required_argument, 0, O_MAX},
@@ -546,35 +814,69 @@ static void parse_args(int argc, char **argv)
 			opt.max_problems = (unsigned long)v;
 			break;
 		case O_HELP: usage(stdout); exit(0);
+		case O_KILLED:
+			opt.killed = realloc(opt.killed, (size_t)(opt.nkilled + 1) * sizeof *opt.killed);
+			if (!opt.killed)
+				out_of_memory();
+			opt.killed[opt.nkilled++] = optarg;
+			break;
 		case ':': bad_usage("missing value for ", argv[optind - 1]);
 		default: bad_usage("unknown option ", argv[optind - 1]);
 		}
 	}
-	if (optind >= argc)
+	if (optind >= argc && !opt.nkilled)
 		bad_usage("no RECORD given", "");
 }
 
 int main(int argc, char **argv)
 {
 	parse_args(argc, argv);
-	for (int pass = 1; pass <= 2; pass++)
-		for (int i = optind; i < argc; i++) {
-			table_free(&V.seen); /* (d) is per job */
-			if (run_file(argv[i], pass) < 0)
-				return 2;
-		}
-	V.files = (uint64_t)(argc - optind);
+	int n = argc - optind + opt.nkilled;
+	struct rec *recs = xcalloc((size_t)n, sizeof *recs);
+	for (int i = 0; i < n; i++) {
+		int k = i >= argc - optind;
+		recs[i].name = k ? opt.killed[i - (argc - optind)] : argv[optind + i];
+		recs[i].killed = k;
+		if (rec_load(&recs[i]) < 0)
+			return 2;
+	}
+	char *buf = NULL;
+	size_t cap = 0;
+	for (V.rec = 0; V.rec < n; V.rec++)
+		rec_pass(&recs[V.rec], 1, &buf, &cap);
+	for (int l = 0; l <= MAX_LOADERS; l++)
+		V.unrecorded_from[l] = NO_BOUND;
+	for (int i = 0; i < n; i++) {
+		uint64_t from = recs[i].any_pub ? recs[i].last_pub + 1 : 0;
+		if (recs[i].killed && from < V.unrecorded_from[recs[i].loader])
+			V.unrecorded_from[recs[i].loader] = from;
+	}
+	for (int i = 0; i < n; i++) {
+		table_free(&V.seen); /* (d) and (g) are per job */
+		table_free(&V.ids);
+		V.rec = i;
+		rec_pass(&recs[i], 2, &buf, &cap);
+	}
+	V.files = (uint64_t)n;
 	if (V.problems > opt.max_problems)
 		printf("... and %" PRIu64 " more problems\n", V.problems - opt.max_problems);
 	if (!opt.quiet)
 		printf(PROG ": files=%" PRIu64 " lines=%" PRIu64 " pub=%" PRIu64 " served=%" PRIu64 " own=%" PRIu64
-		       " samples_verified=%" PRIu64 " unverifiable=%" PRIu64 " problems=%" PRIu64 ": %s\n",
-		       V.files, V.lines, V.pub, V.served, V.own, V.verified, V.unverifiable, V.problems,
-		       V.problems ? "FAILED" : "OK");
+		       " samples_verified=%" PRIu64 " unverifiable=%" PRIu64 " repeats_role=%" PRIu64
+		       " repeats_epoch=%" PRIu64 " problems=%" PRIu64 ": %s\n",
+		       V.files, V.lines, V.pub, V.served, V.own, V.verified, V.unverifiable, V.repeats_role,
+		       V.repeats_epoch, V.problems, V.problems ? "FAILED" : "OK");
 	table_free(&V.stream);
 	table_free(&V.seen);
+	table_free(&V.ids);
 	free(V.sh.v);
 	free(V.dsh.v);
+	free(V.id.v);
+	free(buf);
+	for (int i = 0; i < n; i++)
+		free(recs[i].text);
+	free(recs);
+	free(opt.killed);
 	for (int i = 0; i < V.nloaders; i++)
 		free(V.loaders[i]);
 	if (fflush(stdout) != 0)

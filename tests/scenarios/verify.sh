@@ -4,8 +4,10 @@
 # violation (a served sample that is not the stream's, an unpaired label, a
 # device copy that differs, a sample trained twice, a shared validation
 # batch, a record without share=, a stream batch published twice with other
-# samples) fails naming it; unverifiable positions fail only with --strict;
-# garbage input is reported, never a crash.
+# samples, a sample id twice in an epoch, a record cut short or with a line
+# missing) fails naming it; unverifiable positions pass only after a job
+# named by --killed, and then fail with --strict; a record read from a pipe
+# is checked; garbage input is reported, never a crash.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 . tests/lib.sh
@@ -24,15 +26,23 @@ stream() {
 	for ((i = 0; i < $3; i++)); do out="$out${out:+,}$(h $(((p + i) / 4)) $(((p + i) % 4)))"; done
 	echo "$out"
 }
-# bline SEQ PHASE SHARE FSEQ FSAMP SH [EXTRA]: one batch line
+# bline SEQ PHASE SHARE FSEQ FSAMP SH [EXTRA]: one batch line. Sample ids:
+# stream position F*4+K from (FSEQ, FSAMP) on; a line of the job's own
+# (no FSEQ) has ids 1000+100*SEQ on.
 bline() {
-	local n ids
+	local n ids first=$((1000 + 100 * $1))
 	n=$(($(echo "$6" | tr -cd , | wc -c) + 1))
-	ids=$(seq -s, 0 $((n - 1)))
+	[ -n "$4" ] && first=$(($4 * 4 + $5))
+	ids=$(seq -s, "$first" $((first + n - 1)))
 	echo "seq=$1 phase=$2 epoch=0 pass=0 iter=$1 n=$n ids=$ids labels=$ids img=0123456789abcdef" \
 		"lbl=fedcba9876543210 share=$3${4:+ fseq=$4 fsamp=$5} sh=$6${7:+ $7}"
 }
-HDR='# tsshim-train record v1'
+# end_line FILE: append the '# end' line tsshim-train writes on success
+end_line() {
+	awk '/^seq=/ && / phase=train / { b++; for (i = 1; i <= NF; i++) if ($i ~ /^n=/) s += substr($i, 3) }
+		END { printf "# end batches=%d samples=%d trained_checksum=0123456789abcdef\n", b, s }' "$1" >>"$1"
+}
+HDR='# tsshim_loader=train.verify-test'
 VAL=$(stream 9 0 2 | tr 0 7) # a validation batch's own samples
 
 G=$T_TMP/good
@@ -57,6 +67,7 @@ mkdir -p "$G"
 	bline 1 train served 1 2 "$(stream 1 2 6)"
 	bline 2 train own "" "" "$(stream 5 0 2 | tr 0 5)"
 } >"$G/c6.rec"
+for f in producer c3 c6; do end_line "$G/$f.rec"; done
 GOOD=("$G/producer.rec" "$G/c3.rec" "$G/c6.rec")
 
 # verify NAME ARGS...: run into $T_TMP/NAME.out; sets RC.
@@ -82,17 +93,24 @@ check "unknown option: exit 2" [ $RC = 2 ]
 verify good "${GOOD[@]}"
 check "good set: exit 0" [ $RC = 0 ] || show good
 check "good set: summary counts (3 pub, 5 served spanning stream batches, 21 samples verified)" \
-	says good 'files=3 lines=11 pub=3 served=5 own=3 samples_verified=21 unverifiable=0 problems=0: OK'
+	says good 'files=3 lines=11 pub=3 served=5 own=3 samples_verified=21 unverifiable=0 repeats_role=0 repeats_epoch=0 problems=0: OK'
+verify pipe "$G/producer.rec" <(cat "$G/c3.rec") <(sed "2s/$(h 1 0)/0badc0de0badc0de/" "$G/c6.rec")
+check "records read from pipes are checked (each is read once)" \
+	cond '[ $RC = 1 ] && says pipe "/dev/fd/[0-9]*:2: served sample 4 differs" && says pipe "served=5 .*problems=1:"' ||
+	show pipe
 verify quiet --quiet "${GOOD[@]}"
 check "--quiet: nothing on stdout when all holds" cond '[ $RC = 0 ] && [ ! -s "$T_TMP/quiet.out" ]'
 
-# bad NAME PATTERN FILE SED: the good set with FILE edited by SED must exit
-# 1 with PATTERN in the report.
+# bad NAME PATTERN FILE SED: the good set with FILE edited by SED (before
+# its '# end' line, which is then made anew) must exit 1 with PATTERN in
+# the report.
 bad() {
 	local name=$1 pat=$2 file=$3 expr=$4 d=$T_TMP/$1
 	mkdir -p "$d"
 	cp "${GOOD[@]}" "$d/"
+	sed -i '/^# end /d' "$d/$file"
 	sed -i -e "$expr" "$d/$file"
+	end_line "$d/$file"
 	verify "$name" "$d/producer.rec" "$d/c3.rec" "$d/c6.rec"
 	if [ $RC = 1 ] && says "$name" "$pat" && says "$name" "problems=[1-9].*FAILED"; then
 		ok "$name: exit 1, '$pat'"
@@ -117,6 +135,32 @@ bad stream-conflict "c6.rec:5: stream batch 2 published again with other samples
 	"\$a $(bline 3 train pub 2 0 "$(stream 2 0 3),$other")"
 bad pub-fsamp "share=pub with fsamp=1" producer.rec "2s/fsamp=0/fsamp=1/"
 bad beyond "fsamp=4 beyond stream batch 1" c6.rec "3s/fsamp=2/fsamp=4/"
+# The served samples' ids are their pub line's: c6's own batch takes stream
+# position 0's id again (an own line after served ones: a repeat across
+# roles, counted); a second own line with an id of the first is a problem.
+bad id-twice "c6.rec:5: sample id 1001 trained twice in epoch 0 (first at line 4" c6.rec \
+	"4s/ids=1200,1201/ids=1001,1002/;\$a $(bline 3 train own "" "" "$(stream 6 0 2 | tr 0 6)" | sed 's/ids=[0-9,]*/ids=1001,1300/')"
+bad pub-ids "producer.rec:3: sample id 2 trained twice in epoch 0" producer.rec "3s/ids=[0-9,]*/ids=2,5,6,7/"
+bad seq-gap "c3.rec:3: seq=2 where 1 comes next: a batch line is missing or repeated" c3.rec "3d"
+bad end-count "c6.rec:5: '# end' says batches=3 samples=14, the training lines hold 3 batches of 15 samples" c6.rec \
+	"4s/n=2 /n=3 /;4s/ids=1200,1201/ids=1200,1201,1202/;4s/sh=\\([0-9a-f]*\\)/sh=\\1,\\1/;\$a # end batches=3 samples=14"
+bad no-loader "c3.rec:2: share=served in a record without a '# tsshim_loader=' header" c3.rec "1d;1i # tsshim-train record v1"
+B=$T_TMP/cut
+mkdir -p "$B"
+cp "${GOOD[@]}" "$B/"
+sed -i '$d' "$B/c3.rec"
+verify cut "$B/producer.rec" "$B/c3.rec" "$B/c6.rec"
+check "a record without its '# end' line (a job that died) fails" \
+	cond '[ $RC = 1 ] && says cut "c3.rec:5: incomplete record: no .# end. line"' || show cut
+verify cut-killed "$B/producer.rec" --killed "$B/c3.rec" "$B/c6.rec"
+check "... unless --killed names it" cond '[ $RC = 0 ]' || show cut-killed
+{ cat "$G/c6.rec"; bline 3 train own "" "" "$VAL"; } >"$B/c6.rec"
+verify after-end "$B/producer.rec" "$G/c3.rec" "$B/c6.rec"
+check "a batch line after the '# end' line fails" \
+	cond '[ $RC = 1 ] && says after-end "c6.rec:6: a batch line after the .# end. line (line 5)"' || show after-end
+: >"$B/empty.rec"
+verify empty "$B/producer.rec" "$B/empty.rec"
+check "an empty record fails" cond '[ $RC = 1 ] && says empty "no batch lines"' || show empty
 
 # --- unverifiable ----------------------------------------------------------------------------
 # The producer was killed before recording stream batch 3: served samples
@@ -124,14 +168,26 @@ bad beyond "fsamp=4 beyond stream batch 1" c6.rec "3s/fsamp=2/fsamp=4/"
 U=$T_TMP/unver
 mkdir -p "$U"
 cp "${GOOD[@]}" "$U/"
-bline 3 train served 2 2 "$(stream 2 2 4)" >>"$U/c3.rec"
-verify unver "$U/producer.rec" "$U/c3.rec" "$U/c6.rec"
-check "unverifiable positions: exit 0, counted (2 verified, 2 unverifiable)" \
-	cond '[ $RC = 0 ] && says unver "served=6 own=3 samples_verified=23 unverifiable=2 problems=0: OK"' || show unver
-verify unver-strict --strict "$U/producer.rec" "$U/c3.rec" "$U/c6.rec"
+sed -i '/^# end /d' "$U/producer.rec" "$U/c3.rec"
+bline 4 train served 2 2 "$(stream 2 2 4)" >>"$U/c3.rec"
+end_line "$U/c3.rec"
+verify unver --killed "$U/producer.rec" "$U/c3.rec" "$U/c6.rec"
+check "unverifiable positions after a killed producer's last pub: exit 0, counted (2 verified, 2 unverifiable)" \
+	cond '[ $RC = 0 ] && says unver "served=6 own=3 samples_verified=23 unverifiable=2 repeats_role=0 repeats_epoch=0 problems=0: OK"' ||
+	show unver
+verify unver-strict --strict --killed "$U/producer.rec" "$U/c3.rec" "$U/c6.rec"
 check "--strict: unverifiable positions fail (exit 1)" \
 	cond '[ $RC = 1 ] && says unver-strict "c3.rec:6: unverifiable: 2 served samples from stream batch 3 sample 0"' ||
 	show unver-strict
+end_line "$U/producer.rec"
+verify unver-nokill "$U/producer.rec" "$U/c3.rec" "$U/c6.rec"
+check "unverifiable positions no killed job explains: exit 1" \
+	cond '[ $RC = 1 ] && says unver-nokill "c3.rec:6: 2 served samples from stream batch 3 sample 0 on: no record publishes"' ||
+	show unver-nokill
+verify alone "$G/c3.rec"
+check "a consumer's record alone (no producer's) fails: nothing publishes what it was served" \
+	cond '[ $RC = 1 ] && says alone "c3.rec:2: 3 served samples from stream batch 0 sample 0 on: no record publishes"' ||
+	show alone
 
 # --- garbage -------------------------------------------------------------------------------
 J=$T_TMP/junk
@@ -158,7 +214,8 @@ check "garbage records: exit 1 with a report, no crash" cond '[ $RC = 1 ] && say
 verify junk-all --max-problems 1000 "$J/fields.rec"
 check "--max-problems: every malformed line listed with its line number" \
 	cond '[ $(grep -c "fields.rec:[0-9]*: malformed batch line" "$T_TMP/junk-all.out") = 7 ] &&
-		says junk-all "pub=1 served=1 own=1 samples_verified=1 unverifiable=1 problems=10:"' || show junk-all
+		says junk-all "pub=1 served=1 own=1 samples_verified=0 unverifiable=0 repeats_role=0 repeats_epoch=0 problems=12:"' ||
+	show junk-all
 verify junk-cap --max-problems 2 "$J/random.rec" "$J/fields.rec"
 check "problems beyond --max-problems are counted, not listed" \
 	cond '[ $(grep -c "rec:[0-9]*: " "$T_TMP/junk-cap.out") = 2 ] && says junk-cap "more problems"'
