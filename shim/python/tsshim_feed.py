@@ -603,6 +603,11 @@ class _Epoch:
                         hook.log("info", "feed %s: the stream's epoch ended while we were away; "
                                  "this epoch ends after %d batches" % (self.feed.key, k - 1))
                     return
+            if eoe:
+                # Whole before the last batch goes out: a loop that takes exactly
+                # len(loader) batches (range(len(dl)), zip, islice) closes us on
+                # this yield and never asks for the StopIteration after it.
+                self.done_clean = True
             yield batch
         self.done_clean = True
 
@@ -659,6 +664,8 @@ class _Epoch:
                     self.copied += 1
                 self.lib.tsshim_feed_served(self.h, 1, n)
                 self.own_draws()  # before our first batch, not before a switch to our own loader
+                if eoe.value:
+                    self.done_clean = True  # whole before its last batch goes out (produce_real)
                 yield _build(node, leaves)
             del leaves
             if eoe.value:

@@ -301,6 +301,9 @@ def main():
                     help="with --emu-cuda: in that role, change each batch in place (x.neg_()) before its upload")
     ap.add_argument("--break-after", type=int, default=0, metavar="N",
                     help="leave each training epoch after N batches")
+    ap.add_argument("--exact-len", action="store_true",
+                    help="take exactly len(loader) training batches with next() and never ask for the "
+                         "StopIteration after them, as range(len(dl)), zip and islice loops do")
     ap.add_argument("--sleep", type=float, default=0.0, metavar="S", help="sleep S seconds per training batch")
     ap.add_argument("--sleep-epochs", type=int, default=0, metavar="N",
                     help="--sleep only in the first N epochs (default 0: in all)")
@@ -389,7 +392,7 @@ def main():
         data_cpu += time.process_time() - c
         i = 0
         while True:
-            if a.break_after and i >= a.break_after:
+            if (a.break_after and i >= a.break_after) or (a.exact_len and i >= len(train_dl)):
                 break
             c = time.process_time()
             try:

@@ -615,6 +615,16 @@ for pers in "" --persistent; do
 		cond "[ -n \"\$(probes $c.3)\" ] && [ \"\$(probes $c.2)\" = \"\$(probes $c.3)\" ]"
 done
 
+# --- y: a loop that takes exactly len(loader) batches --------------------------------
+# Job 2 never asks for the StopIteration after an epoch's last batch (range(len(dl)),
+# zip, islice): its epoch is over all the same, not broken off. Before, it was
+# taken for a job that broke out, and its next epoch began at the head, short by
+# the batches the producer (faster, so ahead by the feed's depth) had published.
+job y 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 3 --sleep 0.01 --barrier "$T_TMP/y.go:2"
+job y 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 3 --sleep 0.08 --exact-len --barrier "$T_TMP/y.go:2"
+finished y 2
+verify y "len(loader) batches taken with next(), no StopIteration asked for: every epoch whole" $(recs y 2)
+
 # --- m, n, o, p: GPU jobs (tsemu, the test device) -----------------------------------
 # Each job uploads every training batch right after next(), as x.cuda() does
 # (Debian's torch has no CUDA: share_job.py calls the runtime through
