@@ -166,6 +166,7 @@ class _Feed:
         if self.h >= 0:
             self.lib.tsshim_feed_close(self.h)
         self.h = -1
+        self.attached = False
 
 
 def feed_for(key, label, nindex):
@@ -394,6 +395,10 @@ class _Epoch:
         if self.real_open and self.st.rec is not None:
             self.st.rec.recording = False
             self.st.rec.notes.clear()
+        if self.feed.h != self.h:
+            # sharing went off during the epoch: our handle was closed, and may
+            # be another loader's feed's by now (a validation loop's)
+            return
         if self.real_open and not self.done_clean and self.role() == ROLE_PRODUCER and \
                 self.lib.tsshim_feed_others(self.h) == 0:
             # We broke out of our own epoch and nobody reads the stream: nobody needs
