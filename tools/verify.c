@@ -678,12 +678,12 @@ static void rec_pass(struct rec *r, int pass, char **buf, size_t *cap)
 {
 	memset(&F, 0, sizeof F);
 	F.name = r->name;
-	for (size_t at = 0; at < r->len;) {
+	for (size_t at = 0; r->text && at < r->len;) {
 		const char *nl = memchr(r->text + at, '\n', r->len - at);
 		size_t len = nl ? (size_t)(nl - (r->text + at)) : r->len - at;
 		if (!nl && r->killed)
 			break; /* a line cut short by the kill */
-		if (len + 1 > *cap) {
+		if (!*buf || len >= *cap) {
 			free(*buf);
 			*cap = len + 1;
 			*buf = xcalloc(*cap, 1);
@@ -837,8 +837,13 @@ int main(int argc, char **argv)
 		int k = i >= argc - optind;
 		recs[i].name = k ? opt.killed[i - (argc - optind)] : argv[optind + i];
 		recs[i].killed = k;
-		if (rec_load(&recs[i]) < 0)
+		if (rec_load(&recs[i]) < 0) {
+			for (int j = 0; j <= i; j++)
+				free(recs[j].text);
+			free(recs);
+			free(opt.killed);
 			return 2;
+		}
 	}
 	char *buf = NULL;
 	size_t cap = 0;
