@@ -63,16 +63,22 @@
  * mode, DCT scaling or a conversion (ImageFolder's .convert("RGB") of a
  * gray image) give other bytes.
  *
- * The manifest is written last, to a temporary file renamed into place: a
- * ROOT with a manifest.tsv holds a complete dataset.
+ * A run writes into a staging directory, ROOT/.mkdata.tmp.PID, and moves
+ * train/, val/ and then the manifest into ROOT only when all is written: a
+ * ROOT with a manifest.tsv holds a complete dataset, and a run that fails or
+ * is stopped (SIGINT, SIGTERM, SIGHUP) removes its partial output and leaves
+ * ROOT as it was (with --force, the earlier dataset too). The staging
+ * directory of a run that died (SIGKILL) is removed by the next run; that
+ * of a live one makes the next run refuse ROOT.
  *
  * --verify re-reads every file, checks size and file hash, decodes it
  * (checking dimensions, components, kind against the JPEG header, and the
- * decode hash) and reports .jpg files under train/ and val/ that the
- * manifest does not list. It also reports the CPU time per decode.
+ * decode hash), checks each row's split and class against its path and
+ * reports .jpg files under train/ and val/ that the manifest does not list.
+ * It also reports the CPU time per decode.
  *
  * Exit status: 0 success, 1 failure (I/O, libjpeg, refused ROOT, verify
- * mismatch), 2 usage error.
+ * mismatch), 2 usage error; a stopped run, once cleaned up, dies of its signal.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -85,6 +91,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -1195,20 +1202,37 @@ static int write_all(int fd, const void *data, size_t len)
 	return 0;
 }
 
+/*
+ * The whole file or nothing: written to ".NAME.tmp.PID" beside it and
+ * renamed into place when complete, so that a failure (a full disk, a file
+ * size limit) never leaves a truncated file under the real name.
+ */
 static int write_file(const char *path, const void *data, size_t len, char *err, size_t errlen)
 {
-	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0 || write_all(fd, data, len) != 0) {
-		snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-		if (fd >= 0)
-			close(fd);
+	char tmp[PATH_MAX];
+	const char *slash = strrchr(path, '/');
+	int dirlen = slash ? (int)(slash + 1 - path) : 0;
+	if (snprintf(tmp, sizeof(tmp), "%.*s.%s.tmp.%ld", dirlen, path, path + dirlen,
+		     (long)getpid()) >= (int)sizeof(tmp)) {
+		snprintf(err, errlen, "path too long: %s", path);
 		return -1;
 	}
-	if (close(fd) != 0) {
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (fd < 0) {
 		snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-		return -1;
+		return -1; /* not ours to unlink */
 	}
-	return 0;
+	int rc = write_all(fd, data, len);
+	int saved = errno; /* the first error is the one to report */
+	if (close(fd) != 0 && rc == 0)
+		rc = -1, saved = errno;
+	if (rc == 0 && rename(tmp, path) != 0)
+		rc = -1, saved = errno;
+	if (rc == 0)
+		return 0;
+	snprintf(err, errlen, "cannot write %s: %s", path, strerror(saved));
+	unlink(tmp);
+	return -1;
 }
 
 static int read_file(const char *path, struct buf *b, char *err, size_t errlen)
@@ -1314,11 +1338,17 @@ static int name_is(const char *name, const char *prefix, const char *suffix)
  * --force: remove an earlier dataset's images (ROOT/{train,val}/cN/N.jpg),
  * its then-empty directories and its manifest, so that a smaller dataset
  * written over a bigger one leaves no stale classes behind for ImageFolder.
- * Anything else is left alone.
+ * Anything else is left alone. The manifest goes first: a ROOT with a
+ * manifest holds a complete dataset.
  */
 static int remove_old_dataset(const char *root, char *err, size_t errlen)
 {
 	char p[PATH_MAX], q[PATH_MAX];
+	snprintf(p, sizeof(p), "%s/" MANIFEST, root);
+	if (unlink(p) != 0 && errno != ENOENT) {
+		snprintf(err, errlen, "cannot remove %s: %s", p, strerror(errno));
+		return -1;
+	}
 	for (int s = 0; s < 2; s++) {
 		snprintf(p, sizeof(p), "%s/%s", root, split_name[s]);
 		DIR *d = opendir(p);
@@ -1353,12 +1383,115 @@ static int remove_old_dataset(const char *root, char *err, size_t errlen)
 		closedir(d);
 		rmdir(p);
 	}
-	snprintf(p, sizeof(p), "%s/" MANIFEST, root);
-	if (unlink(p) != 0 && errno != ENOENT) {
-		snprintf(err, errlen, "cannot remove %s: %s", p, strerror(errno));
-		return -1;
-	}
 	return 0;
+}
+
+/*
+ * rm -r NAME under the directory PARENT (an open fd): for the staging
+ * directory, which only this program writes. Symbolic links are removed,
+ * never followed. 0 or -errno.
+ */
+static int remove_tree_at(int parent, const char *name)
+{
+	int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		int rc = -errno;
+		close(fd);
+		return rc;
+	}
+	int rc = 0;
+	struct dirent *e;
+	while (rc == 0 && (e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		if (unlinkat(fd, e->d_name, 0) == 0 || errno == ENOENT)
+			continue;
+		rc = errno == EISDIR ? remove_tree_at(fd, e->d_name) : -errno;
+	}
+	closedir(d);
+	if (rc == 0 && unlinkat(parent, name, AT_REMOVEDIR) != 0 && errno != ENOENT)
+		rc = -errno;
+	return rc;
+}
+
+static int remove_tree(const char *path)
+{
+	return remove_tree_at(AT_FDCWD, path);
+}
+
+/*
+ * Move the directory SRC to DST. Where DST exists and is not empty (--force
+ * left unrelated files in it), SRC's entries move into it one by one.
+ * 0 or -errno.
+ */
+static int move_into(const char *src, const char *dst)
+{
+	if (rename(src, dst) == 0)
+		return 0;
+	if (errno != EEXIST && errno != ENOTEMPTY)
+		return -errno;
+	DIR *d = opendir(src);
+	if (!d)
+		return -errno;
+	char s[PATH_MAX], t[PATH_MAX];
+	int rc = 0;
+	struct dirent *e;
+	while (rc == 0 && (e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		if (join_path(s, sizeof(s), src, e->d_name) != 0 ||
+		    join_path(t, sizeof(t), dst, e->d_name) != 0)
+			rc = -ENAMETOOLONG;
+		else
+			rc = move_into(s, t);
+	}
+	closedir(d);
+	if (rc == 0 && rmdir(src) != 0)
+		rc = -errno;
+	return rc;
+}
+
+/* ---- SIGINT, SIGTERM, SIGHUP --------------------------------------------------- */
+
+/*
+ * While generating, these signals stop the run cleanly: the handler notes
+ * the signal, workers stop taking images, and generate() removes the
+ * partial output before dying of the signal itself. 0: none seen.
+ */
+static atomic_int stop_signal;
+
+static void note_stop_signal(int sig)
+{
+	atomic_store(&stop_signal, sig); /* lock-free: async-signal-safe */
+}
+
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP};
+
+static void catch_stop_signals(void)
+{
+	struct sigaction sa = {.sa_handler = note_stop_signal, .sa_flags = SA_RESTART};
+	sigemptyset(&sa.sa_mask);
+	for (size_t i = 0; i < sizeof(stop_signals) / sizeof(stop_signals[0]); i++) {
+		struct sigaction old;
+		/* One ignored at start stays ignored (nohup, a shell's background job). */
+		if (sigaction(stop_signals[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+			sigaction(stop_signals[i], &sa, NULL);
+	}
+}
+
+static const char *signal_name(int sig)
+{
+	return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
+}
+
+/* End as the signal would have ended us, so that the caller (a shell) sees it. */
+static void die_of_signal(int sig)
+{
+	signal(sig, SIG_DFL);
+	raise(sig);
 }
 
 /* ---- the thread pool and progress ----------------------------------------------- */
@@ -1377,6 +1510,7 @@ typedef int (*job_fn)(struct pool *, struct worker *, size_t);
 
 struct pool {
 	const struct opts *o;
+	const char *dir;         /* where the images are: ROOT, or the staging directory */
 	const struct plan *plan;
 	struct entry *e;
 	size_t n;
@@ -1436,7 +1570,7 @@ static void *pool_thread(void *arg)
 	struct pool *p = arg;
 	struct worker wk;
 	memset(&wk, 0, sizeof(wk));
-	while (!atomic_load(&p->failed)) {
+	while (!atomic_load(&p->failed) && !atomic_load(&stop_signal)) {
 		size_t i = atomic_fetch_add(&p->next, 1);
 		if (i >= p->n)
 			break;
@@ -1505,8 +1639,8 @@ static int gen_one(struct pool *p, struct worker *wk, size_t i)
 	e->bytes = wk->jpg.len;
 	e->file_hash = fnv1a64(FNV_OFFSET, wk->jpg.data, wk->jpg.len);
 	e->decode_hash = d.hash;
-	if (join_path(path, sizeof(path), p->o->root, e->sp.rel) != 0) {
-		snprintf(wk->err, sizeof(wk->err), "path too long under %s", p->o->root);
+	if (join_path(path, sizeof(path), p->dir, e->sp.rel) != 0) {
+		snprintf(wk->err, sizeof(wk->err), "path too long under %s", p->dir);
 		return -1;
 	}
 	if (write_file(path, wk->jpg.data, wk->jpg.len, wk->err, sizeof(wk->err)) != 0)
@@ -1520,13 +1654,14 @@ static int cmp_entry(const void *a, const void *b)
 	return strcmp(((const struct entry *)a)->sp.rel, ((const struct entry *)b)->sp.rel);
 }
 
-static int write_manifest(const char *root, struct entry *e, size_t n)
+/* Into DIR, through a temporary file: DIR never holds a partial manifest. */
+static int write_manifest(const char *dir, struct entry *e, size_t n, char *err, size_t errlen)
 {
 	char path[PATH_MAX], tmp[PATH_MAX];
-	snprintf(path, sizeof(path), "%s/" MANIFEST, root);
-	if (snprintf(tmp, sizeof(tmp), "%s/." MANIFEST ".tmp.%ld", root, (long)getpid()) >=
+	snprintf(path, sizeof(path), "%s/" MANIFEST, dir);
+	if (snprintf(tmp, sizeof(tmp), "%s/." MANIFEST ".tmp.%ld", dir, (long)getpid()) >=
 	    (int)sizeof(tmp)) {
-		fprintf(stderr, PROG ": path too long under %s\n", root);
+		snprintf(err, errlen, "path too long under %s", dir);
 		return -1;
 	}
 	/* Already in path order by construction; sorting keeps that a guarantee. */
@@ -1550,63 +1685,238 @@ static int write_manifest(const char *root, struct entry *e, size_t n)
 		goto fail;
 	return 0;
 fail:
-	fprintf(stderr, PROG ": cannot write %s: %s\n", path, strerror(errno));
+	snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
 	unlink(tmp);
 	return -1;
 }
 
-static int generate(const struct opts *o)
-{
-	char err[600], dir[PATH_MAX];
-	int ne = dir_nonempty(o->root, err, sizeof(err));
-	if (ne < 0)
-		goto fail;
-	if (ne && !o->force) {
-		fprintf(stderr, PROG ": %s is not empty; use --force to write into it "
-			"(replaces an earlier mkdata dataset there)\n", o->root);
-		return EXIT_FAIL;
-	}
-	if (mkdir_p(o->root, err, sizeof(err)) != 0)
-		goto fail;
-	if (ne && remove_old_dataset(o->root, err, sizeof(err)) != 0)
-		goto fail;
+/*
+ * The staging directory, ROOT/.mkdata.tmp.PID: a failed or interrupted run
+ * must not leave a partial dataset that a trainer could take for a whole
+ * one. Inside ROOT, so that moving the dataset into place is renames.
+ */
+#define STAGING_PREFIX ".mkdata.tmp."
 
-	struct plan plan;
-	plan_init(&plan, o);
+/* The pid in a staging directory's name, or 0 for any other name. */
+static long staging_pid(const char *name)
+{
+	if (!name_is(name, STAGING_PREFIX, ""))
+		return 0;
+	errno = 0;
+	long pid = strtol(name + strlen(STAGING_PREFIX), NULL, 10);
+	return errno || pid > INT_MAX ? 0 : pid;
+}
+
+static int process_alive(long pid)
+{
+	return pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno == EPERM);
+}
+
+/*
+ * A staging directory of a live process means another run writes into
+ * ROOT: refuse. One whose run is gone (SIGKILL, a crash, a power cut) never
+ * held a dataset: remove it, and say so.
+ */
+static int clear_stale_staging(const char *root, char *err, size_t errlen)
+{
+	DIR *d = opendir(root);
+	if (!d) {
+		snprintf(err, errlen, "cannot open %s: %s", root, strerror(errno));
+		return -1;
+	}
+	char path[PATH_MAX];
+	int rc = 0, r;
+	struct dirent *e;
+	while (rc == 0 && (e = readdir(d))) {
+		long pid = staging_pid(e->d_name);
+		if (!pid)
+			continue;
+		if (join_path(path, sizeof(path), root, e->d_name) != 0) {
+			snprintf(err, errlen, "path too long under %s", root);
+			rc = -1;
+		} else if (process_alive(pid)) {
+			snprintf(err, errlen, "another run (pid %ld) is writing into %s; if that "
+				 "process is not " PROG ", remove %s", pid, root, path);
+			rc = -1;
+		} else if ((r = remove_tree(path)) != 0) {
+			snprintf(err, errlen, "cannot remove %s: %s", path, strerror(-r));
+			rc = -1;
+		} else {
+			fprintf(stderr, PROG ": removed %s, left by an interrupted run\n", path);
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
+/*
+ * ROOT must be a directory (made if missing) that is empty, or not empty
+ * and --force given. *replace: commit() must remove an earlier dataset
+ * first; *made: ROOT was made here (a failed run removes it again).
+ */
+static int prepare_root(const struct opts *o, int *replace, int *made, char *err,
+			size_t errlen)
+{
+	struct stat st;
+	*replace = *made = 0;
+	if (stat(o->root, &st) != 0) {
+		if (errno != ENOENT) {
+			snprintf(err, errlen, "cannot open %s: %s", o->root, strerror(errno));
+			return -1;
+		}
+		*made = 1;
+		return mkdir_p(o->root, err, errlen);
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		snprintf(err, errlen, "%s exists and is not a directory", o->root);
+		return -1;
+	}
+	if (clear_stale_staging(o->root, err, errlen) != 0)
+		return -1;
+	int ne = dir_nonempty(o->root, err, errlen);
+	if (ne < 0)
+		return -1;
+	if (ne && !o->force) {
+		snprintf(err, errlen, "%s is not empty; use --force to write into it "
+			 "(replaces an earlier mkdata dataset there)", o->root);
+		return -1;
+	}
+	*replace = ne;
+	return 0;
+}
+
+/* ROOT/.mkdata.tmp.PID into STAGE; STAGE is "" unless it was made. */
+static int make_staging(const char *root, char *stage, size_t n, char *err, size_t errlen)
+{
+	if (snprintf(stage, n, "%s/" STAGING_PREFIX "%ld", root, (long)getpid()) >= (int)n) {
+		stage[0] = 0;
+		snprintf(err, errlen, "path too long under %s", root);
+		return -1;
+	}
+	if (mkdir(stage, 0755) != 0) {
+		snprintf(err, errlen, "cannot create directory %s: %s", stage, strerror(errno));
+		stage[0] = 0;
+		return -1;
+	}
+	return 0;
+}
+
+/* The class directories of the splits that get images, under DIR. */
+static int make_class_dirs(const struct plan *plan, const char *dir, char *err, size_t errlen)
+{
+	const struct opts *o = plan->o;
+	char path[PATH_MAX];
 	for (int s = 0; s < 2; s++) {
 		if (!(s ? o->val : o->train))
 			continue;
-		for (unsigned c = 0; c < o->classes; c++) {
-			snprintf(dir, sizeof(dir), "%s/%s/c%0*u", o->root, split_name[s], plan.cdig, c);
-			if (mkdir_p(dir, err, sizeof(err)) != 0)
-				goto fail;
+		for (unsigned c = 0; c < o->classes && !atomic_load(&stop_signal); c++) {
+			snprintf(path, sizeof(path), "%s/%s/c%0*u", dir, split_name[s], plan->cdig, c);
+			if (mkdir_p(path, err, errlen) != 0)
+				return -1;
 		}
 	}
+	return 0;
+}
 
+/*
+ * Every image, then the manifest, into STAGE. 0 also when a stop signal cut
+ * it short (the caller looks).
+ */
+static int build_dataset(struct pool *p, const char *stage, char *err, size_t errlen)
+{
+	if (make_class_dirs(p->plan, stage, err, errlen) != 0)
+		return -1;
+	p->dir = stage;
+	if (pool_run(p, p->o->threads) != 0) {
+		snprintf(err, errlen, "%s", p->error);
+		return -1;
+	}
+	if (atomic_load(&stop_signal))
+		return 0;
+	return write_manifest(stage, p->e, p->n, err, errlen);
+}
+
+/*
+ * Move the finished dataset from STAGE into ROOT: the earlier one out
+ * (--force), then train/ and val/, the manifest last. A failure halfway
+ * removes what was moved: ROOT never holds part of a dataset.
+ */
+static int commit(const struct opts *o, const char *stage, int replace, char *err,
+		  size_t errlen)
+{
+	static const char *const what[] = {"train", "val", MANIFEST};
+	char src[PATH_MAX], dst[PATH_MAX];
+	if (replace && remove_old_dataset(o->root, err, errlen) != 0)
+		return -1;
+	for (int i = 0; i < 3; i++) {
+		if ((i == 0 && !o->train) || (i == 1 && !o->val))
+			continue;
+		int r = -ENAMETOOLONG;
+		if (join_path(src, sizeof(src), stage, what[i]) == 0 &&
+		    join_path(dst, sizeof(dst), o->root, what[i]) == 0)
+			r = move_into(src, dst);
+		if (r != 0) {
+			char ignored[600];
+			snprintf(err, errlen, "cannot move %s into %s: %s", what[i], o->root,
+				 strerror(-r));
+			remove_old_dataset(o->root, ignored, sizeof(ignored));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* After a failure or a stop signal: the staging directory goes, and ROOT if made here. */
+static void discard(const struct opts *o, const char *stage, int made)
+{
+	int r = stage[0] ? remove_tree(stage) : 0;
+	if (r != 0)
+		fprintf(stderr, PROG ": cannot remove %s: %s\n", stage, strerror(-r));
+	if (made)
+		rmdir(o->root);
+}
+
+static int generate(const struct opts *o)
+{
+	char err[600], stage[PATH_MAX] = "";
+	int replace, made, rc = -1, sig = 0;
+	if (prepare_root(o, &replace, &made, err, sizeof(err)) != 0) {
+		fprintf(stderr, PROG ": %s\n", err);
+		return EXIT_FAIL;
+	}
+	struct plan plan;
+	plan_init(&plan, o);
 	struct pool *p = calloc(1, sizeof(*p));
 	struct entry *e = calloc(plan.n, sizeof(*e));
+	catch_stop_signals(); /* from here on, a signal has something to clean up */
 	if (!p || !e) {
-		free(p);
-		free(e);
 		snprintf(err, sizeof(err), "out of memory for %zu images", plan.n);
-		goto fail;
+	} else if (make_staging(o->root, stage, sizeof(stage), err, sizeof(err)) == 0) {
+		p->o = o, p->plan = &plan, p->e = e, p->n = plan.n, p->fn = gen_one;
+		rc = build_dataset(p, stage, err, sizeof(err));
+		sig = atomic_load(&stop_signal); /* once committing, the run completes */
+		if (rc == 0 && !sig)
+			rc = commit(o, stage, replace, err, sizeof(err));
 	}
-	p->o = o, p->plan = &plan, p->e = e, p->n = plan.n, p->fn = gen_one;
-	int rc = EXIT_FAIL;
-	if (pool_run(p, o->threads) != 0) {
-		fprintf(stderr, PROG ": %s\n" PROG ": %s is incomplete (no manifest written)\n",
-			p->error, o->root);
-	} else if (write_manifest(o->root, e, plan.n) == 0) {
+	if (rc == 0 && !sig) {
+		discard(o, stage, 0); /* empty by now: only the directory goes */
 		printf("mkdata: wrote %zu images (%.1f MB) to %s in %.2f s\n", plan.n,
 		       (double)atomic_load(&p->bytes) / 1e6, o->root, since(&p->t0));
 		rc = fflush(stdout) == 0 ? EXIT_OK : EXIT_FAIL;
+	} else {
+		if (rc != 0)
+			fprintf(stderr, PROG ": %s\n", err);
+		discard(o, stage, made);
+		fprintf(stderr, PROG ": %s%s%sremoved the partial output; no dataset written to %s\n",
+			sig ? "interrupted by " : "", sig ? signal_name(sig) : "", sig ? ": " : "",
+			o->root);
+		rc = EXIT_FAIL;
 	}
 	free(e);
 	free(p);
+	if (sig)
+		die_of_signal(sig);
 	return rc;
-fail:
-	fprintf(stderr, PROG ": %s\n", err);
-	return EXIT_FAIL;
 }
 
 /* ---- verify ------------------------------------------------------------------- */
@@ -1632,7 +1942,7 @@ static int verify_one(struct pool *p, struct worker *wk, size_t i)
 	char path[PATH_MAX];
 	struct decoded d;
 
-	if (join_path(path, sizeof(path), p->o->root, e->sp.rel) != 0) {
+	if (join_path(path, sizeof(path), p->dir, e->sp.rel) != 0) {
 		set_error(e, "path too long");
 		return 0;
 	}
@@ -1764,6 +2074,30 @@ static int load_manifest(const char *root, struct manifest *m)
 	return 0;
 }
 
+/*
+ * A row's split and class must be those of its path, which the generator
+ * writes as SPLIT/cNNN/ with classes zero-padded to the digits of the
+ * largest (at least 3): a trainer takes labels from the path, a checker of
+ * the data from the columns.
+ */
+static void check_row_paths(struct manifest *m)
+{
+	unsigned max_cls = 0;
+	for (size_t i = 0; i < m->n; i++)
+		if (m->e[i].sp.cls > max_cls)
+			max_cls = m->e[i].sp.cls;
+	int cdig = digits(max_cls, 3);
+	char want[REL_MAX];
+	for (size_t i = 0; i < m->n; i++) {
+		struct entry *e = &m->e[i];
+		int n = snprintf(want, sizeof(want), "%s/c%0*u/", split_name[e->sp.split], cdig,
+				 e->sp.cls);
+		if (strncmp(e->sp.rel, want, (size_t)n) != 0)
+			set_error(e, "the manifest says split %s, class %u, but the path is not "
+				  "under %s", split_name[e->sp.split], e->sp.cls, want);
+	}
+}
+
 static void manifest_free(struct manifest *m)
 {
 	for (size_t i = 0; i < m->n; i++)
@@ -1826,7 +2160,8 @@ static int verify(const struct opts *o)
 		manifest_free(&m);
 		return EXIT_FAIL;
 	}
-	p->o = o, p->e = m.e, p->n = m.n, p->fn = verify_one;
+	check_row_paths(&m);
+	p->o = o, p->dir = o->root, p->e = m.e, p->n = m.n, p->fn = verify_one;
 	int rc = EXIT_FAIL;
 	if (pool_run(p, o->threads) != 0) {
 		fprintf(stderr, PROG ": %s\n", p->error);
@@ -1888,13 +2223,14 @@ static void usage(FILE *f)
 		"                 byte-identical files with any --threads\n"
 		"  --quality Q    JPEG quality 1..100 (default 85)\n"
 		"  --threads N    threads (default: the CPUs this process may use)\n"
-		"  --force        write into a non-empty ROOT: first removes an earlier\n"
-		"                 dataset there (train/cN/N.jpg, val/cN/N.jpg, their emptied\n"
-		"                 directories, manifest.tsv); leaves anything else alone\n"
+		"  --force        write into a non-empty ROOT: once the new dataset is\n"
+		"                 complete, removes an earlier dataset there (train/cN/N.jpg,\n"
+		"                 val/cN/N.jpg, their emptied directories, manifest.tsv);\n"
+		"                 leaves anything else alone\n"
 		"  --verify       check ROOT against its manifest instead: re-hash every\n"
 		"                 file, re-decode it, compare size, hashes, dimensions,\n"
-		"                 components and kind; report unlisted .jpg files; print\n"
-		"                 the CPU time per decode\n"
+		"                 components and kind, and split and class with the path;\n"
+		"                 report unlisted .jpg files; print the CPU time per decode\n"
 		"  -h, --help     this text\n"
 		"\n"
 		"Kinds (manifest column \"kind\"): baseline (4:2:0, ~64%%), progressive\n"
@@ -1911,11 +2247,16 @@ static void usage(FILE *f)
 		"smoothing on, no colour quantisation; rows top to bottom, width*components\n"
 		"bytes each, no padding.\n"
 		"\n"
+		"The dataset is written into ROOT/.mkdata.tmp.PID and moved into place when\n"
+		"complete: a run that fails or is interrupted (SIGINT, SIGTERM, SIGHUP)\n"
+		"leaves ROOT as it was. The next run removes the directory of one killed.\n"
+		"\n"
 		"Progress goes to stderr (in place on a terminal, else a line per 10%%); the\n"
 		"summary line goes to stdout.\n"
 		"\n"
 		"Exit status: 0 success; 1 failure (I/O or libjpeg error, non-empty ROOT\n"
-		"without --force, --verify found a difference); 2 usage error.\n");
+		"without --force, --verify found a difference); 2 usage error. An interrupted\n"
+		"run, once cleaned up, ends by its signal (status 128+N in a shell).\n");
 }
 
 static int usage_error(const char *fmt, const char *arg)

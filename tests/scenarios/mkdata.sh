@@ -4,9 +4,12 @@
 # the same seed at any --threads, different output for another seed; the
 # manifest checked independently (FNV-1a recomputed in Python, JPEG headers
 # parsed in Python, Pillow's decode hashed) and by --verify, which must also
-# catch a changed, missing or unlisted file; kinds, sizes and file sizes as
-# documented; --help, usage errors (exit 2), non-empty ROOT refused without
-# --force, --force replacing an earlier dataset and nothing else.
+# catch a changed, missing or unlisted file and a row whose split or class
+# contradicts its path; kinds, sizes and file sizes as documented; --help,
+# usage errors (exit 2), non-empty ROOT refused without --force, a ROOT that
+# is a file, --force replacing an earlier dataset and nothing else; a failed
+# write (file size limit) or an interrupted run (SIGINT, SIGTERM) leaving ROOT
+# as it was, a dead run's staging directory removed, a live one's refused.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib.sh
@@ -264,6 +267,19 @@ check "--verify: a missing file and an unlisted file fail, both named" \
 mk --verify "$T_TMP/nonexistent"
 check "--verify of a directory without a manifest exits 1" [ "$RC" -eq 1 ]
 
+# A trainer takes the label from the path, a checker of the data from the
+# columns: a row whose split or class contradicts its path is a failure.
+cp -r "$B" "$T_TMP/rows"
+ROW=train/c001/00003.jpg
+for edit in '$3 = 2' '$2 = "val"'; do
+	awk -F'\t' -v OFS='\t' -v row="$ROW" "\$1 == row { $edit } 1" "$B/manifest.tsv" \
+		>"$T_TMP/rows/manifest.tsv"
+	mk --verify "$T_TMP/rows"
+	check "--verify: a row changed with { $edit } contradicts its path: fails, names the row" \
+		bash -c '[ "$1" -eq 1 ] && grep -q "^tsshim-mkdata: $3: .*not under" "$2"' \
+		_ "$RC" "$T_TMP/err" "$ROW"
+done
+
 # --- non-empty ROOT and --force ----------------------------------------------------------
 cp "$A/manifest.tsv" "$T_TMP/manifest.before"
 mk "${OPTS[@]}" --seed 9 "$A"
@@ -273,6 +289,11 @@ check "refused run changed nothing" cmp -s "$A/manifest.tsv" "$T_TMP/manifest.be
 mkdir -p "$T_TMP/other" && echo keep >"$T_TMP/other/notes.txt"
 mk --classes 1 --train 1 --val 0 "$T_TMP/other"
 check "ROOT with an unrelated file refused without --force" [ "$RC" -eq 1 ]
+: >"$T_TMP/afile"
+mk --classes 1 --train 1 --val 0 "$T_TMP/afile"
+check "a ROOT that is a file: exit 1, says it is not a directory" \
+	bash -c '[ "$1" -eq 1 ] && grep -qx "tsshim-mkdata: $3 exists and is not a directory" "$2"' \
+	_ "$RC" "$T_TMP/err" "$T_TMP/afile"
 
 echo keep >"$A/notes.txt"
 mk --classes 2 --train 3 --val 1 --seed 9 --force "$A"
@@ -287,5 +308,73 @@ check "--quality changes the files" bash -c '
 	"$1" --classes 1 --train 2 --val 0 --quality 60 "$2/q60" >/dev/null 2>&1 &&
 	"$1" --classes 1 --train 2 --val 0 --quality 85 "$2/q85" >/dev/null 2>&1 &&
 	[ "$(stat -c %s "$2/q60/train/c000/00000.jpg")" -lt "$(stat -c %s "$2/q85/train/c000/00000.jpg")" ]' _ "$MK" "$T_TMP"
+
+# --- failed and interrupted runs leave ROOT as it was ---------------------------------
+# A write that fails halfway (the file size limit; SIGXFSZ ignored, so write
+# returns EFBIG): no truncated image, no temporary file, no partial dataset.
+L=$T_TMP/lim
+(trap '' XFSZ; ulimit -f 100; exec "$MK" --classes 2 --train 20 --val 0 --threads 1 "$L") \
+	>"$T_TMP/out" 2>"$T_TMP/err"
+RC=$?
+check "a write over the file size limit fails (exit 1, says why)" \
+	bash -c '[ "$1" -eq 1 ] && grep -q "File too large" "$2"' _ "$RC" "$T_TMP/err"
+check "... leaves no truncated image (every .jpg ends with EOI) and no temporary file" \
+	bash -c 'for f in $(find "$1" -name "*.jpg" 2>/dev/null); do
+		[ "$(tail -c 2 "$f" | od -An -tx1 | tr -d " \n")" = ffd9 ] || { echo "# truncated: $f"; exit 1; }
+	done; ! find "$1" -name ".*.tmp.*" 2>/dev/null | grep .' _ "$L"
+check "... leaves no partial dataset (ROOT, made by the run, removed again)" [ ! -e "$L" ]
+
+# interrupt SIG ROOT [ARGS...]: start a run into ROOT, send SIG once it has
+# written some images (polled, up to 30 s); sets RC. env restores SIGINT,
+# which a shell ignores in a background job (and mkdata leaves ignored).
+interrupt() {
+	local sig=$1 root=$2 pid i; shift 2
+	env --default-signal=INT "$MK" --classes 4 --train 200 --val 0 --threads 2 "$@" "$root" \
+		>"$T_TMP/out" 2>"$T_TMP/err" &
+	pid=$!
+	T_PIDS+=("$pid")
+	for ((i = 0; i < 3000; i++)); do
+		[ "$(find "$root" -name "*.jpg" 2>/dev/null | wc -l)" -ge 20 ] && break
+		sleep 0.01
+	done
+	kill -"$sig" "$pid"
+	wait "$pid"
+	RC=$?
+}
+I=$T_TMP/int
+mkdir "$I"
+interrupt INT "$I"
+check "SIGINT: the run ends by SIGINT and says so" \
+	bash -c '[ "$1" -eq 130 ] && grep -q "interrupted by SIGINT" "$2"' _ "$RC" "$T_TMP/err"
+check "SIGINT: ROOT left as it was (empty: no train/, val/ or staging directory)" \
+	bash -c '[ -z "$(ls -A "$1")" ] || { echo "# ROOT holds: $(ls -A "$1")"; exit 1; }' _ "$I"
+mk --classes 1 --train 2 --val 0 "$I"
+check "SIGINT: a rerun without --force succeeds" [ "$RC" -eq 0 ]
+
+F=$T_TMP/intforce
+"$MK" --classes 1 --train 2 --val 0 "$F" >/dev/null 2>&1
+cp "$F/manifest.tsv" "$T_TMP/manifest.before"
+interrupt TERM "$F" --force
+check "SIGTERM with --force: the run ends by SIGTERM and says so" \
+	bash -c '[ "$1" -eq 143 ] && grep -q "interrupted by SIGTERM" "$2"' _ "$RC" "$T_TMP/err"
+check "SIGTERM with --force: the earlier dataset is intact, no staging directory left" \
+	bash -c 'cmp -s "$1/manifest.tsv" "$2" && [ "$(ls -A "$1")" = "$(printf "manifest.tsv\ntrain")" ] &&
+		"$3" --verify "$1" >/dev/null 2>&1' _ "$F" "$T_TMP/manifest.before" "$MK"
+
+# A staging directory of a run that died (SIGKILL) is removed; one of a live
+# run (this shell stands for it) makes the run refuse ROOT.
+S=$T_TMP/stale
+DEAD=$(cat /proc/sys/kernel/pid_max) # never a process id
+mkdir -p "$S/.mkdata.tmp.$DEAD/train/c000" && echo x >"$S/.mkdata.tmp.$DEAD/train/c000/00000.jpg"
+mk --classes 1 --train 2 --val 0 "$S"
+check "a dead run's staging directory: removed (and said), the run succeeds without --force" \
+	bash -c '[ "$1" -eq 0 ] && grep -q "removed .*\.mkdata\.tmp\.$3, left by an interrupted run" "$2" &&
+		[ "$(ls -A "$4")" = "$(printf "manifest.tsv\ntrain")" ]' _ "$RC" "$T_TMP/err" "$DEAD" "$S"
+LV=$T_TMP/live
+mkdir -p "$LV/.mkdata.tmp.$$"
+mk --force --classes 1 --train 2 --val 0 "$LV"
+check "a live run's staging directory: refused even with --force, names the process" \
+	bash -c '[ "$1" -eq 1 ] && grep -q "another run (pid $3)" "$2" &&
+		[ "$(ls -A "$4")" = ".mkdata.tmp.$3" ]' _ "$RC" "$T_TMP/err" "$$" "$LV"
 
 finish mkdata
