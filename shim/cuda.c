@@ -453,16 +453,20 @@ static int ours(const void *p)
 	return export_of(p) >= 0 || is_wrapper(p);
 }
 
-/* The wrapper of the slot holding `real` (any kind), or NULL. */
-static void *wrapper_of(const void *real)
+/* The wrapper of the slot holding `real` (any kind; its kind in *kind when
+ * kind is not NULL), or NULL. */
+static void *wrapper_of(const void *real, enum kind *kind)
 {
 	for (int k = 0; k < K_COUNT; k++)
 		for (int i = 0; i < NSLOT; i++) {
 			void *r = atomic_load_explicit(&slot_real[k][i], memory_order_acquire);
 			if (!r)
 				break; /* slots fill in order */
-			if (r == real)
+			if (r == real) {
+				if (kind)
+					*kind = (enum kind)k;
 				return wrappers[k][i];
+			}
 		}
 	return NULL;
 }
@@ -477,14 +481,10 @@ static void *wrap(enum kind k, void *real)
 {
 	if (!real || ours(real))
 		return NULL;
-	void *w = wrapper_of(real);
-	if (w) {
-		for (int k2 = 0; k2 < K_COUNT; k2++)
-			for (int i = 0; i < NSLOT; i++)
-				if (w == wrappers[k2][i])
-					return same_signature((enum kind)k2, k) ? w : NULL;
-		return NULL;
-	}
+	enum kind known;
+	void *w = wrapper_of(real, &known);
+	if (w)
+		return same_signature(known, k) ? w : NULL;
 	for (int i = 0; i < NSLOT; i++) {
 		void *expected = NULL;
 		if (atomic_compare_exchange_strong_explicit(&slot_real[k][i], &expected, real, memory_order_acq_rel,
@@ -700,7 +700,7 @@ static void *map_getproc_result(void *getproc, int v2, void *p)
 		return export_wrap[e] ? export_wrap[e] : p;
 	if (is_wrapper(p))
 		return p;
-	void *w = wrapper_of(p);
+	void *w = wrapper_of(p, NULL);
 	return w ? w : p;
 }
 

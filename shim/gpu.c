@@ -663,7 +663,8 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
 	struct own_buf *o = &g->own[k->own];
 	/* one stream orders the copies before the event: positions on other streams are not kept */
 	/* a position is kept as one run of bytes from its start: done[] is what is covered */
-	if (k->stream != s || k->stream_thread != stream_thread(s) || o->ctx != ctx || off != k->done[p] || n > k->len[p] - off)
+	if (k->stream != s || k->stream_thread != stream_thread(s) || o->ctx != ctx || off != k->done[p] ||
+	    n > k->len[p] - off)
 		goto skip;
 	if (drv.MemcpyAsync(o->ptr + k->off[p] + off, dst, n, s) != CUDA_SUCCESS)
 		goto drop;

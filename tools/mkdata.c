@@ -1202,22 +1202,11 @@ static int write_all(int fd, const void *data, size_t len)
 	return 0;
 }
 
-/*
- * The whole file or nothing: written to ".NAME.tmp.PID" beside it and
- * renamed into place when complete, so that a failure (a full disk, a file
- * size limit) never leaves a truncated file under the real name.
- */
+/* A file that cannot be written whole is removed (a full disk, a file size
+ * limit): never a truncated image, even in the staging directory. */
 static int write_file(const char *path, const void *data, size_t len, char *err, size_t errlen)
 {
-	char tmp[PATH_MAX];
-	const char *slash = strrchr(path, '/');
-	int dirlen = slash ? (int)(slash + 1 - path) : 0;
-	if (snprintf(tmp, sizeof(tmp), "%.*s.%s.tmp.%ld", dirlen, path, path + dirlen,
-		     (long)getpid()) >= (int)sizeof(tmp)) {
-		snprintf(err, errlen, "path too long: %s", path);
-		return -1;
-	}
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 	if (fd < 0) {
 		snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
 		return -1; /* not ours to unlink */
@@ -1226,12 +1215,10 @@ static int write_file(const char *path, const void *data, size_t len, char *err,
 	int saved = errno; /* the first error is the one to report */
 	if (close(fd) != 0 && rc == 0)
 		rc = -1, saved = errno;
-	if (rc == 0 && rename(tmp, path) != 0)
-		rc = -1, saved = errno;
 	if (rc == 0)
 		return 0;
 	snprintf(err, errlen, "cannot write %s: %s", path, strerror(saved));
-	unlink(tmp);
+	unlink(path);
 	return -1;
 }
 

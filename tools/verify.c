@@ -77,6 +77,23 @@ struct hvec {
 	size_t n, cap;
 };
 
+/* Append v; -1 (nothing appended) when MAX_SAMPLES are there: bounds garbage. */
+static int hvec_push(struct hvec *out, uint64_t v)
+{
+	if (out->n == MAX_SAMPLES)
+		return -1;
+	if (out->n == out->cap) {
+		size_t nc = out->cap ? 2 * out->cap : 256;
+		uint64_t *nv = realloc(out->v, nc * sizeof *nv);
+		if (!nv)
+			out_of_memory();
+		out->v = nv;
+		out->cap = nc;
+	}
+	out->v[out->n++] = v;
+	return 0;
+}
+
 /* "H1,H2,..": each exactly 16 hex digits. Returns 0, or -1 on bad input. */
 static int parse_hashes(const char *s, struct hvec *out)
 {
@@ -89,19 +106,8 @@ static int parse_hashes(const char *s, struct hvec *out)
 				return -1;
 			h = h << 4 | (uint64_t)d;
 		}
-		if (p[16] != ',' && p[16] != 0)
+		if ((p[16] != ',' && p[16] != 0) || hvec_push(out, h) < 0)
 			return -1;
-		if (out->n == MAX_SAMPLES)
-			return -1;
-		if (out->n == out->cap) {
-			size_t nc = out->cap ? 2 * out->cap : 256;
-			uint64_t *nv = realloc(out->v, nc * sizeof *nv);
-			if (!nv)
-				out_of_memory();
-			out->v = nv;
-			out->cap = nc;
-		}
-		out->v[out->n++] = h;
 		if (!p[16])
 			return 0;
 	}
@@ -199,8 +205,7 @@ struct rec {
 	const char *name;
 	char *text;
 	size_t len;
-	int killed;  /* named by --killed: the job was killed on purpose */
-	int has_end; /* its '# end' line was seen (pass 1) */
+	int killed; /* named by --killed: the job was killed on purpose */
 	int any_pub;
 	uint64_t last_pub, loader;
 };
@@ -273,21 +278,12 @@ static int parse_ids(const char *s, struct hvec *out)
 	for (const char *p = s;;) {
 		size_t len = strcspn(p, ",");
 		uint64_t v;
-		if (len == 0 || len >= sizeof num || out->n == MAX_SAMPLES)
+		if (len == 0 || len >= sizeof num)
 			return -1;
 		memcpy(num, p, len);
 		num[len] = 0;
-		if (parse_dec(num, &v) < 0)
+		if (parse_dec(num, &v) < 0 || hvec_push(out, v) < 0)
 			return -1;
-		if (out->n == out->cap) {
-			size_t nc = out->cap ? 2 * out->cap : 256;
-			uint64_t *nv = realloc(out->v, nc * sizeof *nv);
-			if (!nv)
-				out_of_memory();
-			out->v = nv;
-			out->cap = nc;
-		}
-		out->v[out->n++] = v;
 		if (!p[len])
 			return 0;
 		p += len + 1;
@@ -679,8 +675,8 @@ static void rec_pass(struct rec *r, int pass, char **buf, size_t *cap)
 	memset(&F, 0, sizeof F);
 	F.name = r->name;
 	for (size_t at = 0; r->text && at < r->len;) {
-		const char *nl = memchr(r->text + at, '\n', r->len - at);
-		size_t len = nl ? (size_t)(nl - (r->text + at)) : r->len - at;
+		const char *text = r->text + at, *nl = memchr(text, '\n', r->len - at);
+		size_t len = nl ? (size_t)(nl - text) : r->len - at;
 		if (!nl && r->killed)
 			break; /* a line cut short by the kill */
 		if (!*buf || len >= *cap) {
@@ -688,16 +684,15 @@ static void rec_pass(struct rec *r, int pass, char **buf, size_t *cap)
 			*cap = len + 1;
 			*buf = xcalloc(*cap, 1);
 		}
-		memcpy(*buf, r->text + at, len);
+		memcpy(*buf, text, len);
 		(*buf)[len] = 0;
 		at += len + 1;
 		F.line++;
 		if ((*buf)[0] == '#') {
 			header_line(*buf);
 			if (!strncmp(*buf, "# end", 5) && !F.end) {
-				F.end = r->text + at - len - 1;
+				F.end = text;
 				F.end_line = F.line;
-				r->has_end = 1;
 			}
 			continue;
 		}

@@ -660,6 +660,10 @@ class _Epoch:
                 leaves = [t[:n] if n < bs else t for t in outs]
             self.waited_ms = 0
             n = got[0] // sample_bytes[0]
+            if eoe.value:
+                # whole before its last batch goes out: a loop that takes exactly
+                # len(loader) batches closes us on that yield (produce_real)
+                self.done_clean = True
             if n and (n == bs or not loader.drop_last):
                 self.register_upload(leaves, list(got), view=viewed)
                 self.yielded += 1
@@ -669,12 +673,9 @@ class _Epoch:
                     self.copied += 1
                 self.lib.tsshim_feed_served(self.h, 1, n)
                 self.own_draws()  # before our first batch, not before a switch to our own loader
-                if eoe.value:
-                    self.done_clean = True  # whole before its last batch goes out (produce_real)
                 yield _build(node, leaves)
             del leaves
             if eoe.value:
-                self.done_clean = True
                 return
 
     def retry(self, call):
