@@ -240,6 +240,18 @@ def describe_batch(batch, torch):
     return schema, [t.contiguous() for t in leaves], n
 
 
+def _join(carry, batch, torch):
+    """The part of a batch we hold, (schema node, tensors), followed by the
+    samples of `batch`, or None when their structure, dtypes or sample shapes differ."""
+    try:
+        schema, more, _ = describe_batch(batch, torch)
+    except NotCarried:
+        return None
+    if schema != json.dumps(carry[0], sort_keys=True, separators=(",", ":")).encode():
+        return None
+    return _build(carry[0], [torch.cat([a, b]) for a, b in zip(carry[1], more)])
+
+
 def _proc_cpu_ns(pid):
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
@@ -814,8 +826,17 @@ class _Epoch:
                 yield batch
                 continue
             if carry:
-                _, more, _ = describe_batch(batch, torch)
-                batch = _build(carry[0], [torch.cat([a, b]) for a, b in zip(carry[1], more)])
+                joined = _join(carry, batch, torch)
+                if joined is None:
+                    # The collate function shapes each batch (padding to its
+                    # longest sample, say): the part we hold cannot be glued to
+                    # this one, so the job gets both, short, and loses nothing.
+                    hook.log("info", "feed %s: the part of a batch held does not match the next one; "
+                             "both go to the job as they are" % self.feed.key)
+                    if not self.loader.drop_last:
+                        yield _build(*carry)
+                else:
+                    batch = joined
                 carry = None
             yield batch
 

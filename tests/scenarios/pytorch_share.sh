@@ -30,6 +30,8 @@
 #   q      GPU jobs, the producer killed: the successor's batches fill the
 #          ring, and it makes them without waiting on itself
 #   r      GPU jobs that fetch the next batch before uploading this one
+#   w      a collate function that pads each batch: a consumer finishing its epoch
+#          privately gets the part of a batch it holds as it is (no crash)
 # plus the same jobs as (a) without the shim: per-job checks pass, and the
 # shared check fails (each job shuffles by its own seed); and first the
 # verifier's own self checks (tests/py/test_share_verify.py).
@@ -594,6 +596,64 @@ check "(vs) job 1 was the producer and left after its first batch ($(cat "$T_TMP
 	cond "grep -q 'left after \\[4\\]' '$T_TMP/vs.1.out'"
 check "(vs) its successor sees what one job sees without the shim ($(grep -h '^epoch' "$T_TMP/vs.2.out" | xargs))" \
 	cond "grep -q 'producing the rest of stream epoch' '$T_TMP/vs.2.err' && cmp -s '$T_TMP/v.ref' '$T_TMP/vs.2.out'"
+
+# --- w: a collate function that pads each batch to its longest sample ---------------
+# Sample i is 1 + i // 10 long; the collate function pads a batch to its longest
+# (so the second batch of 5 holding a sample of 2 changes shape, and the producer
+# stops sharing). The consumer (batch size 8) has read 8 and holds 2 of its next
+# batch; the rest of its epoch is made privately, and the part it holds (width 1)
+# cannot be glued to the first private batch (width 2). Both go to it as they
+# are: every epoch of both jobs holds samples 0..59 once, in order, each padded
+# as the collate function pads it. Before, torch.cat's RuntimeError reached the
+# job from inside its for loop.
+cat >"$T_TMP/w_job.py" <<'PY'
+import os, sys, time, torch
+from torch.utils.data import Dataset, DataLoader
+go, bs, lead = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "lead"
+os.makedirs(go, exist_ok=True)
+open(os.path.join(go, str(os.getpid())), "w").close()
+while len(os.listdir(go)) < 2:
+    time.sleep(0.01)
+if not lead:
+    time.sleep(0.3)  # the leader opens the feed first: it produces
+class Seq(Dataset):
+    def __len__(self):
+        return 60
+    def __getitem__(self, i):
+        return torch.full((1 + i // 10,), i, dtype=torch.int64)
+def pad(batch):
+    out = torch.zeros(len(batch), max(len(x) for x in batch), dtype=torch.int64)
+    for k, x in enumerate(batch):
+        out[k, :len(x)] = x
+    return out
+def padded_right(b):  # each row its sample id, 1 + id // 10 times, then zeros; no wider than needed
+    ids = b[:, 0].tolist()
+    want = pad([torch.full((1 + i // 10,), i, dtype=torch.int64) for i in ids])
+    return b.shape == want.shape and torch.equal(b, want)
+dl = DataLoader(Seq(), batch_size=bs, collate_fn=pad)
+for epoch in range(2):
+    ids, sizes, ok = [], [], True
+    for b in dl:
+        ids += b[:, 0].tolist()
+        sizes.append(b.shape[0])
+        ok &= padded_right(b)
+        if lead and epoch == 0 and len(sizes) <= 3:
+            time.sleep(0.6)  # the consumer reads batches 0 and 1 before batch 2 fails to publish
+    print("epoch", epoch, "in order", ids == list(range(60)), "padded", ok, "sizes", sizes, flush=True)
+PY
+for i in 1 2; do
+	LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name w)" TSSHIM_LOG=info "${JOB_LIMIT[@]}" "$PY" "$T_TMP/w_job.py" \
+		"$T_TMP/w.go" "$((i == 1 ? 5 : 8))" "$([ "$i" = 1 ] && echo lead || echo follow)" >"$T_TMP/w.$i.out" 2>"$T_TMP/w.$i.err" &
+	JPID[w.$i]=$!
+	T_PIDS+=($!)
+done
+finished w 2
+check "(w) the consumer got the part it held and the private batch as they are ($(grep -o 'sizes.*' "$T_TMP/w.2.out" | head -1))" \
+	grep -q "does not match the next one; both go to the job as they are" "$T_TMP/w.2.err"
+for i in 1 2; do
+	check "(w) job $i: both epochs hold samples 0..59 in order, each batch padded as its collate function pads it" \
+		cond "[ \"\$(grep -c 'in order True padded True' '$T_TMP/w.$i.out')\" = 2 ]"
+done
 
 # --- x: a consumer draws the random numbers its own loader would -------------------
 # Each epoch, a job's own DataLoader draws from torch's generator: a new
