@@ -19,13 +19,14 @@ worker_init_fn, the generator, the model, the DataLoader subclass.
 Imported only once torch.utils.data is loaded; never imports torch or
 torchvision itself (it looks them up in sys.modules).
 """
+import enum
 import hashlib
 import json
 import os
 import sys
 import types
 
-VERSION = 2  # bump when the description changes: old and new never share
+VERSION = 3  # bump when the description changes: old and new never share
 _MAX_DEPTH = 8
 
 
@@ -263,7 +264,7 @@ def _value(v, depth):
 
 # --- transforms --------------------------------------------------------------
 
-_LAMBDA_REASON = "transform has no stable description (lambda or object without repr)"
+_LAMBDA_REASON = "transform has no stable description (a lambda, closure, bound method or partial)"
 
 
 def _is_torchvision(cls):
@@ -275,49 +276,90 @@ def _is_torchvision_transform(v):
 
 
 def _transform(t):
-    """repr of a transform, plus the functions inside torchvision Lambda()s
-    (whose repr is just "Lambda()"). None stays None."""
+    """A transform (tree) as the class, own code and state of every node. A
+    repr misses parameters (ConvertImageDtype's dtype, RandomCrop's
+    padding_mode, fill and pad_if_needed, RandomPerspective's distortion_scale
+    are not printed, and torchvision 0.14's ElasticTransform prints none of
+    its own), so every attribute enters the key; a node holding what cannot
+    be described makes the loader unshareable. None stays None."""
     if t is None:
         return None
-    if type(t).__name__ == "StandardTransform" and _is_torchvision(type(t)):
-        # VisionDataset.transforms: its repr prints functions with addresses
-        return ["StandardTransform", _transform(getattr(t, "transform", None)),
-                _transform(getattr(t, "target_transform", None))]
-    funcs = []
-    _walk_transform(t, funcs, 0)
-    if isinstance(t, (types.FunctionType, types.BuiltinFunctionType)):
-        return ["function", funcs[0]]
-    r = repr(t)
-    if " at 0x" in r:
+    return _transform_value(t, 0, "dataset", "transform")
+
+
+def _transform_fn(fn):
+    d = _function(fn)
+    if d is None:
         raise NotShareable(_LAMBDA_REASON)
-    return [r, funcs] if funcs else r
+    return d
 
 
-def _walk_transform(t, funcs, depth):
+_module_internals = None  # what torch.nn.Module.__init__ puts in every module's __dict__
+
+
+def _internals(torch):
+    global _module_internals
+    if _module_internals is None:
+        _module_internals = frozenset(vars(torch.nn.Module()))
+    return _module_internals
+
+
+def _transform_node(t, depth):
+    """{class, code (of the user's own classes), state}: every attribute of t."""
     if depth > _MAX_DEPTH:
         raise NotShareable(_LAMBDA_REASON)
-    if isinstance(t, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or \
-            type(t).__name__ == "partial":
-        d = _function(t)
-        if d is None:
-            raise NotShareable(_LAMBDA_REASON)
-        funcs.append(d)
-        return
-    if isinstance(t, (list, tuple)):
-        for x in t:
-            _walk_transform(x, funcs, depth + 1)
-        return
-    if not isinstance(t, (list, tuple)) and not _is_library_class(type(t)):
-        code = _class_code(type(t))  # a transform class of the user's own: its repr is not its code
+    cls = type(t)
+    out = {"class": _qualname(cls)}
+    if not _is_library_class(cls):
+        code = _class_code(cls)  # a transform class of the user's own: its repr is not its code
         if code:
-            funcs.append(code)
-    attrs = getattr(t, "__dict__", None) or {}
-    lambd = attrs.get("lambd")
-    if lambd is not None:
-        _walk_transform(lambd, funcs, depth + 1)
-    for a in ("transforms", "transform", "target_transform"):
-        if attrs.get(a) is not None:
-            _walk_transform(attrs[a], funcs, depth + 1)
+            out["code"] = code
+    attrs = getattr(t, "__dict__", None)
+    if attrs is None:  # slots or a C type: state we cannot see
+        raise NotShareable("transform state cannot be described (%s has no __dict__)" % out["class"])
+    torch = sys.modules.get("torch")
+    skip = frozenset()
+    if torch is not None and isinstance(t, torch.nn.Module):
+        skip = _internals(torch)  # hooks, flags; what a module holds is in the three below
+        for k in ("_modules", "_parameters", "_buffers"):
+            held = {n: v for n, v in (attrs.get(k) or {}).items() if v is not None}
+            if held:
+                out[k] = {n: _transform_value(v, depth + 1, out["class"], n) for n, v in sorted(held.items())}
+    out["state"] = {k: _transform_value(attrs[k], depth + 1, out["class"], k)
+                    for k in sorted(attrs) if k not in skip}
+    return out
+
+
+def _transform_value(v, depth, owner, name):
+    """One attribute of a transform: simple values as _value has them, and
+    what transforms hold besides (enums, dtypes, tensors, other transforms)."""
+    if depth > _MAX_DEPTH:
+        raise NotShareable(_LAMBDA_REASON)
+    torch = sys.modules.get("torch")
+    if v is None or isinstance(v, _SIMPLE):
+        return _value(v, depth)
+    if isinstance(v, enum.Enum):  # InterpolationMode
+        return ["enum", _qualname(type(v)), v.name]
+    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or \
+            type(v).__name__ == "partial":
+        return ["function", _transform_fn(v)]
+    if torch is not None and isinstance(v, torch.dtype):
+        return ["dtype", str(v)]
+    if torch is not None and isinstance(v, torch.Tensor):
+        c = v.detach().cpu().contiguous()
+        raw = c.reshape(-1).view(torch.uint8)
+        return ["tensor", str(c.dtype), list(c.shape), hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:32]]
+    if isinstance(v, (list, tuple)):
+        return [type(v).__name__, [_transform_value(x, depth + 1, owner, name) for x in v]]
+    if type(v) is dict and all(type(k) is str for k in v):
+        return ["dict", [[k, _transform_value(v[k], depth + 1, owner, name)] for k in sorted(v)]]
+    if isinstance(v, type):
+        return ["class", _qualname(v)]
+    cls = type(v)
+    if _is_torchvision(cls) or not _is_library_class(cls) or \
+            (torch is not None and isinstance(v, torch.nn.Module)):
+        return _transform_node(v, depth)
+    raise NotShareable("transform state cannot be described (%s.%s: %s object)" % (owner, name, _qualname(cls)))
 
 
 # --- functions ---------------------------------------------------------------

@@ -158,10 +158,13 @@ class Fingerprint(unittest.TestCase):
                                 batch_size=8), why)
         self.refused(DataLoader(self.ds(target_transform=lambda y: y), batch_size=8), why)
 
-        class NoRepr:
-            def __call__(self, x):
+        class Bound:
+            def __init__(self):
+                self.scale = 2
+
+            def apply(self, x):
                 return x
-        self.refused(DataLoader(self.ds(transform=T.Compose([NoRepr()])), batch_size=8), why)
+        self.refused(DataLoader(self.ds(transform=Bound().apply), batch_size=8), why)
         # a module-level function inside Lambda() is fine, and is told apart
         a = self.shareable(DataLoader(self.ds(transform=T.Compose([T.ToTensor(), T.Lambda(add_one)])),
                                       batch_size=8))
@@ -296,7 +299,54 @@ class Fingerprint(unittest.TestCase):
         f = d["dataset"]["folder"]
         self.assertEqual(f["root"], os.path.realpath(os.path.join(ROOT, "train")))
         self.assertEqual((f["samples"], f["classes"]), (8, ["cat", "dog"]))
-        self.assertIn("RandomResizedCrop(size=(224, 224)", d["dataset"]["transforms"]["transform"])
+        first = d["dataset"]["transforms"]["transform"]["state"]["transforms"][1][0]
+        self.assertEqual(first["class"], "torchvision.transforms.transforms.RandomResizedCrop")
+        self.assertEqual(first["state"]["size"], ["tuple", [224, 224]])
+
+    def test_transform_state_not_printed(self):
+        """Parameters a transform's repr does not show still tell loaders apart
+        (they made different batches under one key), and an object whose state
+        we cannot see makes the loader unshareable."""
+        def k(*tfs):
+            return self.shareable(DataLoader(self.ds(transform=T.Compose(list(tfs))), batch_size=4))
+        big = torch.arange(1600.0).reshape(40, 40)
+        big2 = big.clone()
+        big2[20, 20] = -1.0
+        pairs = [
+            (T.ConvertImageDtype(torch.float16), T.ConvertImageDtype(torch.float64)),
+            (T.RandomCrop(4, padding=2), T.RandomCrop(4, padding=2, padding_mode="reflect")),
+            (T.RandomCrop(4, padding=2), T.RandomCrop(4, padding=2, fill=7)),
+            (T.RandomCrop(4), T.RandomCrop(4, pad_if_needed=True)),
+            (T.RandomPerspective(0.2), T.RandomPerspective(0.7)),
+            (T.ElasticTransform(alpha=30.0), T.ElasticTransform(alpha=60.0)),
+            (T.LinearTransformation(big, torch.zeros(40)), T.LinearTransformation(big2, torch.zeros(40))),
+            (T.RandomApply(torch.nn.ModuleList([T.RandomCrop(4, fill=1)])),
+             T.RandomApply(torch.nn.ModuleList([T.RandomCrop(4, fill=2)]))),
+        ]
+        for a, b in pairs:
+            ka, kb = k(T.ToTensor(), a), k(T.ToTensor(), b)
+            self.assertNotEqual(ka, kb, "%r / %r" % (a, b))
+            self.assertEqual(k(T.ToTensor(), a), ka, repr(a))  # the same transform built again
+        # an object of the user's own: its code and attributes describe it
+        class Scale:
+            def __init__(self, f):
+                self.f = f
+
+            def __call__(self, x):
+                return x * self.f
+        self.assertEqual(k(T.ToTensor(), Scale(2)), k(T.ToTensor(), Scale(2)))
+        self.assertNotEqual(k(T.ToTensor(), Scale(2)), k(T.ToTensor(), Scale(3)))
+        import threading
+        self.refused(DataLoader(self.ds(transform=T.Compose([T.ToTensor(), Scale(threading.Lock())])),
+                                batch_size=4), "transform state cannot be described")
+
+        class Slotted:
+            __slots__ = ("f",)
+
+            def __call__(self, x):
+                return x
+        self.refused(DataLoader(self.ds(transform=Slotted()), batch_size=4),
+                     "transform state cannot be described")
 
 
 def main():
