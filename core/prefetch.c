@@ -18,6 +18,26 @@
  * in time after a stop (storage that stopped answering), the pool is left
  * mapped: a bounded leak is better than the kernel writing into memory
  * that has been handed out again.
+ *
+ * Descriptors. The background thread first gives itself an empty
+ * descriptor table of its own (close_range(CLOSE_RANGE_UNSHARE), 5.9+):
+ * its files, directories and ring then never take a number from the host,
+ * never reach a forked child, and a host that sanitises its table
+ * (close_range(3, ~0U), closefrom) cannot close them, nor can we ever
+ * close a number the host reused. Where that is not possible (an older
+ * kernel, a seccomp filter, or the synchronous ts_prefetch_run() on the
+ * caller's thread) we share the host's table and keep out of its way:
+ * numbers near RLIMIT_NOFILE are left to the host (fds are allocated
+ * lowest-first, so a high number means a full table), fewer files are open
+ * at once, and the shim stops us before the host's close_range (see
+ * ts_prefetch_shares_fds()). A submit that fails because the ring's number
+ * now names another file marks every number of ours as lost: none is
+ * closed or used again.
+ *
+ * Seccomp. A filter may kill the process on io_uring_setup (systemd's
+ * SystemCallFilter= without SystemCallErrorNumber=); whether it would
+ * cannot be asked without the risk. Under any filter we use plain reads
+ * (and the shared table: close_range is no safer to try).
  */
 #include "prefetch.h"
 
@@ -31,10 +51,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "prim.h"
 
 #define PF_MAX_LEVELS  32          /* directory nesting followed below a root */
@@ -43,6 +65,17 @@
 #define PF_WAIT_NS     5000000ll   /* longest wait for completions: stop is polled this often */
 #define PF_DRAIN_NS    500000000ull /* after a stop: how long reads in flight may take */
 #define PF_RETRIES     8           /* -EAGAIN/-EINTR on one read before it counts as an error */
+#define PF_FD_RESERVE  64          /* shared table: numbers below the limit left to the host (or limit / 4) */
+#define PF_SHARED_FILES 16         /* shared table: files open at once (io_uring engine) */
+#define PF_ROOT_MAX    4096        /* PATH_MAX: longer roots are -EINVAL */
+#define PF_LOST_POLL_NS 1000000ull /* fds lost: how often the completion ring is looked at */
+
+#ifndef SYS_close_range
+#define SYS_close_range 436        /* the same number on every architecture */
+#endif
+#ifndef CLOSE_RANGE_UNSHARE
+#define CLOSE_RANGE_UNSHARE (1u << 1)
+#endif
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -79,6 +112,65 @@ static inline int sys_fstatat(int dirfd, const char *name, struct stat *s, int f
 	return (int)syscall(SYS_newfstatat, dirfd, name, s, flags);
 }
 
+static inline ssize_t sys_read(int fd, void *buf, size_t n)
+{
+	return (ssize_t)syscall(SYS_read, fd, buf, n);
+}
+
+/*
+ * The calling thread's seccomp mode from its /proc status (filters are per
+ * thread; a thread inherits its creator's): 0 none, 1 strict, 2 filter;
+ * -errno when it cannot be told. Raw syscalls like the rest of this file.
+ */
+static int seccomp_mode(void)
+{
+	static const char *const paths[] = { "/proc/thread-self/status", "/proc/self/status" };
+	static const char key[] = "\nSeccomp:";
+	char buf[8192];
+	int fd = -1, ret = -ENOENT;
+
+	for (unsigned i = 0; i < sizeof(paths) / sizeof(paths[0]) && fd < 0; i++)
+		fd = sys_openat(AT_FDCWD, paths[i], O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	size_t len = 0;
+	for (;;) {
+		ssize_t n = sys_read(fd, buf + len, sizeof(buf) - 1 - len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			ret = -errno;
+		if (n <= 0 || (len += (size_t)n) == sizeof(buf) - 1)
+			break;
+	}
+	sys_close(fd);
+	buf[len] = '\0';
+	const char *p = strstr(buf, key);
+	if (p) {
+		p += sizeof(key) - 1;
+		while (*p == ' ' || *p == '\t')
+			p++;
+		ret = *p >= '0' && *p <= '9' ? *p - '0' : -EPROTO;
+	} else if (ret == -ENOENT) {
+		ret = -ENOSYS; /* a kernel without CONFIG_SECCOMP lists no field */
+	}
+	return ret;
+}
+
+/*
+ * How high our descriptor numbers may go in a table shared with the host:
+ * the soft RLIMIT_NOFILE less max(PF_FD_RESERVE, limit / 4). INT_MAX when
+ * unlimited or unknown.
+ */
+static int fd_ceiling(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > INT32_MAX)
+		return INT32_MAX;
+	uint64_t lim = rl.rlim_cur, reserve = lim / 4 > PF_FD_RESERVE ? lim / 4 : PF_FD_RESERVE;
+	return lim > reserve ? (int)(lim - reserve) : 0;
+}
+
 static inline uint64_t min_u64(uint64_t a, uint64_t b)
 {
 	return a < b ? a : b;
@@ -107,7 +199,7 @@ static int check_roots(const char *const *roots, unsigned nroots)
 	if (nroots && !roots)
 		return -EINVAL;
 	for (unsigned i = 0; i < nroots; i++)
-		if (!roots[i] || !roots[i][0])
+		if (!roots[i] || !roots[i][0] || strnlen(roots[i], PF_ROOT_MAX) == PF_ROOT_MAX)
 			return -EINVAL;
 	return 0;
 }
@@ -134,8 +226,20 @@ struct pf_live {
 	_Atomic int used_uring;
 };
 
+/* What a descriptor of ours names: told apart from a number the host reused. */
+struct pf_fid {
+	dev_t dev;
+	ino_t ino;
+};
+
+static inline struct pf_fid fid_of(const struct stat *s)
+{
+	return (struct pf_fid){ .dev = s->st_dev, .ino = s->st_ino };
+}
+
 struct pf_level {
 	DIR *d;
+	struct pf_fid id;
 	char *names;            /* NUL-terminated names, back to back */
 	size_t used, cap;
 	struct pf_ent { uint32_t off; unsigned char type; } *ents;
@@ -160,6 +264,9 @@ struct pf_ctx {
 	bool noatime;           /* O_NOATIME still worth asking for */
 	bool stopping;          /* no new reads: draining after a stop */
 	bool abandoned;         /* a stop left a file unfinished */
+	bool shared;            /* our descriptors live in the host's table */
+	bool fds_lost;          /* the host closed our numbers: never close or use one again */
+	int fd_max;             /* shared: highest number we keep (fd_ceiling() - 1) */
 
 	/* walk */
 	const char *const *roots;
@@ -195,7 +302,7 @@ static void publish(const struct pf_ctx *c)
  * CAP_FOWNER) may ask. A dataset usually has one owner: after the first
  * refusal we stop asking rather than pay two opens per file.
  */
-static int open_at(struct pf_ctx *c, int dirfd, const char *name, int flags)
+static int open_raw(struct pf_ctx *c, int dirfd, const char *name, int flags)
 {
 	int fd;
 	if (c->noatime) {
@@ -206,6 +313,66 @@ static int open_at(struct pf_ctx *c, int dirfd, const char *name, int flags)
 	}
 	fd = sys_openat(dirfd, name, flags);
 	return fd < 0 ? -errno : fd;
+}
+
+/*
+ * In a shared table, a number above fd_max says the host's table is nearly
+ * full: the descriptor goes back at once and we act as if out of them
+ * (-EMFILE: wait for our own reads to free some, or skip the file), so the
+ * host meets EMFILE where it would without us.
+ */
+static int open_at(struct pf_ctx *c, int dirfd, const char *name, int flags)
+{
+	int fd = open_raw(c, dirfd, name, flags);
+	if (fd > c->fd_max) {
+		sys_close(fd);
+		return -EMFILE;
+	}
+	return fd;
+}
+
+/*
+ * Is fd still the file we opened? Only a shared table can change under us:
+ * a host's close_range (or closefrom, or a raw syscall past the shim) and
+ * its next opens can give the number to another file. The first mismatch
+ * says our numbers were taken: from then on none is closed or used (see
+ * fds_lost), so we never close a descriptor of the host's. A host that
+ * reopens the very same file under the very same number is not told apart.
+ */
+static bool still_ours(struct pf_ctx *c, int fd, const struct pf_fid *id)
+{
+	struct stat s;
+	if (c->fds_lost)
+		return false;
+	if (!c->shared)
+		return true;
+	if (sys_fstat(fd, &s) == 0 && s.st_dev == id->dev && s.st_ino == id->ino)
+		return true;
+	c->fds_lost = true;
+	return false;
+}
+
+static inline void close_ours(struct pf_ctx *c, int fd, const struct pf_fid *id)
+{
+	if (still_ours(c, fd, id))
+		sys_close(fd);
+}
+
+/*
+ * A descriptor we just opened whose fstat failed (s NULL) or told us what
+ * it is. EBADF: the number was closed under us, and may be the host's by
+ * now: lost, not closed.
+ */
+static void close_new(struct pf_ctx *c, int fd, const struct stat *s)
+{
+	if (s) {
+		struct pf_fid id = fid_of(s);
+		close_ours(c, fd, &id);
+	} else if (errno == EBADF && c->shared) {
+		c->fds_lost = true;
+	} else if (!c->fds_lost) {
+		sys_close(fd);
+	}
 }
 
 /* ---- walk ---------------------------------------------------------------- */
@@ -277,8 +444,8 @@ static void level_fill(struct pf_ctx *c, struct pf_level *l)
 	qsort_r(l->ents, l->n, sizeof(*l->ents), ent_cmp, l->names);
 }
 
-/* Takes fd (a directory) in every case. */
-static void level_push(struct pf_ctx *c, int fd)
+/* Takes fd (a directory, s its fstat) in every case. */
+static void level_push(struct pf_ctx *c, int fd, const struct stat *s)
 {
 	if (c->top == PF_MAX_LEVELS) {
 		c->st->errors++;
@@ -292,6 +459,7 @@ static void level_push(struct pf_ctx *c, int fd)
 		sys_close(fd);
 		return;
 	}
+	l->id = fid_of(s);
 	c->top++;
 	level_fill(c, l);
 }
@@ -299,7 +467,10 @@ static void level_push(struct pf_ctx *c, int fd)
 static void level_pop(struct pf_ctx *c)
 {
 	struct pf_level *l = &c->lv[--c->top];
-	closedir(l->d); /* libc's internal close: no hook involved */
+	/* libc's internal close: no hook involved. Lost numbers: the stream is
+	 * left behind (a few KiB) rather than closing what the host holds now. */
+	if (still_ours(c, dirfd(l->d), &l->id))
+		closedir(l->d);
 	l->d = NULL;
 	l->n = l->next = 0;
 }
@@ -316,18 +487,20 @@ static bool walk_root(struct pf_ctx *c, const char *root, struct pf_cand *out)
 	}
 	if (sys_fstat(fd, &s) != 0) {
 		c->st->errors++;
-	} else if (S_ISDIR(s.st_mode)) {
-		c->root_dev = s.st_dev;
-		level_push(c, fd);
+		close_new(c, fd, NULL);
 		return false;
-	} else if (S_ISREG(s.st_mode)) {
-		*out = (struct pf_cand){ .dirfd = AT_FDCWD, .name = root, .follow = true };
-		sys_close(fd);
-		return true;
-	} else {
-		c->st->skipped++;
 	}
-	sys_close(fd);
+	if (S_ISDIR(s.st_mode)) {
+		c->root_dev = s.st_dev;
+		level_push(c, fd, &s);
+		return false;
+	}
+	close_new(c, fd, &s);
+	if (S_ISREG(s.st_mode)) {
+		*out = (struct pf_cand){ .dirfd = AT_FDCWD, .name = root, .follow = true };
+		return true;
+	}
+	c->st->skipped++;
 	return false;
 }
 
@@ -375,12 +548,15 @@ static bool walk_next(struct pf_ctx *c, struct pf_cand *out)
 			struct stat s;
 			if (fd < 0) {
 				c->st->errors++;
-			} else if (sys_fstat(fd, &s) != 0 || s.st_dev != c->root_dev) {
+			} else if (sys_fstat(fd, &s) != 0) {
+				c->st->errors++;
+				close_new(c, fd, NULL);
+			} else if (s.st_dev != c->root_dev) {
 				/* another file system mounted inside the dataset (/proc, a network share): not ours to read */
 				c->st->skipped++;
-				sys_close(fd);
+				close_new(c, fd, &s);
 			} else {
-				level_push(c, fd);
+				level_push(c, fd, &s);
 			}
 			continue;
 		}
@@ -406,7 +582,8 @@ static void walk_fini(struct pf_ctx *c)
  * waiting when a file is nonblocking.
  *   1: *fd, *size set;  0: not a regular file (skipped);  -errno
  */
-static int open_cand(struct pf_ctx *c, const struct pf_cand *k, int *fd, uint64_t *size)
+static int open_cand(struct pf_ctx *c, const struct pf_cand *k, int *fd, uint64_t *size,
+		     struct pf_fid *id)
 {
 	int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (k->follow ? 0 : O_NOFOLLOW);
 	int f = open_at(c, k->dirfd, k->name, flags);
@@ -415,9 +592,12 @@ static int open_cand(struct pf_ctx *c, const struct pf_cand *k, int *fd, uint64_
 
 	if (f < 0)
 		return f == -ELOOP ? 0 : f; /* ELOOP under O_NOFOLLOW: it became a link */
-	if (sys_fstat(f, &s) != 0)
+	if (sys_fstat(f, &s) != 0) {
 		ret = -errno;
-	else if (!S_ISREG(s.st_mode))
+		close_new(c, f, NULL);
+		return ret;
+	}
+	if (!S_ISREG(s.st_mode))
 		ret = 0;
 	else if ((fl = (int)syscall(SYS_fcntl, f, F_GETFL)) < 0 ||
 		 syscall(SYS_fcntl, f, F_SETFL, fl & ~O_NONBLOCK) != 0)
@@ -425,9 +605,10 @@ static int open_cand(struct pf_ctx *c, const struct pf_cand *k, int *fd, uint64_
 	else {
 		*fd = f;
 		*size = (uint64_t)s.st_size;
+		*id = fid_of(&s);
 		return 1;
 	}
-	sys_close(f);
+	close_new(c, f, &s);
 	return ret;
 }
 
@@ -436,7 +617,7 @@ static int open_cand(struct pf_ctx *c, const struct pf_cand *k, int *fd, uint64_
  * hold too many descriptors; the candidate stays pending so the caller can
  * retry once reads in flight have closed some.
  */
-static int next_file(struct pf_ctx *c, int *fd, uint64_t *size)
+static int next_file(struct pf_ctx *c, int *fd, uint64_t *size, struct pf_fid *id)
 {
 	for (;;) {
 		if (!c->have_pending) {
@@ -446,7 +627,7 @@ static int next_file(struct pf_ctx *c, int *fd, uint64_t *size)
 			}
 			c->have_pending = true;
 		}
-		int r = open_cand(c, &c->pending, fd, size);
+		int r = open_cand(c, &c->pending, fd, size, id);
 		if (r == -EMFILE || r == -ENFILE)
 			return r;
 		c->have_pending = false;
@@ -502,13 +683,14 @@ static int read_plain(struct pf_ctx *c, int fd, uint64_t size, char *buf)
 static int run_plain(struct pf_ctx *c)
 {
 	char *buf = pool_map(c->buf);
-	int fd, r;
-	uint64_t size;
+	int fd = -1, r;
+	uint64_t size = 0;
+	struct pf_fid id = { 0 };
 
 	if (!buf)
 		return -ENOMEM;
-	while (c->budget && !stopped(c)) {
-		r = next_file(c, &fd, &size);
+	while (c->budget && !stopped(c) && !c->fds_lost) {
+		r = next_file(c, &fd, &size, &id);
 		if (r == 0)
 			break;
 		if (r < 0) { /* out of descriptors with none of ours open: the host holds them */
@@ -516,7 +698,7 @@ static int run_plain(struct pf_ctx *c)
 			continue;
 		}
 		r = read_plain(c, fd, size, buf);
-		sys_close(fd);
+		close_ours(c, fd, &id);
 		if (r == 0)
 			c->st->files++;
 		else if (r == -EIO)
@@ -524,13 +706,14 @@ static int run_plain(struct pf_ctx *c)
 		publish(c);
 	}
 	munmap(buf, c->buf);
-	return 0;
+	return c->fds_lost ? -EBADF : 0;
 }
 
 /* ---- io_uring engine ------------------------------------------------------ */
 
 struct pf_file {
 	int fd;
+	struct pf_fid id;
 	uint64_t end;           /* read [0, end): the size at open, lowered on early EOF or cut */
 	uint64_t next;          /* first offset not yet handed to a read */
 	unsigned inflight;      /* chunks in the kernel */
@@ -558,6 +741,7 @@ struct pf_uring {
 	unsigned inflight;
 	struct pf_file *cur;    /* the file whose next chunk we issue */
 	bool submit_failed;
+	bool cancel_unsent;     /* the cancel request sits in the SQ, not in the kernel */
 };
 
 /* user data: slot index + 1; 0 is our cancel request, ~0 liburing's own timeouts */
@@ -624,9 +808,14 @@ fail:
 	return r;
 }
 
+static inline unsigned files_open(const struct pf_uring *u, const struct pf_ctx *c)
+{
+	return c->depth + 1 - u->nfree_files;
+}
+
 static void finish_file(struct pf_uring *u, struct pf_ctx *c, struct pf_file *f)
 {
-	sys_close(f->fd);
+	close_ours(c, f->fd, &f->id);
 	f->busy = false;
 	if (f->failed)
 		c->st->errors++;
@@ -691,11 +880,15 @@ static void fill(struct pf_uring *u, struct pf_ctx *c)
 		if (u->cur && (u->cur->failed || u->cur->next >= u->cur->end))
 			release_cur(u, c);
 		if (!u->cur) {
-			int fd;
-			uint64_t size;
-			if (c->budget == 0 || stopped(c))
+			int fd = -1;
+			uint64_t size = 0;
+			struct pf_fid id = { 0 };
+			if (c->budget == 0 || stopped(c) || c->fds_lost)
 				return;
-			int r = next_file(c, &fd, &size);
+			/* in the host's table: a few files at a time (see the top) */
+			if (c->shared && u->inflight > 0 && files_open(u, c) >= PF_SHARED_FILES)
+				return;
+			int r = next_file(c, &fd, &size, &id);
 			if (r == 0)
 				return;
 			if (r < 0) {
@@ -705,7 +898,7 @@ static void fill(struct pf_uring *u, struct pf_ctx *c)
 				continue;
 			}
 			struct pf_file *f = u->free_files[--u->nfree_files];
-			*f = (struct pf_file){ .fd = fd, .end = size, .busy = true };
+			*f = (struct pf_file){ .fd = fd, .id = id, .end = size, .busy = true };
 			u->cur = f;
 			continue; /* a 0-byte file is released (and counted) at the top */
 		}
@@ -772,19 +965,54 @@ static void reap(struct pf_uring *u, struct pf_ctx *c)
 	io_uring_cq_advance(&u->ring, n);
 }
 
-static void submit(struct pf_uring *u)
+/*
+ * EBADF: the ring's number was closed; EOPNOTSUPP: it names a file that is
+ * not an io_uring, the host's since a close_range of its own. Either way
+ * the host closed our numbers and may have reused every one of them.
+ */
+static inline bool ring_fd_lost(int r)
 {
-	if (!io_uring_sq_ready(&u->ring))
+	return r == -EBADF || r == -EOPNOTSUPP;
+}
+
+/* After a failed submit, or once our numbers are lost, the ring's number
+ * is not used again (wait_reap() then polls the mapped ring). */
+static inline bool ring_unusable(const struct pf_uring *u, const struct pf_ctx *c)
+{
+	return u->submit_failed || c->fds_lost;
+}
+
+static void submit(struct pf_uring *u, struct pf_ctx *c)
+{
+	if (!io_uring_sq_ready(&u->ring) || ring_unusable(u, c))
 		return;
 	int r = io_uring_submit(&u->ring);
+	if (r >= 0) {
+		u->cancel_unsent = false; /* sqes go in order: the cancel came last */
+		return;
+	}
 	/* busy or interrupted: the sqes stay queued for the next round */
-	if (r < 0 && r != -EAGAIN && r != -EBUSY && r != -EINTR)
+	if (r != -EAGAIN && r != -EBUSY && r != -EINTR) {
 		u->submit_failed = true;
+		if (ring_fd_lost(r))
+			c->fds_lost = true;
+	}
 }
 
 /* One bounded wait for completions, then handle all that are there. */
 static void wait_reap(struct pf_uring *u, struct pf_ctx *c)
 {
+	if (ring_unusable(u, c)) {
+		/*
+		 * No more syscalls on the ring's number: it may be the host's.
+		 * Completions still arrive in the mapped ring (the mappings keep
+		 * the ring alive however its number fares): look, then sleep.
+		 */
+		reap(u, c);
+		ts_sleep_ns(PF_LOST_POLL_NS);
+		reap(u, c);
+		return;
+	}
 	struct io_uring_cqe *cqe;
 	struct __kernel_timespec ts = { .tv_sec = 0, .tv_nsec = PF_WAIT_NS };
 	(void)io_uring_wait_cqe_timeout(&u->ring, &cqe, &ts); /* -ETIME: fine, we poll stop */
@@ -792,25 +1020,40 @@ static void wait_reap(struct pf_uring *u, struct pf_ctx *c)
 }
 
 /*
+ * Reads the kernel holds. After a failed submit the sqes still in the SQ
+ * never reached it (the kernel's head has not passed them) and never will:
+ * those slots are ours again, only the rest may still be written to.
+ */
+static unsigned kernel_inflight(const struct pf_uring *u, const struct pf_ctx *c)
+{
+	if (!ring_unusable(u, c))
+		return u->inflight;
+	unsigned unsent = io_uring_sq_ready(&u->ring) - (u->cancel_unsent ? 1u : 0u);
+	return u->inflight > unsent ? u->inflight - unsent : 0;
+}
+
+/*
  * After a stop or a failed submit: cancel what the kernel has not started
- * yet, wait (bounded) for the rest. true when nothing is in flight any more.
+ * yet, wait (bounded) for the rest. true when the kernel holds no read,
+ * so the pool may go.
  */
 static bool drain(struct pf_uring *u, struct pf_ctx *c)
 {
 	c->stopping = true;
-	submit(u);
-	if (u->inflight && !u->submit_failed) {
+	submit(u, c);
+	if (u->inflight && !ring_unusable(u, c)) {
 		struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
 		if (sqe) { /* -EINVAL before 5.19: then we simply wait */
 			io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
 			io_uring_sqe_set_data64(sqe, 0);
-			submit(u);
+			u->cancel_unsent = true;
+			submit(u, c);
 		}
 	}
 	uint64_t deadline = now_ns() + PF_DRAIN_NS;
-	while (u->inflight && !u->submit_failed && now_ns() < deadline)
+	while (kernel_inflight(u, c) && now_ns() < deadline)
 		wait_reap(u, c);
-	return u->inflight == 0;
+	return kernel_inflight(u, c) == 0;
 }
 
 static int run_uring(struct pf_ctx *c, struct pf_uring *u)
@@ -824,11 +1067,11 @@ static int run_uring(struct pf_ctx *c, struct pf_uring *u)
 			break;
 		}
 		fill(u, c);
-		if (u->submit_failed) {
-			ret = -EIO;
+		submit(u, c);
+		if (ring_unusable(u, c)) {
+			ret = c->fds_lost ? -EBADF : -EIO;
 			break;
 		}
-		submit(u);
 		if (u->inflight == 0 && !u->cur)
 			break; /* fill found no more files (or the budget is spent) */
 		wait_reap(u, c);
@@ -844,6 +1087,8 @@ static int run_uring(struct pf_ctx *c, struct pf_uring *u)
 		}
 	}
 	u->cur = NULL;
+	if (c->fds_lost)
+		u->ring.ring_fd = -1; /* unmap the rings, close nothing: see ring_fd_lost() */
 	io_uring_queue_exit(&u->ring);
 	if (drained)
 		munmap(u->pool, u->pool_len);
@@ -857,8 +1102,32 @@ static int run_uring(struct pf_ctx *c, struct pf_uring *u)
 
 /* ---- entry points ---------------------------------------------------------- */
 
+/*
+ * Why io_uring is not even tried: a seccomp filter (or no way to tell) may
+ * kill the process on io_uring_setup. -EPERM then, else 0.
+ */
+static int uring_forbidden(int seccomp)
+{
+	if (seccomp == 0)
+		return 0;
+	if (seccomp > 0)
+		ts_debug("prefetch: plain reads: a seccomp filter is on (Seccomp: %d) and might kill the "
+			 "process on io_uring_setup", seccomp);
+	else
+		ts_debug("prefetch: plain reads: the seccomp state cannot be read (%s), and a filter "
+			 "might kill the process on io_uring_setup", strerror(-seccomp));
+	return -EPERM;
+}
+
+/*
+ * seccomp: the calling thread's mode if already read (seccomp_mode()),
+ * PF_SECCOMP_UNREAD to read it here. private_fds: this thread has a
+ * descriptor table of its own.
+ */
+#define PF_SECCOMP_UNREAD INT32_MIN
 static int run_impl(const char *const *roots, unsigned nroots, const struct ts_prefetch_opts *o,
-		    _Atomic int *stop, struct ts_prefetch_stats *st, struct pf_live *live)
+		    _Atomic int *stop, struct ts_prefetch_stats *st, struct pf_live *live, int seccomp,
+		    bool private_fds)
 {
 	uint64_t t0 = now_ns();
 	struct pf_ctx *c;
@@ -880,9 +1149,16 @@ static int run_impl(const char *const *roots, unsigned nroots, const struct ts_p
 	c->noatime = true;
 	c->roots = roots;
 	c->nroots = nroots;
+	c->shared = !private_fds;
+	c->fd_max = c->shared ? fd_ceiling() - 1 : INT32_MAX;
 
 	struct pf_uring u;
-	int ur = o && o->force_plain ? 1 : uring_init(&u, c);
+	int ur = 1;
+	if (!(o && o->force_plain)) {
+		ur = uring_forbidden(seccomp == PF_SECCOMP_UNREAD ? seccomp_mode() : seccomp);
+		if (ur == 0)
+			ur = uring_init(&u, c);
+	}
 	if (ur == 0) {
 		ret = run_uring(c, &u);
 	} else {
@@ -893,6 +1169,7 @@ static int run_impl(const char *const *roots, unsigned nroots, const struct ts_p
 	if (ret == 0 && stopped(c) && (c->abandoned || !(c->walk_end || c->budget == 0)))
 		ret = -ECANCELED;
 	walk_fini(c);
+	st->shared_fds = c->shared;
 	free(c);
 	st->usec = (now_ns() - t0) / 1000;
 	return ret;
@@ -903,7 +1180,7 @@ int ts_prefetch_run(const char *const *roots, unsigned nroots, const struct ts_p
 {
 	int saved = errno;
 	struct ts_prefetch_stats local;
-	int ret = run_impl(roots, nroots, o, stop, st ? st : &local, NULL);
+	int ret = run_impl(roots, nroots, o, stop, st ? st : &local, NULL, PF_SECCOMP_UNREAD, false);
 	errno = saved;
 	return ret;
 }
@@ -915,11 +1192,14 @@ int ts_prefetch_run(const char *const *roots, unsigned nroots, const struct ts_p
  * uses it and frees it on its way out. Two references, the thread's and
  * the starter's; whoever drops the last frees.
  */
+enum { PF_FDTAB_UNKNOWN = 0, PF_FDTAB_PRIVATE, PF_FDTAB_SHARED };
+
 struct ts_prefetch_job {
 	_Atomic int stop;
 	_Atomic uint32_t done;       /* futex word: the run has returned */
 	_Atomic int32_t tid;
 	_Atomic int refs;
+	_Atomic int fdtab;           /* PF_FDTAB_*: whose table our descriptors are in */
 	int ret;
 	struct ts_prefetch_stats st; /* final, valid once done */
 	struct pf_live live;
@@ -934,36 +1214,79 @@ static void job_put(struct ts_prefetch_job *j)
 		free(j);
 }
 
+/* Tests: runs where the thread exits, see prefetch.h. */
+void (*ts_prefetch_exit_hook)(void);
+
+/*
+ * Leave the host's descriptor table for an empty one of our own. With
+ * CLOSE_RANGE_UNSHARE and a range past the last descriptor, the kernel
+ * copies only the numbers below `first` (none): we never hold even a
+ * moment's reference to a host file (a pipe the host closes must see its
+ * EOF), and the host's table is not touched. Older kernels refuse the
+ * call (ENOSYS, EINVAL for the flag): we stay shared.
+ */
+static bool own_fd_table(void)
+{
+	return syscall(SYS_close_range, 0u, ~0u, CLOSE_RANGE_UNSHARE) == 0;
+}
+
 static void *job_main(void *arg)
 {
 	struct ts_prefetch_job *j = arg;
 	struct ts_prefetch_stats st;
 
 	atomic_store_explicit(&j->tid, (int32_t)syscall(SYS_gettid), memory_order_relaxed);
-	j->ret = run_impl((const char *const *)j->roots, j->nroots, &j->opts, &j->stop, &st, &j->live);
+	/*
+	 * Before any descriptor of ours exists. Under a seccomp filter,
+	 * close_range may be what kills: shared then. Our log lines go out
+	 * before the unshare (fd 2 is not ours after it).
+	 */
+	int seccomp = seccomp_mode();
+	bool priv = seccomp == 0 && own_fd_table();
+	/* release: ts_prefetch_shares_fds() may skip a stop on PRIVATE */
+	atomic_store_explicit(&j->fdtab, priv ? PF_FDTAB_PRIVATE : PF_FDTAB_SHARED, memory_order_release);
+	j->ret = run_impl((const char *const *)j->roots, j->nroots, &j->opts, &j->stop, &st, &j->live,
+			  seccomp, priv);
 	j->st = st;
 	atomic_store_explicit(&j->done, 1, memory_order_release);
 	ts_futex_wake_all(&j->done);
-	job_put(j);
+	job_put(j); /* j may be gone from here on */
+	if (ts_prefetch_exit_hook)
+		ts_prefetch_exit_hook();
 	return NULL;
 }
 
+/*
+ * The roots are copied: the caller's may change once we return (the shim
+ * hands in its detected scope, rewritten as detection widens it, perhaps
+ * while we copy). Each length is taken once and bounded, and every copy
+ * ends in a NUL of ours: a root rewritten meanwhile is copied torn, never
+ * past the room it was given.
+ */
 static struct ts_prefetch_job *job_new(const char *const *roots, unsigned nroots,
 				       const struct ts_prefetch_opts *o)
 {
-	size_t size = sizeof(struct ts_prefetch_job) + (size_t)nroots * sizeof(char *);
-	for (unsigned i = 0; i < nroots; i++)
-		size += strlen(roots[i]) + 1;
-	struct ts_prefetch_job *j = calloc(1, size);
-	if (!j)
+	size_t *lens = calloc(nroots ? nroots : 1, sizeof(*lens));
+	if (!lens)
 		return NULL;
+	size_t size = sizeof(struct ts_prefetch_job) + (size_t)nroots * sizeof(char *);
+	for (unsigned i = 0; i < nroots; i++) {
+		lens[i] = strnlen(roots[i], PF_ROOT_MAX - 1);
+		size += lens[i] + 1;
+	}
+	struct ts_prefetch_job *j = calloc(1, size);
+	if (!j) {
+		free(lens);
+		return NULL;
+	}
 	j->roots = (char **)(j + 1);
 	char *s = (char *)(j->roots + nroots);
 	for (unsigned i = 0; i < nroots; i++) {
-		size_t n = strlen(roots[i]) + 1;
-		j->roots[i] = memcpy(s, roots[i], n);
-		s += n;
+		j->roots[i] = memcpy(s, roots[i], lens[i]);
+		s[lens[i]] = '\0';
+		s += lens[i] + 1;
 	}
+	free(lens);
 	j->nroots = nroots;
 	if (o)
 		j->opts = *o;
@@ -1045,6 +1368,39 @@ int32_t ts_prefetch_tid(const struct ts_prefetch *p)
 	return atomic_load_explicit(&p->job->tid, memory_order_relaxed);
 }
 
+int ts_prefetch_shares_fds(const struct ts_prefetch *p)
+{
+	if (!p->started || foreign(p))
+		return 0;
+	struct ts_prefetch_job *j = p->job;
+	/* acquire: pairs with job_main's store, made before its first open */
+	if (atomic_load_explicit(&j->fdtab, memory_order_acquire) == PF_FDTAB_PRIVATE)
+		return 0;
+	/* a finished run holds nothing (it closed everything before done) */
+	return !atomic_load_explicit(&j->done, memory_order_acquire);
+}
+
+/*
+ * Join the thread if it ends by the deadline (CLOCK_MONOTONIC ns), else
+ * detach it: it then ends on its own, touching nothing of ours (the job is
+ * refcounted). tryjoin and short sleeps rather than pthread_timedjoin_np:
+ * that one counts on CLOCK_REALTIME, which may jump.
+ */
+#define PF_JOIN_POLL_NS 1000000ull
+static void join_until(pthread_t t, uint64_t deadline)
+{
+	for (;;) {
+		int r = pthread_tryjoin_np(t, NULL);
+		if (r != EBUSY) /* 0, or a thread we cannot join: nothing to wait for */
+			return;
+		uint64_t now = now_ns();
+		if (now >= deadline)
+			break;
+		ts_sleep_ns(min_u64(PF_JOIN_POLL_NS, deadline - now));
+	}
+	pthread_detach(t);
+}
+
 int ts_prefetch_stop(struct ts_prefetch *p, struct ts_prefetch_stats *st)
 {
 	int saved = errno, ret;
@@ -1067,11 +1423,15 @@ int ts_prefetch_stop(struct ts_prefetch *p, struct ts_prefetch_stats *st)
 		(void)ts_futex_wait(&j->done, 0, deadline - now);
 	}
 	if (atomic_load_explicit(&j->done, memory_order_acquire)) {
-		/* past its last use of j but for job_put(): the join is immediate */
-		pthread_join(p->thread, NULL);
 		if (st)
 			*st = j->st;
 		ret = j->ret;
+		/*
+		 * Past its last use of j but for job_put(), yet its exit may
+		 * still take long: exit cancels the thread's io_uring requests
+		 * and waits for them, forever on storage that stopped answering.
+		 */
+		join_until(p->thread, deadline);
 	} else {
 		pthread_detach(p->thread);
 		if (st)

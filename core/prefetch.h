@@ -7,8 +7,19 @@
  *
  * Reads go through io_uring, queue_depth of them in flight over a fixed
  * pool of queue_depth * buf_size bytes (big files in several chunks,
- * completions in any order). Where io_uring is refused (seccomp in
- * containers, old kernels) the same walk runs with plain pread.
+ * completions in any order). Where io_uring is refused (old kernels), or
+ * the thread runs under any seccomp filter (one may kill the process on
+ * io_uring_setup, so it is never tried there), the same walk runs with
+ * plain pread.
+ *
+ * The background thread keeps its descriptors in a table of its own where
+ * the kernel allows (5.9+, no seccomp filter): the host's table, its
+ * RLIMIT_NOFILE headroom and its forked children never see them. Else
+ * (and for ts_prefetch_run() on the caller's thread) they share the host's
+ * table: then they stay clear of the top max(64, limit / 4) numbers below
+ * RLIMIT_NOFILE, and a host about to close descriptors it does not know
+ * (close_range, closefrom) must stop the run first: see
+ * ts_prefetch_shares_fds().
  *
  * The walk: every root (a directory or a regular file), recursively,
  * regular files only, entries sorted by name within a directory. Symbolic
@@ -47,7 +58,9 @@ struct ts_prefetch_stats {
 	uint64_t skipped; /* symlinks, FIFOs, sockets, devices: never opened */
 	uint64_t usec;    /* wall time of the run */
 	int used_uring;   /* 1: reads went through io_uring */
-	int uring_err;    /* why not: -errno from ring setup (0 when used or forced plain) */
+	int uring_err;    /* why not: -errno from ring setup, -EPERM under a seccomp
+			   * filter (not tried); 0 when used or forced plain */
+	int shared_fds;   /* 1: the run's descriptors were in the caller's table (final stats) */
 };
 
 /*
@@ -61,6 +74,10 @@ struct ts_prefetch_stats {
  *   -ECANCELED  *stop ended the run before that
  *   -EINVAL     bad options or roots
  *   -ENOMEM     no buffer pool
+ *   -EBADF      our descriptors were closed and their numbers reused under
+ *               us (a table shared with a host that closed them): the run
+ *               ended early, closing none of them
+ *   -EIO        io_uring stopped taking requests
  * st is filled in every case (zeroes on -EINVAL).
  */
 int ts_prefetch_run(const char *const *roots, unsigned nroots, const struct ts_prefetch_opts *o,
@@ -102,5 +119,20 @@ int32_t ts_prefetch_tid(const struct ts_prefetch *p);
  */
 #define TS_PREFETCH_STOP_MS 2000u
 int ts_prefetch_stop(struct ts_prefetch *p, struct ts_prefetch_stats *st);
+
+/*
+ * 1 while the thread has (or may yet get) descriptors in the calling
+ * process's table: a host about to close descriptors wholesale
+ * (close_range, closefrom) must ts_prefetch_stop() first, or the thread
+ * would go on to use and close numbers the host has reused. 0 once the
+ * thread runs in a table of its own, after it finished, when nothing was
+ * started, and in a forked child. Cheap; the caller serialises it with
+ * start and stop like any use of p.
+ */
+int ts_prefetch_shares_fds(const struct ts_prefetch *p);
+
+/* Tests only: called by the thread as its last act (after its last use of
+ * the job), to stand for an exit the kernel holds up. NULL in production. */
+extern void (*ts_prefetch_exit_hook)(void);
 
 #endif

@@ -740,12 +740,30 @@ static void forget_range(unsigned first, unsigned last)
 		entry_clear((int)fd);
 }
 
+/*
+ * Before the host closes descriptors it does not know: our own threads'
+ * (the prefetch's) must be let go first. Not in a vfork child (it shares
+ * our memory and its close_range is not ours to follow, see
+ * table_foreign()), nor within a hook of ours. errno is the caller's.
+ */
+static void closing_range(unsigned first, unsigned last)
+{
+	if (first > last || table_foreign() || !ts_hook_enter())
+		return;
+	int saved = errno;
+	ts_shim_fds_closing();
+	errno = saved;
+	ts_hook_leave();
+}
+
 TS_REAL(int, close_range, (unsigned, unsigned, int));
 TS_EXPORT int close_range(unsigned first, unsigned last, int flags)
 {
 	REAL_OR_FAIL(close_range, -1);
-	if (!(flags & CLOSE_RANGE_CLOEXEC)) /* that one closes nothing until exec */
+	if (!(flags & CLOSE_RANGE_CLOEXEC)) { /* that one closes nothing until exec */
+		closing_range(first, last);
 		forget_range(first, last);
+	}
 	return real_close_range(first, last, flags);
 }
 
@@ -754,6 +772,7 @@ TS_EXPORT void closefrom(int lowfd)
 {
 	if (!TS_RESOLVE(closefrom))
 		return;
+	closing_range(lowfd < 0 ? 0 : (unsigned)lowfd, ~0u);
 	forget_range(lowfd < 0 ? 0 : (unsigned)lowfd, ~0u);
 	real_closefrom(lowfd);
 }

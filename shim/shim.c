@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "heartbeat.h"
@@ -43,9 +44,25 @@ static struct {
 	struct ts_heartbeat heartbeat;
 } member;
 
-/* TSSHIM_PREFETCH=warm: the producer reads the scope ahead, once per process. */
+/*
+ * TSSHIM_PREFETCH=warm: the producer reads the scope ahead, once per process.
+ * prefetch_lock serialises start and stop of `prefetch` (the heartbeat
+ * thread starts it, exit and tsshim_leave stop it, and so may any thread
+ * that calls close_range); it is held no longer than a stop takes
+ * (TS_PREFETCH_STOP_MS) and never in a forked or vfork child.
+ */
 static struct ts_prefetch prefetch;
 static _Atomic int prefetch_started;
+static pthread_mutex_t prefetch_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Bounded: the shim never blocks without a timeout. 0 when taken. */
+static int prefetch_lock_take(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += (TS_PREFETCH_STOP_MS + 1000) / 1000 + 1;
+	return pthread_mutex_clocklock(&prefetch_lock, CLOCK_MONOTONIC, &ts);
+}
 
 static void maybe_start_prefetch(void)
 {
@@ -57,7 +74,10 @@ static void maybe_start_prefetch(void)
 	int expected = 0;
 	if (n == 0 || !atomic_compare_exchange_strong(&prefetch_started, &expected, 1))
 		return;
+	if (prefetch_lock_take() != 0)
+		return;
 	int ret = ts_prefetch_start(&prefetch, roots, n, NULL);
+	pthread_mutex_unlock(&prefetch_lock);
 	if (ret)
 		ts_warn("prefetch not started: %s", strerror(-ret));
 	else
@@ -67,11 +87,38 @@ static void maybe_start_prefetch(void)
 static void stop_prefetch(void)
 {
 	struct ts_prefetch_stats st;
-	if (!atomic_load(&prefetch_started) || ts_prefetch_stop(&prefetch, &st) == -ESRCH)
+	/* a forked child has no prefetch thread, and may have inherited the lock held */
+	if (atomic_load(&ts_is_fork_child) || !atomic_load(&prefetch_started) || prefetch_lock_take() != 0)
+		return;
+	int ret = ts_prefetch_stop(&prefetch, &st);
+	pthread_mutex_unlock(&prefetch_lock);
+	if (ret == -ESRCH)
 		return;
 	ts_info("prefetch: %llu files, %llu bytes, %llu errors in %.2f s (%s)", (unsigned long long)st.files,
 		(unsigned long long)st.bytes, (unsigned long long)st.errors, (double)st.usec / 1e6,
 		st.used_uring ? "io_uring" : "plain reads");
+}
+
+/*
+ * The host is about to close descriptors it does not know (close_range,
+ * closefrom): a prefetch whose descriptors live in its table is stopped
+ * first, else it would go on to read and close numbers the host reuses.
+ * It is only a warm-up: stopping it changes nothing the host sees. The
+ * caller has made sure this is not a vfork child; a forked child has no
+ * prefetch thread.
+ */
+void ts_shim_fds_closing(void)
+{
+	struct ts_prefetch_stats st;
+	if (atomic_load(&ts_is_fork_child) || !atomic_load(&prefetch_started) || prefetch_lock_take() != 0)
+		return;
+	int ret = -ESRCH;
+	if (ts_prefetch_shares_fds(&prefetch))
+		ret = ts_prefetch_stop(&prefetch, &st);
+	pthread_mutex_unlock(&prefetch_lock);
+	if (ret != -ESRCH)
+		ts_info("prefetch stopped: the program closes its descriptors (%llu files, %llu bytes read)",
+			(unsigned long long)st.files, (unsigned long long)st.bytes);
 }
 
 void ts_shim_scope_known(void)

@@ -53,6 +53,10 @@ static inline void ts_hook_leave(void)
 void ts_shim_dataset_work(void);
 /* The dataset scope became known (given or detected). */
 void ts_shim_scope_known(void);
+/* The program is about to close descriptors wholesale (close_range,
+ * closefrom): stop what keeps descriptors of ours in its table. Not from a
+ * vfork child. Bounded by TS_PREFETCH_STOP_MS. */
+void ts_shim_fds_closing(void);
 /* In a Python process, put our sitecustomize first on PYTHONPATH (bootstrap.c). */
 void ts_bootstrap_python(void);
 /* Set once this process shares a DataLoader through a feed (inherited by forked workers). */

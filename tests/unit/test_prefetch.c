@@ -3,13 +3,17 @@
  * Prefetch: exact counts over a real tree (nested directories, files from
  * 0 bytes to MiBs, links, a loop, a FIFO, unreadable entries), chunking at
  * several queue depths, max_bytes, the page-cache effect proven with
- * mincore, the seccomp fallback, and a prompt stop of the thread.
+ * mincore, the seccomp fallback, and a prompt stop of the thread. Then the
+ * audit's findings: a stop bounded even when the thread cannot be joined,
+ * the host's descriptor table (RLIMIT_NOFILE headroom, close_range while
+ * we run, forked children), and a seccomp filter that kills on io_uring.
  *
  * Tests run as root in CI, where mode 000 does not stop a read: the runs
  * that expect unreadable entries to count as errors switch the thread's
  * fsuid to nobody, which drops CAP_DAC_OVERRIDE for file access.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -17,8 +21,10 @@
 #include <linux/filter.h>
 #include <linux/magic.h>
 #include <linux/seccomp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +32,11 @@
 #include <sys/fsuid.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -220,6 +228,27 @@ static int uring_probe(void)
 	return r;
 }
 
+/* "Seccomp:" of this thread: 0 none, 2 filter; -1 unknown */
+static int seccomp_now(void)
+{
+	char line[256];
+	int mode = -1;
+	FILE *f = fopen("/proc/thread-self/status", "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "Seccomp: %d", &mode) == 1)
+			break;
+	fclose(f);
+	return mode;
+}
+
+/* What a run without force_plain uses: io_uring where it works, and never under a seccomp filter. */
+static int want_uring(void)
+{
+	return seccomp_now() == 0 && uring_probe() == 0;
+}
+
 static const char *const *roots1(void)
 {
 	static const char *r[1];
@@ -253,10 +282,13 @@ static void run_tree(const struct ts_prefetch_opts *o, const char *what)
 	if (o && o->force_plain) {
 		cr_assert_eq(st.used_uring, 0, "%s", what);
 	} else {
-		int probe = uring_probe();
-		cr_assert_eq(st.used_uring, probe == 0, "%s: used_uring %d, probe %d", what,
-			     st.used_uring, probe);
-		if (probe)
+		int probe = uring_probe(), filtered = seccomp_now() != 0;
+		cr_assert_eq(st.used_uring, probe == 0 && !filtered,
+			     "%s: used_uring %d, probe %d, seccomp %d", what, st.used_uring, probe,
+			     filtered);
+		if (filtered)
+			cr_assert_eq(st.uring_err, -EPERM, "%s: under a filter, not even tried", what);
+		else if (probe)
 			cr_assert_eq(st.uring_err, probe, "%s: the fallback says why", what);
 	}
 }
@@ -566,7 +598,7 @@ static void stop_promptly(int plain)
 	cr_assert_lt(took, 200000, "stop took %llu us", (unsigned long long)took);
 	cr_assert_lt(st.bytes, 1000ull * 4 * MiB);
 	cr_assert_gt(st.bytes, 0);
-	cr_assert_eq(st.used_uring, plain ? 0 : uring_probe() == 0);
+	cr_assert_eq(st.used_uring, plain ? 0 : want_uring());
 	cr_assert_eq(p.started, 0);
 }
 
@@ -667,4 +699,405 @@ Test(prefetch, run_polls_stop, .fini = teardown, .timeout = 60)
 		cr_assert_eq(ret, -ECANCELED, "plain %d", plain);
 		cr_assert_lt(took, 210000, "plain %d: %llu us", plain, (unsigned long long)took);
 	}
+}
+
+/* ---- the audit: a bounded stop, the host's descriptors, seccomp KILL ------- */
+
+/*
+ * R1. The thread's exit can be held up in the kernel (it cancels its
+ * io_uring reads and waits for them: forever on a dead FUSE or NFS
+ * mount). Without such a mount, the exit hook stands for it: the run is
+ * done, the thread cannot be joined for 6 s. stop must keep its bound.
+ */
+static _Atomic int exit_release, exit_left;
+
+static void held_exit(void)
+{
+	uint64_t t0 = now_us();
+	while (!atomic_load(&exit_release) && now_us() - t0 < 6000000)
+		usleep(1000);
+	atomic_store(&exit_left, 1);
+}
+
+Test(prefetch, stop_bounded_when_exit_hangs, .init = make_tree, .fini = teardown, .timeout = 30)
+{
+	struct ts_prefetch p = { 0 };
+	struct ts_prefetch_stats st;
+	ts_prefetch_exit_hook = held_exit;
+	cr_assert_eq(ts_prefetch_start(&p, roots1(), 1, NULL), 0);
+	uint64_t t0 = now_us();
+	while (ts_prefetch_poll(&p, &st) == 0 && now_us() - t0 < 10000000)
+		usleep(1000);
+	cr_assert_eq(ts_prefetch_poll(&p, &st), 1, "the run is done, its thread still there");
+	t0 = now_us();
+	int ret = ts_prefetch_stop(&p, &st);
+	uint64_t took = now_us() - t0;
+	cr_log_info("stop took %llu us with the thread's exit held up", (unsigned long long)took);
+	atomic_store(&exit_release, 1);
+	cr_assert_eq(ret, 0, "the run's own result: it finished");
+	cr_assert_geq(st.files, want_files, "final figures");
+	cr_assert_lt(took, (TS_PREFETCH_STOP_MS + 250) * 1000ull, "stop took %llu us",
+		     (unsigned long long)took);
+	cr_assert_eq(p.started, 0);
+	/* the detached thread ends on its own */
+	t0 = now_us();
+	while (!atomic_load(&exit_left) && now_us() - t0 < 5000000)
+		usleep(1000);
+	cr_assert(atomic_load(&exit_left));
+	ts_prefetch_exit_hook = NULL;
+}
+
+/*
+ * A long run holding many files at once: one small file named as a root
+ * 100000 times, read in one chunk each, 64 in flight.
+ */
+#define NMANY 100000
+static const char *many[NMANY];
+static void many_roots(void)
+{
+	static char file[256];
+	make_root();
+	put_file("small", 4 * KiB, 11);
+	path_of(file, sizeof(file), "small");
+	for (int i = 0; i < NMANY; i++)
+		many[i] = file;
+}
+
+static const struct ts_prefetch_opts many_opts = { .queue_depth = 64, .buf_size = 4096 };
+
+/* In a forked child: wait for the thread to read; false if it never did. */
+static bool wait_reading(struct ts_prefetch *p)
+{
+	struct ts_prefetch_stats st;
+	for (int i = 0; i < 4000; i++) {
+		if (ts_prefetch_poll(p, &st) == 0 && st.bytes > 0)
+			return true;
+		usleep(500);
+	}
+	return false;
+}
+
+static int count_fds(void)
+{
+	int n = 0;
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return -1;
+	for (struct dirent *e; (e = readdir(d));)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n - 1; /* the listing's own */
+}
+
+/* Run fn in a forked child; its exit status (77: skip, with the child's reason on stderr). */
+static int in_child(int (*fn)(void), const char *what)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		_exit(fn());
+	int status;
+	cr_assert_eq(waitpid(pid, &status, 0), pid);
+	cr_assert(!WIFSIGNALED(status), "%s: the child was killed by signal %d", what,
+		  WTERMSIG(status));
+	cr_assert(WIFEXITED(status));
+	if (WEXITSTATUS(status) == 77)
+		cr_skip_test("%s: see the child's output", what);
+	return WEXITSTATUS(status);
+}
+
+/*
+ * R2a, R2b. A host with RLIMIT_NOFILE 256 opens 230 descriptors while the
+ * thread runs: it gets all of them (the thread's are in a table of its
+ * own), and a child it forks meanwhile inherits none of the thread's.
+ */
+static int host_keeps_headroom(void)
+{
+	struct rlimit rl = { 256, 256 };
+	struct ts_prefetch p = { 0 };
+	struct ts_prefetch_stats st;
+	if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return 10;
+	int before = count_fds();
+	if (ts_prefetch_start(&p, many, NMANY, &many_opts) != 0 || !wait_reading(&p))
+		return 11;
+	fflush(NULL);
+	pid_t c = fork();
+	if (c == 0)
+		_exit(count_fds());
+	int status, got = 0;
+	waitpid(c, &status, 0);
+	int in_child_fds = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+	for (; got < 230 && open("/dev/null", O_RDONLY) >= 0; got++)
+		;
+	int running = ts_prefetch_poll(&p, &st) == 0;
+	ts_prefetch_stop(&p, &st);
+	fprintf(stderr, "host opened %d/230, fork child had %d descriptors (host %d before), run: %s, "
+	       "%llu files, shared table %d\n", got, in_child_fds, before,
+	       running ? "still running" : "already over", (unsigned long long)st.files, st.shared_fds);
+	if (st.shared_fds) {
+		fprintf(stderr, "skip: no table of its own here (kernel < 5.9?): the shim's hooks protect\n");
+		return 77;
+	}
+	if (!running)
+		return 12; /* finished before the host opened: the test would prove nothing */
+	if (got != 230)
+		return 1;
+	return in_child_fds == before ? 0 : 2;
+}
+
+Test(prefetch, host_keeps_its_rlimit_headroom, .fini = teardown, .timeout = 60)
+{
+	many_roots();
+	int r = in_child(host_keeps_headroom, "headroom");
+	cr_assert_neq(r, 1, "the host got EMFILE early: the thread held descriptors in its table");
+	cr_assert_neq(r, 2, "a forked child inherited the thread's descriptors");
+	cr_assert_eq(r, 0, "child failed with %d", r);
+}
+
+/*
+ * R2a, shared table (ts_prefetch_run on the caller's thread): with only the
+ * top quarter of the table free, nothing is opened; the host's numbers
+ * stay free for it.
+ */
+static int shared_keeps_reserve(void)
+{
+	struct rlimit rl = { 256, 256 };
+	struct ts_prefetch_stats st;
+	if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return 10;
+	int fd;
+	while ((fd = open("/dev/null", O_RDONLY)) >= 0 && fd < 196)
+		;
+	if (fd != 196)
+		return 11;
+	/* what is left to the host before and after the run: the run leaks none */
+	int before = 0, more = 0;
+	while ((fd = open("/dev/null", O_RDONLY)) >= 0)
+		before++;
+	close_range(197, ~0u, 0);
+	int ret = ts_prefetch_run(roots1(), 1, NULL, NULL, &st);
+	while (open("/dev/null", O_RDONLY) >= 0)
+		more++;
+	fprintf(stderr, "shared: ret %d, %llu files, %llu errors, shared %d; host then opened %d more (%d before)\n",
+		ret, (unsigned long long)st.files, (unsigned long long)st.errors, st.shared_fds, more, before);
+	if (st.files || st.bytes)
+		return 1;
+	return more >= before ? 0 : 3; /* (TSan may hold one more of its own at either time) */
+}
+
+Test(prefetch, shared_table_leaves_a_reserve, .init = make_tree, .fini = teardown, .timeout = 60)
+{
+	int r = in_child(shared_keeps_reserve, "reserve");
+	cr_assert_neq(r, 1, "the run opened files from the host's last quarter of numbers");
+	cr_assert_eq(r, 0, "child failed with %d", r);
+}
+
+/*
+ * R2c. The host sanitises its table while the thread runs (close_range(3,
+ * ~0U)), then opens 200 files of its own: every one stays open and stays
+ * its own (fdrepro closerange).
+ */
+static char host_dir[64];
+
+static int host_files_survive(bool sync_run);
+
+static int host_close_range_thread(void)
+{
+	return host_files_survive(false);
+}
+
+static _Atomic int sync_ret = 1;
+static void *sync_runner(void *arg)
+{
+	struct ts_prefetch_stats *st = arg;
+	struct ts_prefetch_opts o = many_opts;
+	o.buf_size = 256 * KiB; /* a 16 MiB pool: see that it is not leaked */
+	atomic_store(&sync_ret, ts_prefetch_run(many, NMANY, &o, NULL, st));
+	return NULL;
+}
+
+static int maps_of_size(size_t len)
+{
+	char line[512];
+	int n = 0;
+	FILE *f = fopen("/proc/self/maps", "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long a, b;
+		if (sscanf(line, "%lx-%lx", &a, &b) == 2 && b - a == len)
+			n++;
+	}
+	fclose(f);
+	return n;
+}
+
+/* The sync run's ring exists: its reads are in flight. */
+static bool wait_ring(void)
+{
+	for (int i = 0; i < 5000; i++) {
+		DIR *d = opendir("/proc/self/fd");
+		char p[64], l[64];
+		bool found = false;
+		for (struct dirent *e; d && !found && (e = readdir(d));) {
+			snprintf(p, sizeof(p), "/proc/self/fd/%s", e->d_name);
+			ssize_t n = readlink(p, l, sizeof(l) - 1);
+			found = n > 0 && (l[n] = '\0', strstr(l, "io_uring"));
+		}
+		if (d)
+			closedir(d);
+		if (found)
+			return true;
+		usleep(1000);
+	}
+	return false;
+}
+
+static int host_files_survive(bool sync_run)
+{
+	struct ts_prefetch p = { 0 };
+	struct ts_prefetch_stats st = { 0 };
+	pthread_t t;
+	int pools = maps_of_size(16 * MiB);
+
+	if (sync_run) {
+		if (pthread_create(&t, NULL, sync_runner, &st) != 0 || !wait_ring())
+			return 10;
+		usleep(5000);
+	} else if (ts_prefetch_start(&p, many, NMANY, &many_opts) != 0 || !wait_reading(&p)) {
+		return 11;
+	}
+	syscall(SYS_close_range, 3u, ~0u, 0u); /* a host that sanitises its table */
+	int fds[200], bad = 0;
+	struct stat want[200], got;
+	for (int i = 0; i < 200; i++) {
+		char nm[128];
+		snprintf(nm, sizeof(nm), "%s/host%d", host_dir, i);
+		fds[i] = open(nm, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+		if (fds[i] < 0)
+			return 13;
+		if (fstat(fds[i], &want[i]) != 0)
+			want[i].st_ino = 0; /* closed at once, by someone else */
+	}
+	usleep(300000);
+	for (int i = 0; i < 200; i++)
+		if (fstat(fds[i], &got) != 0 || got.st_ino != want[i].st_ino)
+			bad++;
+	int ret;
+	if (sync_run) {
+		pthread_join(t, NULL);
+		ret = atomic_load(&sync_ret);
+	} else {
+		ret = ts_prefetch_stop(&p, &st);
+	}
+	int leaked = maps_of_size(16 * MiB) - pools;
+	fprintf(stderr, "%s: %d of the host's 200 descriptors closed behind its back; run %d, %llu files, "
+	       "uring %d, shared %d, %d pool(s) left mapped\n", sync_run ? "sync run" : "thread", bad, ret,
+	       (unsigned long long)st.files, st.used_uring, st.shared_fds, leaked);
+	if (!sync_run && st.shared_fds) {
+		fprintf(stderr, "skip: no table of its own here (kernel < 5.9?): the shim's hooks protect\n");
+		return 77;
+	}
+	if (sync_run) {
+		/*
+		 * A shared table: descriptors of ours that were open when the
+		 * host closed them are checked before each close, yet a check
+		 * and a close are two syscalls (the shim stops the run before
+		 * the host's close_range instead). What must hold: once the
+		 * submit failed, the run ends and the pool goes.
+		 */
+		if (leaked > 0)
+			return 2;
+		return ret == -EBADF ? 0 : 3;
+	}
+	return bad ? 1 : 0;
+}
+
+static void make_host_dir(void)
+{
+	strcpy(host_dir, "/tmp/tspfh.XXXXXX");
+	cr_assert(mkdtemp(host_dir));
+}
+
+static void rm_host_dir(void)
+{
+	nftw(host_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	teardown();
+}
+
+Test(prefetch, host_close_range_keeps_its_files, .fini = rm_host_dir, .timeout = 60)
+{
+	many_roots();
+	make_host_dir();
+	int r = in_child(host_close_range_thread, "close_range");
+	cr_assert_neq(r, 1, "the thread closed descriptors of the host's");
+	cr_assert_eq(r, 0, "child failed with %d", r);
+}
+
+/*
+ * The same on the caller's thread (a shared table, io_uring): nothing stops
+ * the run, the ring's number becomes the host's file, the submit fails.
+ * Then the run ends closing nothing more, and the pool is unmapped once
+ * the kernel holds no read.
+ */
+static int host_close_range_sync(void)
+{
+	if (!want_uring()) {
+		fprintf(stderr, "skip: no io_uring here\n");
+		return 77;
+	}
+	return host_files_survive(true);
+}
+
+Test(prefetch, failed_submit_closes_nothing, .fini = rm_host_dir, .timeout = 60)
+{
+	many_roots();
+	make_host_dir();
+	int r = in_child(host_close_range_sync, "close_range, sync run");
+	cr_assert_neq(r, 2, "the pool was left mapped");
+	cr_assert_neq(r, 3, "the run did not end as -EBADF (our numbers lost)");
+	cr_assert_eq(r, 0, "child failed with %d", r);
+}
+
+/*
+ * R3. A sandbox that kills on io_uring_setup (systemd's SystemCallFilter=
+ * default action): the run and the thread use plain reads, and the
+ * process lives.
+ */
+static int under_kill_filter(void)
+{
+	struct sock_filter f[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+	struct sock_fprog prog = { .len = sizeof(f) / sizeof(f[0]), .filter = f };
+	struct ts_prefetch_stats st;
+	struct ts_prefetch p = { 0 };
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+	    syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) != 0)
+		return 10;
+	int ret = ts_prefetch_run(roots1(), 1, NULL, NULL, &st);
+	fprintf(stderr, "run under a KILL filter: ret %d, %llu files, uring %d (err %d)\n", ret,
+	       (unsigned long long)st.files, st.used_uring, st.uring_err);
+	if (ret != 0 || st.used_uring || st.uring_err != -EPERM || st.files < want_files)
+		return 1;
+	if (ts_prefetch_start(&p, roots1(), 1, NULL) != 0)
+		return 11;
+	while (ts_prefetch_poll(&p, &st) == 0)
+		usleep(1000);
+	ret = ts_prefetch_stop(&p, &st);
+	fprintf(stderr, "thread under a KILL filter: ret %d, %llu files, uring %d, shared %d\n", ret,
+	       (unsigned long long)st.files, st.used_uring, st.shared_fds);
+	if (ret != 0 || st.used_uring || st.files < want_files)
+		return 2;
+	return 0;
+}
+
+Test(prefetch, seccomp_kill_on_io_uring_setup, .init = make_tree, .fini = teardown, .timeout = 60)
+{
+	cr_assert_eq(in_child(under_kill_filter, "seccomp KILL"), 0);
 }
