@@ -895,7 +895,12 @@ static uint64_t epoch_start(struct ts_segment *seg)
 		if (m.flags & TS_BATCH_END_OF_EPOCH)
 			return s;
 	}
-	return s == 0 ? 0 : UINT64_MAX;
+	if (s == 0)
+		return 0;
+	/* that epoch's start is gone; if it has ended, the next one starts at the head */
+	if (ts_ring_slot_meta(seg, pub - 1, &m, &writer) == 0 && (m.flags & TS_BATCH_END_OF_EPOCH))
+		return pub;
+	return UINT64_MAX;
 }
 
 int ts_feed_attach(struct ts_feed *f, int at_epoch_start)
@@ -907,6 +912,9 @@ int ts_feed_attach(struct ts_feed *f, int at_epoch_start)
 	uint64_t from = at_epoch_start ? epoch_start(f->s.seg) : UINT64_MAX;
 	int ret = ts_ring_attach_at(f->s.seg, f->s.self, &f->r, from);
 	f->attached = ret == 0;
+	/* attach_at moves a `from` the ring no longer holds to the head */
+	f->at_epoch_start = f->attached && from != UINT64_MAX && f->r.seq == from;
+	f->read_any = 0;
 	return ret;
 }
 
@@ -998,7 +1006,8 @@ static int range_slot(struct ts_feed *f, const struct ts_read *rd, uint32_t k, c
 	return 0;
 }
 
-static int copy_ranges(struct ts_feed *f, const struct ts_read *rd, void *const *dst, const uint64_t *got)
+static int copy_ranges(struct ts_feed *f, const struct ts_read *rd, void *const *dst, const uint64_t *got,
+		       uint64_t *last_epoch)
 {
 	uint64_t at[TS_MAX_POSITIONS];
 	memcpy(at, got, rd->npos * sizeof(*at));
@@ -1008,6 +1017,7 @@ static int copy_ranges(struct ts_feed *f, const struct ts_read *rd, void *const 
 		int ret = range_slot(f, rd, k, &h, &base);
 		if (ret)
 			return ret;
+		*last_epoch = h->stream_epoch;
 		for (uint32_t p = 0; p < rd->npos; p++) {
 			const struct ts_range *r = &rd->r[p][k];
 			if (dst && dst[p])
@@ -1053,11 +1063,16 @@ int ts_feed_read(struct ts_feed *f, uint32_t npos, const uint64_t *want, void *c
 		ret = ts_ring_peek(f->s.seg, &f->r, npos, left, rd, now < deadline ? deadline - now : 0);
 		if (ret)
 			break;
-		if ((ret = copy_ranges(f, rd, dst, got)))
+		uint64_t epoch = f->read_epoch;
+		if ((ret = copy_ranges(f, rd, dst, got, &epoch)))
 			break;
 		/* only an advance that finds us still attached makes the copy valid */
 		if ((ret = ts_ring_advance(f->s.seg, &f->r, rd, rd->got)))
 			break;
+		if (rd->nranges) {
+			f->read_epoch = epoch;
+			f->read_any = 1;
+		}
 		if (f->on_range)
 			report_ranges(f, rd, got);
 		for (uint32_t p = 0; p < npos; p++)

@@ -85,6 +85,9 @@ struct ts_feed {
 	/* consumer */
 	struct ts_ring_reader r;
 	int attached;
+	int at_epoch_start;            /* the last attach was at a stream epoch's first batch */
+	int read_any;                  /* a sample read since that attach */
+	uint64_t read_epoch;           /* then: the stream epoch of the last sample read */
 	uint64_t schema_hash;          /* what this reader expects; 0: learn from the next slot */
 	struct ts_feed_map peer[TS_MAX_DEPTH];
 	struct ts_feed_view views[TS_FEED_MAX_VIEWS];

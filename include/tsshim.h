@@ -76,6 +76,11 @@ TSSHIM_WEAK const char *tsshim_version(void);
  * train on your own batch. `ids` are the samples' dataset indices in
  * [0, nindex); `where`, when not NULL, receives the stream position of the
  * batch's first sample (for records and checks).
+ *
+ * Pass TSSHIM_BATCH_FIRST with the first batch of each epoch: a consumer's
+ * epoch then begins where one of the stream's does (it may wait for the
+ * producer to finish the epoch in progress, or, joining early in one, get
+ * TSSHIM_BATCH_OWN for that whole epoch), so no sample is served twice in it.
  */
 enum {
 	TSSHIM_BATCH_OWN = 0,

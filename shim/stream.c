@@ -46,6 +46,8 @@ struct loader {
 	int have_epoch, idle, last_was_end, published_any;
 	uint64_t epoch;
 	/* consumer */
+	int own_epoch;               /* joined in mid-epoch: this epoch of the job is its own */
+	int had_own_epoch;           /* once only: after it, the job waits for the next epoch */
 	void *stage[TS_MAX_POSITIONS];
 	size_t stage_cap[TS_MAX_POSITIONS];
 	struct ts_batch_ranges rg;
@@ -511,6 +513,110 @@ static int read_batch(struct loader *L, unsigned npos, const size_t *bytes, size
 	return 0;
 }
 
+/* ---- epochs: the job's epoch is the stream's -------------------------------------------------- */
+
+enum { ALIGN_OWN = 1 };
+
+/*
+ * Attached at the head in mid-epoch: the samples of the stream's epoch
+ * still to come (*left) and that epoch (*epoch). 0, or -errno.
+ */
+static int samples_to_come(struct loader *L, uint64_t *epoch, uint64_t *left)
+{
+	struct ts_feed *f = L->f;
+	uint64_t npub = 0;
+	int ended = 0;
+	int64_t *rest = malloc(f->nindex * sizeof(*rest)); /* the indices not published: their count is all we use */
+	int ret = rest ? ts_feed_stream_state(f, epoch, &ended, rest, left, &npub, 0) : -ENOMEM;
+	free(rest);
+	if (ret == 0 && ended)
+		*left = 0; /* it ended meanwhile: the next slot starts the next one */
+	return ret;
+}
+
+/*
+ * Read nothing more of the stream's epoch we are in: skip to the first
+ * sample of the next one (waiting for the producer to publish the rest).
+ * 0 there; -EAGAIN: we are producer now; -ETIMEDOUT: sharing given up.
+ */
+static int skip_to_next_epoch(struct loader *L, uint64_t *skipped)
+{
+	struct ts_feed *f = L->f;
+	uint64_t waited = 0;
+	for (;;) {
+		int ret = ts_feed_next(f, SLICE_NS, &L->info), eoe, mid = 0;
+		if (ret == -ETIMEDOUT) {
+			int w = waited_one(L, &waited);
+			if (w)
+				return w == WAIT_PRODUCE ? -EAGAIN : -ETIMEDOUT;
+			continue;
+		}
+		if (ret)
+			return ret;
+		for (unsigned p = 0; p < L->info.npos; p++)
+			mid |= f->r.off[p] != 0;
+		if (!mid && (!f->read_any || L->info.stream_epoch != f->read_epoch))
+			return 0;
+		/* the rest of this slot, copied nowhere */
+		uint64_t want[TS_MAX_POSITIONS] = {0}, got[TS_MAX_POSITIONS] = {0};
+		for (unsigned p = 0; p < L->info.npos; p++)
+			want[p] = L->info.sample_bytes[p] * L->info.nsamples - f->r.off[p];
+		uint64_t n = L->info.sample_bytes[0] ? want[0] / L->info.sample_bytes[0] : 0;
+		if ((ret = ts_feed_read(f, L->info.npos, want, NULL, got, &eoe, SLICE_NS)) && ret != -ETIMEDOUT)
+			return ret;
+		*skipped += n;
+		waited = 0;
+	}
+}
+
+/*
+ * The job begins an epoch: make it begin where a stream epoch does, so
+ * that it is served that epoch's samples, each once. Already there (we
+ * attached at an epoch's start, or read the last one to its end): read on.
+ * Further in (the job left its last epoch early, or its producer did):
+ * skip to the next epoch. Attaching where the ring no longer holds the
+ * epoch's start: wait for the next one when at most half is still to come;
+ * else the job trains this epoch on its own batches (ALIGN_OWN), once: at
+ * its next epoch it waits, however much is to come (a job that makes its
+ * own epochs faster than the producer would else never meet a start).
+ */
+static int align_epoch(struct loader *L)
+{
+	struct ts_feed *f = L->f;
+	uint64_t skipped = 0, left = 0;
+	int ret = 0;
+	for (int attempt = 0; attempt < 3; attempt++) {
+		if (!f->attached) {
+			if ((ret = ts_feed_attach(f, 1)))
+				return ret == -EPERM ? -EAGAIN : ret;
+			if (!f->at_epoch_start) {
+				uint64_t epoch;
+				if ((ret = samples_to_come(L, &epoch, &left))) {
+					ts_feed_detach(f);
+					return ret;
+				}
+				if (left * 2 > f->nindex && !L->had_own_epoch) {
+					ts_feed_detach(f);
+					ts_info("loader '%s': joined the stream in mid-epoch (%llu of %llu samples to come): "
+						"this epoch of the job is its own, sharing from the next",
+						L->key, (unsigned long long)left, (unsigned long long)f->nindex);
+					L->had_own_epoch = 1;
+					return ALIGN_OWN;
+				}
+				f->read_epoch = epoch; /* as if we had read it so far */
+				f->read_any = 1;
+			}
+		}
+		ret = skip_to_next_epoch(L, &skipped);
+		if (ret != -ESTALE && ret != -ENOTCONN)
+			break;
+	}
+	if (skipped)
+		ts_info("loader '%s': skipped %llu samples to the start of the stream's next epoch", L->key,
+			(unsigned long long)skipped);
+	return ret;
+}
+
 static int consume(struct loader *L, unsigned npos, void *const *data, const size_t *bytes, size_t nsamples,
 		   unsigned flags, struct tsshim_where *where)
 {
@@ -518,6 +624,22 @@ static int consume(struct loader *L, unsigned npos, void *const *data, const siz
 	struct tsshim_where at;
 	int ret;
 	if (stage_for(L, npos, bytes))
+		return TSSHIM_BATCH_OWN;
+	if (flags & TSSHIM_BATCH_FIRST) {
+		L->own_epoch = 0;
+		ret = align_epoch(L);
+		if (ret == ALIGN_OWN) {
+			L->own_epoch = 1;
+		} else if (ret == -EAGAIN) {
+			ts_feed_detach(f);
+			return -EAGAIN; /* producer now */
+		} else if (ret) {
+			if (ret != -ETIMEDOUT)
+				loader_off(L, strerror(-ret));
+			return TSSHIM_BATCH_OWN;
+		}
+	}
+	if (L->own_epoch)
 		return TSSHIM_BATCH_OWN;
 	for (int attempt = 0; attempt < 3; attempt++) {
 		if (!f->attached && (ret = ts_feed_attach(f, (flags & TSSHIM_BATCH_FIRST) != 0)))

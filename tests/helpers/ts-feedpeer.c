@@ -204,7 +204,13 @@ static int tail_reader(int at_epoch_start, int ready_fd)
 				return 203;
 		}
 	}
+	/* the feed says whether it attached where an epoch starts: the first sample of the permutation */
+	int at_start = f.at_epoch_start, read_any = f.read_any;
 	ts_feed_close(&f);
+	if (at_start != (at_epoch_start && k == 0))
+		return 205;
+	if (seen && !read_any)
+		return 206;
 	return k + seen == NINDEX ? (int)seen : 204;
 }
 

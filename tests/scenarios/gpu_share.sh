@@ -14,7 +14,8 @@
 # on two streams or some labels only, a peer that rewrites the GPU
 # ring's depth mid-run, buffer records that claim more than their
 # allocations, and a producer that changes a batch in place once its
-# synchronous upload returned. Every job runs under `timeout`; no
+# synchronous upload returned, and consumers whose epochs must begin where
+# the stream's do (left early, joined late; verified --strict). Every job runs under `timeout`; no
 # /dev/shm object of a case's
 # session may survive its jobs.
 set -u
@@ -139,7 +140,7 @@ verify() {
 	for n in "$@"; do
 		if [[ " $KILLED " == *" $n "* ]]; then files+=(--killed "$T_TMP/$n.rec"); else files+=("$T_TMP/$n.rec"); fi
 	done
-	"$VERIFY" "${files[@]}" >"$T_TMP/$c.verify" 2>&1
+	"$VERIFY" ${STRICT:+--strict} "${files[@]}" >"$T_TMP/$c.verify" 2>&1
 	VRC=$?
 	VSUM=$(tail -n 1 "$T_TMP/$c.verify")
 }
@@ -679,6 +680,38 @@ for way in prod cpuprod prod.pt cpuprod.pt; do
 	check "19 ($prod${pt:+, per-thread stream}): no /dev/shm object of the session left" shm_gone "$S"
 done
 echo "# case 19: $((SECONDS - T1)) s"
+
+# === 20. a consumer's epoch is one of the stream's =========================================
+# Epochs of 25 batches (100 samples, batch 4), a ring of 4: where a consumer begins an epoch, the
+# ring rarely holds the stream epoch's start. Each job epoch must still be
+# one stream epoch, no sample twice (tsshim-verify --strict: repeats_epoch=0;
+# before, a consumer read on across the stream's epoch mark):
+#   a  leaves each epoch after 5 batches of 10: at its next, it skips the
+#      50 samples it did not read, to the stream's next epoch
+#   b  joins past the middle of the producer's first epoch: it waits for
+#      the rest and is served from the next epoch's first sample
+#   c  joins early in it: that epoch of the job is its own; served later
+T1=$SECONDS
+S=$(session_name c20)
+job c20p "$S" TSSHIM_DEPTH=4 -- --seed 1 --batch 4 --epochs 5 --step-ms 40 "$TR"
+wait_for "$T_TMP/c20p.rec" ' phase=train epoch=0 pass=[0-9]+ iter=5 ' 30
+job c20c "$S" TSSHIM_DEPTH=4 TSSHIM_LOG=info -- --seed 3 --batch 8 --epochs 3 "$TR"
+job c20a "$S" TSSHIM_DEPTH=4 TSSHIM_LOG=info -- --seed 2 --batch 10 --epochs 6 --break-after 5 "$TR"
+wait_for "$T_TMP/c20p.rec" ' phase=train epoch=0 pass=[0-9]+ iter=15 ' 30
+job c20b "$S" TSSHIM_DEPTH=4 TSSHIM_LOG=info -- --seed 4 --batch 16 --epochs 3 "$TR"
+wait_jobs c20p c20a c20b c20c
+STRICT=1
+case_end "20 (epochs aligned)" "$S" c20p c20a c20b c20c
+STRICT=
+check "20: no sample twice in a consumer's epoch (${VSUM#tsshim-verify: })" \
+	cond '[ "$(vsum repeats_epoch)" = 0 ] && [ "$(vsum served)" -gt 0 ]'
+check "20a: it skipped to the next epoch ($(grep -c 'skipped [0-9]* samples to the start' "$T_TMP/c20a.err") times) and was served ($(nlines c20a " share=served ") lines)" \
+	cond 'grep -q "skipped [0-9]* samples to the start of the stream.s next epoch" "$T_TMP/c20a.err" && [ "$(nlines c20a " share=served ")" -gt 0 ]'
+check "20b: joined past the middle, every batch served ($(shares c20b | tr ' ' '\n' | sort | uniq -c | xargs))" \
+	cond '[ "$(nlines c20b " share=(own|pub) ")" = 0 ] && [ "$(nlines c20b " share=served ")" -gt 0 ]'
+check "20c: joined early, its first epoch its own ($(grep ' phase=train epoch=0 ' "$T_TMP/c20c.rec" | grep -oE ' share=[a-z]+' | sort | uniq -c | xargs))" \
+	cond 'grep -q "joined the stream in mid-epoch" "$T_TMP/c20c.err" && [ "$(grep " phase=train epoch=0 " "$T_TMP/c20c.rec" | grep -c " share=own ")" = 13 ]'
+echo "# case 20: $((SECONDS - T1)) s"
 
 # Across every case: no producer freed a buffer a live consumer still had open
 # through IPC (undefined on CUDA; tsemu counts it and overwrites the memory).
