@@ -288,9 +288,11 @@ static const char *feed_key(const struct snap *s)
 }
 
 /*
- * The owner may shrink the file while we read its mapping, which raises
- * SIGBUS; reading happens only in load(), where that becomes an ordinary
- * "corrupt" result instead of a crash.
+ * The owner may shrink a file while we read its mapping, which raises
+ * SIGBUS. Every read of a mapping (a session, its cache, its GPU ring)
+ * runs under bus_guarded(), where that becomes an ordinary -EBADMSG
+ * ("truncated while being read") instead of a crash. A mapping made inside
+ * fn is left behind then (inspect is short-lived).
  */
 static sigjmp_buf *volatile bus_jump;
 
@@ -302,19 +304,42 @@ static void on_sigbus(int sig)
 	raise(SIGBUS);
 }
 
-static int load(struct ts_view *v, const char *path, struct snap *s, char *why, size_t whylen)
+static int bus_guarded(int (*fn)(void *), void *arg)
 {
 	sigjmp_buf jb;
 	if (sigsetjmp(jb, 1)) {
 		bus_jump = NULL;
-		snprintf(why, whylen, "truncated while being read");
 		return -EBADMSG;
 	}
 	bus_jump = &jb;
-	int ret = ts_view_open(v, path, why, whylen);
-	if (ret == 0)
-		snapshot(v, s);
+	int ret = fn(arg);
 	bus_jump = NULL;
+	return ret;
+}
+
+struct load_args {
+	struct ts_view *v;
+	const char *path;
+	struct snap *s;
+	char *why;
+	size_t whylen;
+};
+
+static int load_fn(void *arg)
+{
+	struct load_args *a = arg;
+	int ret = ts_view_open(a->v, a->path, a->why, a->whylen);
+	if (ret == 0)
+		snapshot(a->v, a->s);
+	return ret;
+}
+
+static int load(struct ts_view *v, const char *path, struct snap *s, char *why, size_t whylen)
+{
+	struct load_args a = {.v = v, .path = path, .s = s, .why = why, .whylen = whylen};
+	int ret = bus_guarded(load_fn, &a);
+	if (ret == -EBADMSG && !why[0])
+		snprintf(why, whylen, "truncated while being read");
 	return ret;
 }
 
@@ -958,16 +983,46 @@ static const char *printable(char *buf, size_t n, const char *s)
 	return buf;
 }
 
+static int cache_view_fn(void *arg)
+{
+	struct snap *s = arg;
+	char why[160];
+	return ts_cache_view(s->cache_path, &s->cache, why, sizeof(why));
+}
+
 /* The session's decoded-image cache, if any: its counters join the session's. */
 static void load_cache(const char *name, struct snap *s)
 {
-	char why[160];
 	s->has_cache = ts_cache_path(s->cache_path, sizeof(s->cache_path), getuid(), name) == 0 &&
-		       ts_cache_view(s->cache_path, &s->cache, why, sizeof(why)) == 0;
+		       bus_guarded(cache_view_fn, s) == 0;
 	if (s->has_cache) {
 		s->decodes_shared += s->cache.hits;
 		s->cpu_ns_saved += s->cache.saved_decode_ns;
 	}
+}
+
+struct gpu_args {
+	const struct ts_gpu_table *t;
+	size_t size;
+	struct snap *s;
+};
+
+static int gpu_read_fn(void *arg)
+{
+	struct gpu_args *a = arg;
+	struct snap *s = a->s;
+	int ret = ts_gpuring_valid(a->t, a->size, (uint32_t)getuid());
+	if (ret)
+		return ret;
+	const struct ts_gpu_counters *c = &a->t->counters;
+	s->gpu_kept = LOAD(&c->batches_kept);
+	s->gpu_kept_bytes = LOAD(&c->bytes_kept);
+	s->gpu_served = LOAD(&c->uploads_served);
+	s->gpu_served_bytes = LOAD(&c->bytes_served);
+	s->gpu_bufs = LOAD(&c->buffers_live);
+	s->gpu_buf_bytes = LOAD(&c->buffer_bytes);
+	s->gpu_replaced = LOAD(&c->replaced);
+	return 0;
 }
 
 /* The feed's GPU ring, read-only: mapped, validated, its counters copied. */
@@ -988,17 +1043,8 @@ static void load_gpu(const char *name, struct snap *s)
 	close(fd);
 	if (t == MAP_FAILED)
 		return;
-	if (ts_gpuring_valid(t, (size_t)sb.st_size, (uint32_t)getuid()) == 0) {
-		const struct ts_gpu_counters *c = &t->counters;
-		s->has_gpu = 1;
-		s->gpu_kept = LOAD(&c->batches_kept);
-		s->gpu_kept_bytes = LOAD(&c->bytes_kept);
-		s->gpu_served = LOAD(&c->uploads_served);
-		s->gpu_served_bytes = LOAD(&c->bytes_served);
-		s->gpu_bufs = LOAD(&c->buffers_live);
-		s->gpu_buf_bytes = LOAD(&c->buffer_bytes);
-		s->gpu_replaced = LOAD(&c->replaced);
-	}
+	struct gpu_args a = {.t = t, .size = (size_t)sb.st_size, .s = s};
+	s->has_gpu = bus_guarded(gpu_read_fn, &a) == 0;
 	munmap((void *)t, (size_t)sb.st_size);
 }
 
@@ -1099,20 +1145,38 @@ static int watch(const struct opts *o)
  * 1 removed, 0 left alone (reason in e->left: live, or unreadable and so
  * not ours to judge), -1 an error while removing a readable segment.
  */
+struct clean_args {
+	struct ts_view *v;
+	const char *path;
+	char *why;
+	size_t whylen;
+	uint64_t *inc;
+};
+
+static int clean_look_fn(void *arg)
+{
+	struct clean_args *a = arg;
+	int r = ts_view_open(a->v, a->path, a->why, a->whylen);
+	if (r == 0) {
+		char ignored[160];
+		/* the incarnation whose feed files go with it, should it be removed */
+		if (ts_segment_validate(a->v->seg, a->v->map_size, getuid(), ignored, sizeof(ignored)) == 0)
+			*a->inc = a->v->seg->st.created_unix_ns;
+		ts_view_close(a->v);
+	}
+	return r;
+}
+
 static int clean_one(struct entry *e)
 {
 	char why[160] = "";
 	struct ts_view v;
 	uint64_t inc = 0;
 	/* Open it first for a readable reason: remove_if_stale only says -errno. */
-	int r = ts_view_open(&v, e->path, why, sizeof(why));
-	if (r == 0) {
-		char ignored[160];
-		/* the incarnation whose feed files go with it, should it be removed */
-		if (ts_segment_validate(v.seg, v.map_size, getuid(), ignored, sizeof(ignored)) == 0)
-			inc = v.seg->st.created_unix_ns;
-		ts_view_close(&v);
-	}
+	struct clean_args a = {.v = &v, .path = e->path, .why = why, .whylen = sizeof(why), .inc = &inc};
+	int r = bus_guarded(clean_look_fn, &a);
+	if (r == -EBADMSG && !why[0])
+		snprintf(why, sizeof(why), "truncated while being read");
 	if (r == -ENOENT)
 		return 0; /* gone meanwhile */
 	if (r == 0)
