@@ -101,5 +101,31 @@ for pat in halves repeat side-stream late-labels; do
 	check "$pat: nothing left in /dev/shm" no_leftovers "$S"
 done
 
+# 5. epochs aligned (gpu_share case 20): a ring of 4, a consumer that leaves
+# each epoch early and one that joins in mid-epoch: each consumer epoch is
+# one of the stream's, no sample twice (--strict)
+S=gc-$$-align
+TSSHIM_DEPTH=4 job ap "$S" --seed 1 --batch 8 --epochs 5 --step-ms 30
+for _ in $(seq 200); do grep -q ' iter=5 ' "$T/ap.rec" 2>/dev/null && break; sleep 0.05; done
+TSSHIM_DEPTH=4 job ab "$S" --seed 2 --batch 20 --epochs 6 --break-after 3
+TSSHIM_DEPTH=4 job al "$S" --seed 3 --batch 16 --epochs 3
+wait
+check "align: all finish" finished ap ab al
+check "align: tsshim-verify --strict (no sample twice in an epoch)" "$VERIFY" --strict "$T/ap.rec" "$T/ab.rec" "$T/al.rec"
+check "align: the consumers were served ($(served_lines ab)+$(served_lines al) lines)" \
+	test "$(( $(served_lines ab) + $(served_lines al) ))" -gt 0
+check "align: nothing left in /dev/shm" no_leftovers "$S"
+
+# 6. a slow consumer: the producer waits for it (backpressure) or evicts it; what
+# it trained is still proven
+S=gc-$$-slow
+job sp "$S" --seed 1 --batch 32 --epochs 3 --step-ms 5
+for _ in $(seq 200); do grep -q '^seq=' "$T/sp.rec" 2>/dev/null && break; sleep 0.05; done
+job sc "$S" --seed 2 --batch 32 --epochs 3 --step-ms 60
+wait
+check "slow: both finish" finished sp sc
+check "slow: tsshim-verify" "$VERIFY" "$T/sp.rec" "$T/sc.rec"
+check "slow: nothing left in /dev/shm" no_leftovers "$S"
+
 echo "gpu-check: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
