@@ -2151,8 +2151,9 @@ int main(int argc, char **argv)
 			fprintf(stderr, PROG ": --record %s: %s\n", opt.record, strerror(errno));
 			goto out;
 		}
-		fprintf(J.rec, "# tsshim-train record v1\n# root=%s samples=%zu classes=%zu", opt.root, J.train.ds.n,
-			J.train.ds.nclasses);
+		/* readback=1: every batch line has dsh=, and tsshim-verify holds it to that */
+		fprintf(J.rec, "# tsshim-train record v1 readback=%d\n# root=%s samples=%zu classes=%zu",
+			opt.readback && opt.tsshim ? 1 : 0, opt.root, J.train.ds.n, J.train.ds.nclasses);
 		if (J.have_val)
 			fprintf(J.rec, " val=%s val_samples=%zu", opt.val_root, J.val.ds.n);
 		fprintf(J.rec,

@@ -215,6 +215,7 @@ static struct {
 	const char *name;
 	unsigned long line;
 	uint64_t loader;
+	int readback; /* the header says readback=1: every batch line has dsh= */
 	uint64_t unshared, first_unshared;
 	uint64_t batch_lines, next_seq, train_batches, train_samples;
 	unsigned long end_line;
@@ -364,8 +365,11 @@ static void stream_add(const struct line *l)
 /* (a): the device got exactly the host bytes. */
 static void check_device(const struct line *l)
 {
-	if (!l->dsh)
+	if (!l->dsh) {
+		if (F.readback)
+			problem("no dsh= in a record made with readback=1: what the device got is unchecked");
 		return;
+	}
 	size_t bad = 0, first = 0;
 	for (size_t i = 0; i < V.sh.n; i++)
 		if (V.sh.v[i] != V.dsh.v[i] && !bad++)
@@ -592,7 +596,12 @@ static void check_line(char *buf)
 
 static void header_line(const char *buf)
 {
-	static const char key[] = "# tsshim_loader=";
+	static const char key[] = "# tsshim_loader=", rec[] = "# tsshim-train record ";
+	if (!strncmp(buf, rec, sizeof rec - 1)) {
+		const char *rb = strstr(buf, " readback=");
+		F.readback = rb && rb[sizeof " readback=" - 1] == '1';
+		return;
+	}
 	if (strncmp(buf, key, sizeof key - 1))
 		return;
 	char name[256];
@@ -729,8 +738,9 @@ static void usage(FILE *f)
 "separate. A RECORD may be a pipe: each is read once.\n"
 "\n"
 "Checks\n"
-"  (a) dsh= (when present) equals sh= sample by sample: the device got the\n"
-"      host bytes.\n"
+"  (a) dsh= equals sh= sample by sample: the device got the host bytes.\n"
+"      Every line has dsh= when the first header line says readback=1\n"
+"      (tsshim-train --readback); else it is checked where present.\n"
 "  (b) share=pub lines define stream batch fseq (fsamp must be 0); two pub\n"
 "      lines of the same fseq must hold the same samples.\n"
 "  (c) a share=served line's n samples equal the stream's from (fseq, fsamp)\n"

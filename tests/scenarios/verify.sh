@@ -145,6 +145,8 @@ bad seq-gap "c3.rec:3: seq=2 where 1 comes next: a batch line is missing or repe
 bad end-count "c6.rec:5: '# end' says batches=3 samples=14, the training lines hold 3 batches of 15 samples" c6.rec \
 	"4s/n=2 /n=3 /;4s/ids=1200,1201/ids=1200,1201,1202/;4s/sh=\\([0-9a-f]*\\)/sh=\\1,\\1/;\$a # end batches=3 samples=14"
 bad no-loader "c3.rec:2: share=served in a record without a '# tsshim_loader=' header" c3.rec "1d;1i # tsshim-train record v1"
+# A record made with readback=1 whose line lost its dsh=: its device bytes would go unchecked.
+bad no-dsh "c3.rec:3: no dsh= in a record made with readback=1" c3.rec $'1i # tsshim-train record v1 readback=1\n2s/ dsh=[0-9a-f,]*//'
 B=$T_TMP/cut
 mkdir -p "$B"
 cp "${GOOD[@]}" "$B/"
