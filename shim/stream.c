@@ -561,10 +561,9 @@ static int skip_to_next_epoch(struct loader *L, uint64_t *skipped)
 		uint64_t want[TS_MAX_POSITIONS] = {0}, got[TS_MAX_POSITIONS] = {0};
 		for (unsigned p = 0; p < L->info.npos; p++)
 			want[p] = L->info.sample_bytes[p] * L->info.nsamples - f->r.off[p];
-		uint64_t n = L->info.sample_bytes[0] ? want[0] / L->info.sample_bytes[0] : 0;
 		if ((ret = ts_feed_read(f, L->info.npos, want, NULL, got, &eoe, SLICE_NS)) && ret != -ETIMEDOUT)
 			return ret;
-		*skipped += n;
+		*skipped += L->info.sample_bytes[0] ? got[0] / L->info.sample_bytes[0] : 0;
 		waited = 0;
 	}
 }
@@ -617,6 +616,19 @@ static int align_epoch(struct loader *L)
 	return ret;
 }
 
+/* What consume() returns when nothing was served: -EAGAIN (we are producer
+ * now), else TSSHIM_BATCH_OWN, sharing given up on an error but a timeout. */
+static int not_served(struct loader *L, int ret)
+{
+	if (ret == -EAGAIN) {
+		ts_feed_detach(L->f);
+		return -EAGAIN;
+	}
+	if (ret != -ETIMEDOUT)
+		loader_off(L, ret == -EPROTO ? "the stream's samples differ from this job's" : strerror(-ret));
+	return TSSHIM_BATCH_OWN;
+}
+
 static int consume(struct loader *L, unsigned npos, void *const *data, const size_t *bytes, size_t nsamples,
 		   unsigned flags, struct tsshim_where *where)
 {
@@ -626,23 +638,16 @@ static int consume(struct loader *L, unsigned npos, void *const *data, const siz
 	if (stage_for(L, npos, bytes))
 		return TSSHIM_BATCH_OWN;
 	if (flags & TSSHIM_BATCH_FIRST) {
-		L->own_epoch = 0;
 		ret = align_epoch(L);
-		if (ret == ALIGN_OWN) {
-			L->own_epoch = 1;
-		} else if (ret == -EAGAIN) {
-			ts_feed_detach(f);
-			return -EAGAIN; /* producer now */
-		} else if (ret) {
-			if (ret != -ETIMEDOUT)
-				loader_off(L, strerror(-ret));
-			return TSSHIM_BATCH_OWN;
-		}
+		L->own_epoch = ret == ALIGN_OWN;
+		if (ret && ret != ALIGN_OWN)
+			return not_served(L, ret);
 	}
 	if (L->own_epoch)
 		return TSSHIM_BATCH_OWN;
 	for (int attempt = 0; attempt < 3; attempt++) {
-		if (!f->attached && (ret = ts_feed_attach(f, (flags & TSSHIM_BATCH_FIRST) != 0)))
+		/* attached by align_epoch(), or evicted (we were too slow): on from the head */
+		if (!f->attached && (ret = ts_feed_attach(f, 0)))
 			return ret == -EPERM ? -EAGAIN : TSSHIM_BATCH_OWN;
 		f->on_range = ts_batch_ranges_on_range;
 		f->on_range_arg = &L->rg;
@@ -650,19 +655,10 @@ static int consume(struct loader *L, unsigned npos, void *const *data, const siz
 		f->on_range = NULL;
 		if (ret != -ESTALE && ret != -ENOTCONN)
 			break;
-		/* evicted (we were too slow): on from the head */
 		ts_info("loader '%s': evicted from the stream; reading on from its head", L->key);
 	}
-	if (ret == -EAGAIN) {
-		ts_feed_detach(f);
-		return -EAGAIN; /* producer now */
-	}
-	if (ret) {
-		if (ret != -ETIMEDOUT)
-			loader_off(L, ret == -EPROTO ? "the stream's samples differ from this job's"
-						   : strerror(-ret));
-		return TSSHIM_BATCH_OWN;
-	}
+	if (ret)
+		return not_served(L, ret);
 	uint64_t len[TS_MAX_POSITIONS];
 	for (unsigned p = 0; p < npos; p++) {
 		memcpy(data[p], L->stage[p], bytes[p]);
