@@ -770,21 +770,34 @@ static int hdr_matches(const struct ts_feed_hdr *h, const struct ts_batch_meta *
 
 /* noinline: inlined, its acquire fence trips GCC's -Wtsan in the TSan build */
 __attribute__((noinline)) static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest,
-						  uint64_t *nrest, uint64_t *npublished, uint64_t timeout_ns);
+						  int count, uint64_t *nrest, uint64_t *npublished, uint64_t timeout_ns);
 
 /* A fence this call claimed is given up when the count fails: left open, it
  * held every consumer back while each later call failed the same way. */
-int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
-			 uint64_t *npublished, uint64_t timeout_ns)
+static int stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, int count, uint64_t *nrest,
+			uint64_t *npublished, uint64_t timeout_ns)
 {
 	int claimed_before = f->w.claimed;
-	int ret = count_stream(f, epoch, ended, rest, nrest, npublished, timeout_ns);
+	int ret = count_stream(f, epoch, ended, rest, count, nrest, npublished, timeout_ns);
 	if (ret && !claimed_before && f->w.claimed)
 		ts_ring_abort(f->s.seg, &f->w);
 	return ret;
 }
 
-static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
+int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
+			 uint64_t *npublished, uint64_t timeout_ns)
+{
+	return stream_state(f, epoch, ended, rest, rest != NULL, nrest, npublished, timeout_ns);
+}
+
+int ts_feed_stream_count(struct ts_feed *f, uint64_t *epoch, int *ended, uint64_t *nrest, uint64_t *npublished,
+			 uint64_t timeout_ns)
+{
+	return stream_state(f, epoch, ended, NULL, 1, nrest, npublished, timeout_ns);
+}
+
+/* count: fill *nrest and *npublished (and rest, when given) for an unfinished epoch */
+static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, int count, uint64_t *nrest,
 			uint64_t *npublished, uint64_t timeout_ns)
 {
 	struct ts_segment *seg = f->s.seg;
@@ -820,7 +833,7 @@ static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t 
 		return ret;
 	*epoch = h->stream_epoch;
 	*ended = !!(m.flags & TS_BATCH_END_OF_EPOCH);
-	if (*ended || !rest)
+	if (*ended || !count)
 		return 0;
 
 	uint64_t words = (f->nindex + 63) / 64;
@@ -863,8 +876,10 @@ static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t 
 	for (uint64_t i = 0; i < f->nindex; i++) {
 		if (bits[i / 64] >> (i % 64) & 1)
 			++*npublished;
-		else
+		else if (rest)
 			rest[n++] = (int64_t)i;
+		else
+			n++;
 	}
 	*nrest = n;
 	free(bits);

@@ -156,6 +156,10 @@ int ts_feed_evict_laggards(struct ts_feed *f);
 int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
 			 uint64_t *npublished, uint64_t timeout_ns);
 
+/* As ts_feed_stream_state, counting what is not published without listing it. */
+int ts_feed_stream_count(struct ts_feed *f, uint64_t *epoch, int *ended, uint64_t *nrest, uint64_t *npublished,
+			 uint64_t timeout_ns);
+
 /*
  * Consumer: (re-)attach at the head, or with at_epoch_start at the first
  * batch of the newest stream epoch (the one of the last published batch,

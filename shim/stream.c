@@ -523,12 +523,9 @@ enum { ALIGN_OWN = 1 };
  */
 static int samples_to_come(struct loader *L, uint64_t *epoch, uint64_t *left)
 {
-	struct ts_feed *f = L->f;
 	uint64_t npub = 0;
 	int ended = 0;
-	int64_t *rest = malloc(f->nindex * sizeof(*rest)); /* the indices not published: their count is all we use */
-	int ret = rest ? ts_feed_stream_state(f, epoch, &ended, rest, left, &npub, 0) : -ENOMEM;
-	free(rest);
+	int ret = ts_feed_stream_count(L->f, epoch, &ended, left, &npub, 0);
 	if (ret == 0 && ended)
 		*left = 0; /* it ended meanwhile: the next slot starts the next one */
 	return ret;

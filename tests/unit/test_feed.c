@@ -201,6 +201,14 @@ Test(feed, successor_learns_exactly_the_rest_of_an_epoch)
 			cr_expect_neq(rest[k], perm(s), "index %ld was published", (long)rest[k]);
 	for (uint64_t k = 1; k < nrest; k++)
 		cr_expect_lt(rest[k - 1], rest[k], "ascending");
+
+	/* The count alone (a consumer joining in mid-epoch) agrees, with no list. */
+	uint64_t cepoch = 0, cnrest = 0, cnpub = 0;
+	int cended = 1;
+	cr_assert_eq(ts_feed_stream_count(&f, &cepoch, &cended, &cnrest, &cnpub, SEC), 0);
+	cr_expect(cepoch == 2 && !cended);
+	cr_expect_eq(cnrest, 8u, "counted without a list");
+	cr_expect_eq(cnpub, 42u);
 	ts_feed_close(&f);
 }
 
