@@ -44,4 +44,28 @@ kill -TERM "$P" 2>/dev/null; wait "$P"
 line=$(grep -h "\[$P\]: prefetch: [0-9]* files" "$T_TMP/stderr")
 echo "# $line"
 check "prefetch read every file of the scope ($NFILES)" [ "$(echo "$line" | grep -c "prefetch: $NFILES files, .* 0 errors")" = 1 ]
+
+# A program that closes every descriptor above stderr (close_range, closefrom) while the
+# prefetch reads. Under a seccomp filter the prefetch keeps its descriptors in the program's
+# table: the shim must stop it before the close, or it goes on with numbers the program reuses.
+# Without a filter its table is its own and it reads on. The program's pipes, made in the
+# freed numbers, must carry exactly their data. A sparse file keeps the prefetch busy.
+CR="$PWD/$BUILD/tests/ts-closerange"
+mkdir -p "$T_TMP/big" && truncate -s 1G "$T_TMP/big/blob"
+for way in "--seccomp close_range" "--seccomp closefrom" "close_range"; do
+	key=${way//[^a-z]/_}
+	S=$(session_name "cr$key")
+	# shellcheck disable=SC2086 # $way is two words on purpose
+	out=$(TSSHIM_SESSION=$S TSSHIM_DATA="$T_TMP/big" LD_PRELOAD="$TS_PRELOAD" timeout 60 "$CR" $way 2>"$T_TMP/cr$key.err")
+	rc=$?
+	check "$way: the program's pipes carry their data (rc=$rc: $out)" [ "$rc" = 0 ] || cat "$T_TMP/cr$key.err"
+	if [[ "$way" == --seccomp* ]]; then
+		check "$way: the prefetch (descriptors in the program's table) was stopped before the close" \
+			grep -q "prefetch stopped: the program closes its descriptors" "$T_TMP/cr$key.err"
+	else
+		check "$way: the prefetch (a table of its own) read on ($out)" \
+			cond '[[ "$out" == *prefetch_after=1* ]] && ! grep -q "prefetch stopped: the program" "$T_TMP/cr$key.err"'
+	fi
+	check "$way: the session segment is removed at exit" [ ! -e "$(seg_path "$S")" ]
+done
 finish prefetch
