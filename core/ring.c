@@ -365,12 +365,17 @@ int ts_ring_abort(struct ts_segment *seg, struct ts_ring_writer *w)
 	 * Put the previous word back. A reader that raced with our meta writes
 	 * would see the same word again (ABA), but only an evicted reader can be
 	 * in this slot, and peek() re-checks the attach word after the row.
-	 * Except when that word named a row of ours (any epoch): begin() cleared
-	 * the row, so its seq must read as overwritten (-ESTALE), never as
-	 * published with this claim's row. A free word with the aborted seq says
-	 * so, and the next begin() claims it like any free slot.
+	 * A free word with the aborted seq goes back instead, which readers of
+	 * that seq take as not published yet and the next begin() claims like
+	 * any free slot, when the previous word was
+	 *  - a row of ours (any epoch): begin() cleared the row, so its seq must
+	 *    never read as published with this claim's row;
+	 *  - a claim we took over from a replaced producer: given back, it would
+	 *    let that producer (stopped, not dead) publish behind the fence
+	 *    ts_feed_stream_state() raised, and its publish must fail instead.
 	 */
-	if (ts_slot_state(back) != TS_SLOT_FREE && ts_slot_writer1(back) == (unsigned)w->self + 1)
+	if (ts_slot_state(back) == TS_SLOT_WRITING ||
+	    (ts_slot_state(back) != TS_SLOT_FREE && ts_slot_writer1(back) == (unsigned)w->self + 1))
 		back = ts_slot_word(TS_SLOT_FREE, 0, 0, w->seq);
 	if (!atomic_compare_exchange_strong_explicit(&seg->ring.slots[w->slot].word, &mine, back,
 						     memory_order_release, memory_order_relaxed))

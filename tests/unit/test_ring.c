@@ -836,22 +836,33 @@ Test(ring, replaced_between_check_and_claim)
 }
 
 /* A claim re-made by B after a takeover is B's, and B's abort gives it back. */
-Test(ring, takeover_abort_gives_back)
+/*
+ * A successor that took over a replaced producer's claim and gives it up
+ * (its stream count failed) must not hand the claim back: the replaced
+ * producer, stopped rather than dead, would then publish behind the fence.
+ */
+Test(ring, takeover_abort_fences_the_replaced_producer)
 {
 	struct ts_ring_writer a, b;
 	struct ts_batch_meta *ma, *mb;
 
 	cr_assert_eq(ts_ring_writer_init(seg, 0, &a), 0);
 	cr_assert_eq(ts_ring_begin(seg, &a, 0, &ma), 0);
-	uint64_t awrite = atomic_load(&seg->ring.slots[0].word);
+	ma->npos = 2;
+	ma->nsamples = 64;
+	ma->len[0] = 64 * S0;
+	ma->len[1] = 64 * S1;
 	atomic_store(&seg->producer, ts_producer_word(2, 1));
 	cr_assert_eq(ts_ring_writer_init(seg, 1, &b), 0);
 	cr_assert_eq(ts_ring_begin(seg, &b, 0, &mb), 0);
 	cr_assert_eq(ts_ring_abort(seg, &b), 0);
-	cr_assert_eq(atomic_load(&seg->ring.slots[0].word), awrite);
+	cr_assert_eq(atomic_load(&seg->ring.slots[0].word), ts_slot_word(TS_SLOT_FREE, 0, 0, 0),
+		     "seq 0 reads as not published, and is nobody's claim");
+	cr_assert_eq(ts_ring_publish(seg, &a), -EPERM, "the replaced producer cannot publish behind the fence");
+	cr_assert_eq(atomic_load(&seg->ring.pub_seq), 0);
 	cr_assert_eq(produce(&b, 0, 64, 0, 0), 0);
 	cr_assert_eq(atomic_load(&seg->ring.slots[0].word), ts_slot_word(TS_SLOT_PUBLISHED, 2, 2, 0));
-	cr_assert_eq(ts_ring_abort(seg, &a), -EPERM);
+	cr_assert_eq(ts_ring_abort(seg, &a), -EINVAL, "its claim ended with the failed publish");
 	cr_assert_eq(atomic_load(&seg->ring.slots[0].word), ts_slot_word(TS_SLOT_PUBLISHED, 2, 2, 0));
 }
 
