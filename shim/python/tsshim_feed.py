@@ -326,7 +326,7 @@ def _run(loader, st, orig_iter, length):
     feed = st.feed
     yielded = 0
     if feed.busy:  # a second live iterator of the same loader: it runs on its own
-        yield from orig_iter(loader)
+        yield from st.own_iter(loader, orig_iter)
         return
     feed.busy = True
     ep = _Epoch(loader, orig_iter, st, feed)
@@ -353,7 +353,7 @@ def _run(loader, st, orig_iter, length):
         # the rest of the epoch from the job's own loader
         rest = length - yielded
         if rest > 0:
-            yield from itertools.islice(orig_iter(loader), rest)
+            yield from itertools.islice(st.own_iter(loader, orig_iter), rest)
     finally:
         try:
             ep.finish()
@@ -523,7 +523,12 @@ class _Epoch:
         self.drawn = True
         torch, loader, st = self.torch, self.loader, self.st
         try:
-            if not (loader.persistent_workers and loader.num_workers > 0 and st.own_iter_made):
+            persistent = loader.persistent_workers and loader.num_workers > 0
+            if not (persistent and st.own_iter_made):
+                if persistent:
+                    # the draw its one iterator would make: that iterator, made
+                    # later, must get this seed and not draw again (own_iter)
+                    st.base_gen = _generator_copy(loader.generator, torch)
                 torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
             st.own_iter_made = True
             sampler = getattr(loader, "_index_sampler", loader.batch_sampler)
@@ -904,6 +909,7 @@ class LoaderState:
         self.announced = False
         self.rec = None
         self.own_iter_made = False  # an iterator of the loader's own was made (really, or its draws)
+        self.base_gen = None        # persistent workers: the generator as own_draws found it (own_iter)
         if key:
             data = sys.modules["torch.utils.data"]
             self.nindex = len(loader.dataset)
@@ -945,11 +951,28 @@ class LoaderState:
         # DataLoader refuses batch_sampler changes after __init__; we put it back at once
         object.__setattr__(loader, "batch_sampler", self.rec)
         try:
-            it = orig_iter(loader)
+            it = self.own_iter(loader, orig_iter)
         finally:
             object.__setattr__(loader, "batch_sampler", inner)
         self.own_iter_made = True
         return it, self.rec
+
+    def own_iter(self, loader, orig_iter):
+        """orig_iter(loader): the loader's own iterator. A persistent_workers loader
+        makes one iterator for good, which draws its workers' base seed from the
+        loader's generator. When own_draws made that draw already (we consumed its
+        first epochs), the iterator made now (we produce, or run on our own) gets
+        the same seed from a copy of the generator as it was then: the job's
+        generator is not drawn from twice, as without the shim."""
+        gen, self.base_gen = self.base_gen, None
+        if gen is None or getattr(loader, "_iterator", None) is not None:
+            return orig_iter(loader)
+        mine = loader.generator
+        object.__setattr__(loader, "generator", gen)
+        try:
+            return orig_iter(loader)
+        finally:
+            object.__setattr__(loader, "generator", mine)
 
     def remainder(self, loader, orig_iter, rest, npub, first=None, pin=False):
         """(batch, indices, last) for the samples of the stream epoch not published yet,
@@ -996,6 +1019,19 @@ class LoaderState:
         return gen()
 
 
+def _generator_copy(gen, torch):
+    """A generator in the state of gen (torch's default one for None), or None
+    when it cannot be copied."""
+    try:
+        src = gen if gen is not None else torch.default_generator
+        copy = torch.Generator(device=src.device)
+        copy.set_state(src.get_state())
+        return copy
+    except Exception as e:
+        hook.log("debug", "the loader's generator cannot be copied: %s: %s" % (type(e).__name__, e))
+        return None
+
+
 def iterate(loader, orig_iter):
     """iter(loader) when it shares, else None (the caller runs orig_iter)."""
     if loader.__dict__.get("_tsshim_private"):
@@ -1012,13 +1048,13 @@ def iterate(loader, orig_iter):
         if st.disabled:
             hook.log("info", "DataLoader not shared: %s" % st.why)
     if st.disabled:
-        return None
+        return _unshared(loader, st, orig_iter)
     if st.feed is None:
         try:
             st.feed = feed_for(st.key, _label(loader, st), st.nindex)
         except Fallback as e:
             st.disable(str(e))
-            return None
+            return _unshared(loader, st, orig_iter)
         if st.feed is None:  # the C shim is not loaded here
             st.disabled = "tsshim not loaded"
             return None
@@ -1026,6 +1062,17 @@ def iterate(loader, orig_iter):
             hook.log("info", "DataLoader shares as feed %s (%s)" % (st.key, _label(loader, st)))
             st.announced = True
     return SharedIter(loader, st, orig_iter)
+
+
+def _unshared(loader, st, orig_iter):
+    """None (the caller runs orig_iter), or the loader's own iterator when it must be
+    made through own_iter (own_draws drew its persistent workers' seed already)."""
+    if st.base_gen is None:
+        return None
+    try:
+        return st.own_iter(loader, orig_iter)
+    except Exception:
+        return None  # the caller's own orig_iter makes it again: the job sees what fails there
 
 
 def _label(loader, st):

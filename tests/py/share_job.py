@@ -42,7 +42,9 @@ CPU accounting:
                   module-level function; it finds the file and the loader name
                   in os.environ (SHARE_JOB_WORKERS, SHARE_JOB_LOADER), set
                   before each iter(): fork copies the environment, spawn
-                  passes it on.
+                  passes it on. Each worker also appends "LOADER ID SEED" to
+                  FILE.workers-seed: its torch.initial_seed(), the iterator's
+                  base seed + ID.
 
 With --emu-cuda LIB (a CUDA runtime: tsemu, the test device, in the tests),
 each training batch is uploaded right after next(), as `x.cuda()` would do it
@@ -129,6 +131,8 @@ def worker_init(worker_id):
     loader = os.environ.get(ENV_LOADER, "?")
     with open(path, "a") as f:  # one short write in append mode: no interleaving
         f.write("%d %s\n" % (os.getpid(), loader))
+    with open(path + "-seed", "a") as f:
+        f.write("%s %d %d\n" % (loader, worker_id, torch.initial_seed()))
     import multiprocessing.util
     multiprocessing.util.Finalize(None, _worker_exit, args=(path + "-cpu", loader), exitpriority=100)
 
@@ -342,7 +346,7 @@ def main():
     rec = Recorder(a.record)
     if a.record:
         os.environ[ENV_WORKERS] = a.record + ".workers"
-        for p in (a.record + ".workers", a.record + ".workers-cpu"):
+        for p in (a.record + ".workers", a.record + ".workers-cpu", a.record + ".workers-seed"):
             open(p, "w").close()
 
     tf = make_transform(a.transform)

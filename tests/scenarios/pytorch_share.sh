@@ -32,6 +32,10 @@
 #   r      GPU jobs that fetch the next batch before uploading this one
 #   w      a collate function that pads each batch: a consumer finishing its epoch
 #          privately gets the part of a batch it holds as it is (no crash)
+#   xs/xo  a consumer with persistent workers that later runs its own loader (elected
+#          producer; sharing off): no second base seed drawn, its workers' seeds kept
+#   z      a train loader that goes off sharing, then a validation loader (its feed
+#          gets the closed feed's handle): the train epoch's end leaves it alone
 # plus the same jobs as (a) without the shim: per-job checks pass, and the
 # shared check fails (each job shuffles by its own seed); and first the
 # verifier's own self checks (tests/py/test_share_verify.py).
@@ -675,6 +679,61 @@ for pers in "" --persistent; do
 		cond "[ -n \"\$(probes $c.3)\" ] && [ \"\$(probes $c.2)\" = \"\$(probes $c.3)\" ]"
 done
 
+# --- xs, xo: a consumer that runs its own loader later, persistent workers --------------
+# A persistent_workers loader makes one iterator for good, and draws its workers'
+# base seed once, from torch's generator. A consumer makes that draw in its first
+# epoch, as its own iterator would (x). When it later runs its own loader, the
+# iterator it makes then must not draw again, and its workers get that first
+# seed. xs: the producer (job 1) leaves after epoch 0; job 2, its consumer, is
+# elected and produces epochs 1 and 2 with its own loader. xo: job 1 (patched,
+# no workers) cannot carry its batches from epoch 1's fourth on; job 2 finishes
+# that epoch privately and runs its own loader, unshared, in epoch 2. Job 3 is job 2 without
+# the shim. Before, job 2's own iterator drew a second base seed: its torch.rand()
+# after epoch 1 (xs) or 2 (xo) on, and its workers' seeds, were not the job's.
+cat >"$T_TMP/late_job.py" <<'PY'
+import os, runpy, sys
+sys.argv = [os.environ["SHARE_JOB"]] + sys.argv[1:]
+import tsshim_feed  # the layer, as the bootstrap put it on sys.path
+plain, calls = tsshim_feed.describe_batch, [0]
+def late(batch, torch):  # the producer's batches cannot be carried after the first CARRY
+    calls[0] += 1
+    if calls[0] > int(os.environ["CARRY"]):
+        raise tsshim_feed.NotCarried("test: not carried from here on")
+    return plain(batch, torch)
+tsshim_feed.describe_batch = late
+runpy.run_path(sys.argv[0], run_name="__main__")
+PY
+probes() { grep -o '"rng":[0-9.e-]*' "$T_TMP/$1.jsonl" | cut -d: -f2 | xargs; }
+train_seeds() { # JOB N: the seeds of the last N train-loader workers it started
+	grep '^train ' "$T_TMP/$1.jsonl.workers-seed" 2>/dev/null | tail -n "$2" | cut -d' ' -f3 | sort -n | xargs
+}
+for c in xs xo; do
+	if [ "$c" = xs ]; then
+		job xs 1 1 --barrier "$T_TMP/xs.go:2" --seed 1 --batch-size 16 --workers 2 --persistent --epochs 1 --rng-probe
+	else
+		JOB_PLAIN=$JOB
+		JOB="$T_TMP/late_job.py"
+		SHARE_JOB=$JOB_PLAIN CARRY=13 job xo 1 1 --barrier "$T_TMP/xo.go:2" --seed 1 --batch-size 16 --workers 0 --epochs 3
+		JOB=$JOB_PLAIN
+	fi
+	job "$c" 2 1 --barrier "$T_TMP/$c.go:2" --start-delay 0.3 --seed 2 --batch-size 16 --workers 2 --persistent --epochs 3 --rng-probe
+	job "$c" 3 0 --seed 2 --batch-size 16 --workers 2 --persistent --epochs 3 --rng-probe
+	finished "$c" 3
+	if [ "$c" = xs ]; then
+		check "(xs) job 2 consumed epoch 0, then produced with its own loader (train workers: $(loader_workers "$T_TMP/xs.2.jsonl" train))" \
+			cond "grep -q 'consumer of feed' '$T_TMP/xs.2.err' && grep -q 'producer of feed' '$T_TMP/xs.2.err' &&
+				[ \"\$(loader_workers '$T_TMP/xs.2.jsonl' train)\" -gt 0 ]"
+	else
+		check "(xo) job 2 consumed, finished epoch 1 privately when its producer stopped sharing, then ran its own loader" \
+			cond "grep -q 'consumer of feed' '$T_TMP/xo.2.err' && grep -q 'finishing the epoch privately' '$T_TMP/xo.2.err' &&
+				grep -q 'sharing off for this loader: the producer found the batches cannot be shared' '$T_TMP/xo.2.err'"
+	fi
+	check "($c) job 2's torch.rand() after each epoch is the job's without the shim ($(probes "$c.2") / $(probes "$c.3"))" \
+		cond "[ -n \"\$(probes $c.3)\" ] && [ \"\$(probes $c.2)\" = \"\$(probes $c.3)\" ]"
+	check "($c) job 2's persistent workers have the seeds the job's own have ($(train_seeds "$c.2" 2) / $(train_seeds "$c.3" 2))" \
+		cond "[ -n \"\$(train_seeds $c.3 2)\" ] && [ \"\$(train_seeds $c.2 2)\" = \"\$(train_seeds $c.3 2)\" ]"
+done
+
 # --- y: a loop that takes exactly len(loader) batches --------------------------------
 # Job 2 never asks for the StopIteration after an epoch's last batch (range(len(dl)),
 # zip, islice): its epoch is over all the same, not broken off. Before, it was
@@ -684,6 +743,128 @@ job y 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 3 --sleep 0.01
 job y 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 3 --sleep 0.08 --exact-len --barrier "$T_TMP/y.go:2"
 finished y 2
 verify y "len(loader) batches taken with next(), no StopIteration asked for: every epoch whole" $(recs y 2)
+
+# --- z: a train loader whose sharing goes off, then a validation loader --------------
+# Sample 30 of the train set is wider than those before: the producer cannot carry
+# batch 3, and every job's train loader goes off sharing there, its feed closed.
+# From train step 3 on, each job reads one validation batch per step (the
+# validation loader's feed gets the handle number the train feed had) and the
+# rest of the validation epoch after the train epoch's end. Job 1 produces the
+# validation stream (its first batch out before the others read theirs), job 2
+# reads it slowly, job 3 waits for each batch (TSSHIM_TIMEOUT_MS=50, job 1 pausing
+# 0.2 s after each of its last validation batches). Before, the end of the train
+# epoch released the closed feed's handle, that is the validation feed's: job 1's
+# marked job 1 idle mid-epoch (job 3 took over its stream, job 1 was "no longer
+# producer"); job 2's detached job 2's reader, which came back at the head, its
+# validation epoch short by what job 1 had published meanwhile. Each job also
+# counts the library calls made by such an end of epoch on a handle another of
+# its feeds holds (tsshim_feed._Epoch.finish patched): there must be one such
+# end, and no call (2 each before: tsshim_feed_role, then _set_idle or _detach).
+cat >"$T_TMP/z_job.py" <<'PY'
+import os, sys, time, torch
+from torch.utils.data import Dataset, DataLoader
+go, n, lead = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "lead"
+pause, vpause = float(sys.argv[4]), float(sys.argv[5])  # after a train step; after a val batch past the train epoch
+def arrive(name):
+    os.makedirs(os.path.join(go, name), exist_ok=True)
+    open(os.path.join(go, name, str(os.getpid())), "w").close()
+def wait_for(name, count):  # at most 10 s: a job that does not come is a failure below, not a hang
+    end = time.time() + 10
+    while not os.path.isdir(os.path.join(go, name)) or len(os.listdir(os.path.join(go, name))) < count:
+        if time.time() > end:
+            print("not all jobs came to", name, flush=True)
+            return
+        time.sleep(0.005)
+arrive("start")
+wait_for("start", n)
+if not lead:
+    time.sleep(0.3)  # the leader opens the train feed first: it produces
+import tsshim_feed  # the layer, as the bootstrap put it on sys.path
+stale = []  # per end of an epoch whose handle another feed of ours holds: its library calls
+plain_finish = tsshim_feed._Epoch.finish
+def finish(self):
+    if not any(f.h == self.h and f is not self.feed for f in tsshim_feed._feeds.values()):
+        return plain_finish(self)
+    calls, lib = [], self.lib
+    class Counting:
+        def __getattr__(_, name):
+            fn = getattr(lib, name)
+            def call(*a):
+                calls.append(name)
+                return fn(*a)
+            return call
+    self.lib = Counting()
+    try:
+        return plain_finish(self)
+    finally:
+        self.lib = lib
+        stale.append(calls)
+tsshim_feed._Epoch.finish = finish
+class Train(Dataset):
+    def __len__(self):
+        return 60
+    def __getitem__(self, i):
+        return torch.full((4 if i < 30 else 5,), i, dtype=torch.int64)
+class Val(Dataset):
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        return torch.full((3,), i, dtype=torch.int64)
+tl = DataLoader(Train(), batch_size=10)
+vl = DataLoader(Val(), batch_size=5)
+def open_val(epoch):
+    """The leader's validation epoch starts first (it produces the stream); the
+    others open the loader's feed only then, and read its first batch before the
+    leader goes on."""
+    if lead:
+        vit = iter(vl)
+        first = next(vit)
+        arrive("v%d" % epoch)
+        wait_for("r%d" % epoch, n - 1)
+    else:
+        wait_for("v%d" % epoch, 1)
+        vit = iter(vl)
+        first = next(vit)
+        arrive("r%d" % epoch)
+    return vit, first[:, 0].tolist()
+for epoch in range(2):
+    train, val, vit = [], [], None
+    for k, x in enumerate(tl):
+        train += x[:, 0].tolist()
+        if k >= 3:  # sharing is off for the train loader by now: its feed is closed
+            if vit is None:
+                vit, val = open_val(epoch)
+            else:
+                val += next(vit)[:, 0].tolist()
+        time.sleep(0.4 if lead and epoch == 0 and k < 3 else pause)  # the others read batches 0-2 from the feed
+    for v in vit:  # the rest of the validation epoch, after the train epoch's end
+        val += v[:, 0].tolist()
+        time.sleep(vpause)
+    print("epoch", epoch, "train whole", train == list(range(60)), "val whole", val == list(range(40)),
+          "" if val == list(range(40)) else "val %s" % val, flush=True)
+print("stale finishes", len(stale), "calls", sum(map(len, stale)), *sum(stale, []), flush=True)
+PY
+z_pauses=("" "0.05 0.2" "0.3 0.05" "0 0")
+for i in 1 2 3; do
+	LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name z)" TSSHIM_LOG=info TSSHIM_TIMEOUT_MS=50 \
+		"${JOB_LIMIT[@]}" "$PY" "$T_TMP/z_job.py" "$T_TMP/z.go" 3 "$([ "$i" = 1 ] && echo lead || echo follow)" \
+		${z_pauses[$i]} >"$T_TMP/z.$i.out" 2>"$T_TMP/z.$i.err" &
+	JPID[z.$i]=$!
+	T_PIDS+=($!)
+done
+finished z 3
+for i in 1 2 3; do
+	check "(z) job $i: both epochs' train and validation batches each sample once, in order" \
+		cond "[ \"\$(grep -c '^epoch . train whole True val whole True' '$T_TMP/z.$i.out')\" = 2 ]" ||
+		sed 's/^/#   /' "$T_TMP/z.$i.out" | head -n 6
+done
+z_notes=$(grep -h -o -E 'took over from idle member|no longer producer|evicted \(too slow\)' "$T_TMP"/z.[123].err | sort | uniq -c | xargs)
+check "(z) no job took over the validation stream, was replaced as its producer or lost its place${z_notes:+ ($z_notes)}" \
+	[ -z "$z_notes" ]
+for i in 1 2 3; do
+	check "(z) job $i: the train epoch's end, its feed closed, made no call on its handle, now the validation feed's ($(grep -h '^stale' "$T_TMP/z.$i.out"))" \
+		grep -Eqx 'stale finishes [1-9][0-9]* calls 0' "$T_TMP/z.$i.out"
+done
 
 # --- m, n, o, p: GPU jobs (tsemu, the test device) -----------------------------------
 # Each job uploads every training batch right after next(), as x.cuda() does
