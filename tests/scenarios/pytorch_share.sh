@@ -30,6 +30,7 @@
 #   q      GPU jobs, the producer killed: the successor's batches fill the
 #          ring, and it makes them without waiting on itself
 #   r      GPU jobs that fetch the next batch before uploading this one
+#   dv     GPU jobs on device 1 that never make it current
 #   w      a collate function that pads each batch: a consumer finishing its epoch
 #          privately gets the part of a batch it holds as it is (no crash)
 #   xs/xo  a consumer with persistent workers that later runs its own loader (elected
@@ -973,24 +974,24 @@ if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 		sed 's/^/#   /' "$T_TMP/r.upload" | head -n 12
 	fi
 
-	# --- w: GPU jobs on device 1 that never make it current ------------------------
+	# --- dv: GPU jobs on device 1 that never make it current ------------------------
 	# As a job on cuda:1 that never calls set_device: device 0 is current when a
 	# batch is registered, device 1 only around its uploads (PyTorch's device
 	# guard). The producer learns the device its batches go to and keeps them
 	# there; before, its ring buffers were made in device 0's context, every
 	# upload was skipped and no consumer batch was served.
 	for i in 1 2 3; do
-		TSEMU_DEVICES=2 job w "$i" 1 --seed "$i" --batch-size "$(( i == 3 ? 12 : 8 ))" --workers "$GPU_WORKERS" \
-			--epochs 2 --barrier "$T_TMP/w.go:3" --emu-cuda "$EMU/libcudart.so.13" --upload-device 1
+		TSEMU_DEVICES=2 job dv "$i" 1 --seed "$i" --batch-size "$(( i == 3 ? 12 : 8 ))" --workers "$GPU_WORKERS" \
+			--epochs 2 --barrier "$T_TMP/dv.go:3" --emu-cuda "$EMU/libcudart.so.13" --upload-device 1
 	done
-	finished w 3
-	verify w "GPU jobs on device 1: one stream, complete epochs, labels paired" $(recs w 3)
-	if "$PY" tests/py/upload_check.py --expect served --min-served 0.75 $(recs w 3) >"$T_TMP/w.upload" 2>&1; then
-		ok "(w) jobs on device 1, consumers' batches served device to device: $(grep -h -o \
-			'[0-9]* of [0-9]* batches served wholly' "$T_TMP/w.upload" | tr '\n' ';')"
+	finished dv 3
+	verify dv "GPU jobs on device 1: one stream, complete epochs, labels paired" $(recs dv 3)
+	if "$PY" tests/py/upload_check.py --expect served --min-served 0.75 $(recs dv 3) >"$T_TMP/dv.upload" 2>&1; then
+		ok "(dv) jobs on device 1, consumers' batches served device to device: $(grep -h -o \
+			'[0-9]* of [0-9]* batches served wholly' "$T_TMP/dv.upload" | tr '\n' ';')"
 	else
-		not_ok "(w) jobs on device 1: $(tail -n 1 "$T_TMP/w.upload")"
-		sed 's/^/#   /' "$T_TMP/w.upload" | head -n 12
+		not_ok "(dv) jobs on device 1: $(tail -n 1 "$T_TMP/dv.upload")"
+		sed 's/^/#   /' "$T_TMP/dv.upload" | head -n 12
 	fi
 
 	# Every GPU job above: no producer freed a ring buffer a consumer still had
@@ -998,11 +999,11 @@ if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 	nstats=$(grep -c . "$T_TMP/tsemu.stats" 2>/dev/null)
 	freed_open=$(grep -o '"ipc_freed_while_open":[0-9]*' "$T_TMP/tsemu.stats" 2>/dev/null |
 		awk -F: '{s += $2} END {print s + 0}')
-	check "(m-w) no ring buffer freed while a consumer had it open (tsemu, ${nstats:-0} jobs: $freed_open)" \
+	check "(m-dv) no ring buffer freed while a consumer had it open (tsemu, ${nstats:-0} jobs: $freed_open)" \
 		cond '[ "${nstats:-0}" -gt 0 ] && [ "$freed_open" = 0 ]'
 	unset TSEMU_STATS
 else
-	echo "# (m-w) skipped: tsemu not built"
+	echo "# (m-dv) skipped: tsemu not built"
 fi
 
 # --- nothing left behind ----------------------------------------------------------
