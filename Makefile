@@ -145,7 +145,31 @@ $(CUDALOCAL): tests/helpers/lib/ts-cudalocal.c $(EMU_DIR)/libcudart.so.13
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $< -L$(EMU_DIR) -l:libcudart.so.13 $(LDFLAGS)
 
-check-build: all $(UNITS) $(HELPERS) $(CUDALOCAL)
+# For its two-runtimes case: a stand-in libcudart.so.12 (in a directory of
+# its own, where nothing else looks) and a plugin linked against it, found
+# through the plugin's run path; the same pair again without symbol
+# versions; ts-tworuntimes links tsemu's libcudart.so.13.
+CUDART12      := $(BUILD)/tests/cudart12/libcudart.so.12
+CUDARTNOV     := $(BUILD)/tests/cudartnov/libts-cudartnov.so
+CUDAPLUGIN12  := $(BUILD)/tests/libts-cudaplugin12.so
+CUDAPLUGINNOV := $(BUILD)/tests/libts-cudapluginnov.so
+$(CUDART12): tests/helpers/lib/ts-cudart12.c tests/helpers/lib/ts-cudart12.map
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $< $(LDFLAGS) \
+	    -Wl,--version-script=tests/helpers/lib/ts-cudart12.map -Wl,-soname,libcudart.so.12
+$(CUDARTNOV): tests/helpers/lib/ts-cudart12.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $< $(LDFLAGS) -Wl,-soname,libts-cudartnov.so
+$(CUDAPLUGIN12): tests/helpers/lib/ts-cudaplugin12.c $(CUDART12)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $< -L$(dir $(CUDART12)) -l:libcudart.so.12 \
+	    -Wl,-rpath,'$$ORIGIN/cudart12' $(LDFLAGS)
+$(CUDAPLUGINNOV): tests/helpers/lib/ts-cudaplugin12.c $(CUDARTNOV)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $< -L$(dir $(CUDARTNOV)) -l:libts-cudartnov.so \
+	    -Wl,-rpath,'$$ORIGIN/cudartnov' $(LDFLAGS)
+LIBS_ts-tworuntimes := -L$(EMU_DIR) -l:libcudart.so.13
+$(BUILD)/tests/ts-tworuntimes: | $(EMU_DIR)/libcudart.so.13
+
+check-build: all $(UNITS) $(HELPERS) $(CUDALOCAL) $(CUDAPLUGIN12) $(CUDAPLUGINNOV)
 
 deps:
 	@scripts/install-deps.sh

@@ -43,6 +43,10 @@
  * address, so every lookup we do not handle is *jumped* to the real dlsym
  * with the caller's return address intact. Only the hooked names (a few
  * "cu" strings, checked first) take the C path.
+ *
+ * dlclose is interposed only to be counted: which object calls an export
+ * decides what the export forwards to, and a thread remembers its callers'
+ * address ranges until an object is unloaded.
  */
 #define __CUDA_API_VERSION_INTERNAL 1 /* legacy and _ptds/_ptsz prototypes, like the headers' own build */
 #include <cuda.h>
@@ -148,7 +152,7 @@ static struct {
 	const char *name;
 	enum kind kind;
 	void *ours;            /* our exported definition */
-	void *_Atomic real;    /* next definition in the global scope, once found */
+	void *_Atomic real;    /* next definition in the global scope, once found (callers not told apart) */
 } exports[E_COUNT] = {
 #define X(name, kind) [E_##name] = {#name, kind, (void *)ts_##name, NULL},
 	HOOKED(X)
@@ -499,20 +503,38 @@ static void *wrap(enum kind k, void *real)
 
 /* ---- where the real functions are ------------------------------------------------------------ */
 
-/* `name` as seen from the object containing code address `caller`: its own
- * dependency tree (an object loaded RTLD_LOCAL sees libraries the global
- * scope does not). NULL when not found there or only ours is. */
-static void *lookup_from(const void *caller, const char *name)
+/*
+ * Without us, a caller's reference to cudaMemcpy binds where the dynamic
+ * linker puts it: the first definition in the global scope whose version
+ * matches the reference's, else the first in the caller's own dependency
+ * tree (its local scope). Our exports have no version, so they match every
+ * reference, and preloaded they come first: a plugin that links
+ * libcudart.so.12 and is loaded RTLD_LOCAL (as Python loads extensions)
+ * beside a global libcudart.so.13 calls us, and must reach its own 12, not
+ * the 13 every other caller reaches. The verdict is per calling object.
+ */
+
+TS_REAL(int, dlclose, (void *)); /* ours counts unloads (below); our own closes unload nothing */
+
+/* `name` in the dependency tree of loaded object `file`; not ours. */
+static void *lookup_in(const char *file, const char *name)
 {
-	Dl_info info = {0};
-	if (!caller || !dladdr(caller, &info) || !info.dli_fname || !info.dli_fname[0])
-		return NULL;
-	void *h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+	if (!file || !file[0] || !TS_RESOLVE(dlclose))
+		return NULL; /* "": the program, whose tree is the global scope */
+	void *h = dlopen(file, RTLD_LAZY | RTLD_NOLOAD);
 	if (!h)
 		return NULL;
 	void *p = ts_real_dlsym(h, name);
-	dlclose(h); /* NOLOAD took a reference; the object stays loaded */
+	real_dlclose(h); /* NOLOAD took a reference; the object stays loaded */
 	return p && !ours(p) ? p : NULL;
+}
+
+/* `name` as seen from the object containing code address `caller`: its own
+ * dependency tree. NULL when not found there or only ours is. */
+static void *lookup_from(const void *caller, const char *name)
+{
+	Dl_info info = {0};
+	return caller && dladdr(caller, &info) ? lookup_in(info.dli_fname, name) : NULL;
 }
 
 /* Any loaded object's own definition of `name`, in load order; not ours. */
@@ -536,18 +558,212 @@ static void *lookup_anywhere(const char *name)
 	struct objects o = {0};
 	dl_iterate_phdr(collect_object, &o); /* no dlopen under its lock: collect, then look */
 	for (unsigned i = 0; i < o.n; i++) {
-		void *h = dlopen(o.names[i], RTLD_LAZY | RTLD_NOLOAD);
-		if (!h)
-			continue;
-		void *p = ts_real_dlsym(h, name);
-		dlclose(h);
-		if (p && !ours(p))
+		void *p = lookup_in(o.names[i], name);
+		if (p)
 			return p;
 	}
 	return NULL;
 }
 
-/* Per thread, the last few exports resolved from a caller's own tree. */
+/* A dynamic-section address: glibc relocates some entries in place (symbol
+ * and string tables, on most targets), never others (DT_VERDEF); one not
+ * relocated lies below the load address. */
+static const void *dyn_addr(const struct link_map *m, Elf64_Addr a)
+{
+	return (const void *)(a < m->l_addr ? a + m->l_addr : a);
+}
+
+/* The version definition `p` is exported under ("libcudart.so.12"); NULL
+ * when it has none, or it cannot be told. (ELF64: CUDA is 64-bit only.) */
+static const char *def_version(const void *p)
+{
+	Dl_info info;
+	struct link_map *m = NULL;
+	const Elf64_Sym *sym = NULL;
+	if (!dladdr1(p, &info, (void **)&m, RTLD_DL_LINKMAP) || !m ||
+	    !dladdr1(p, &info, (void **)&sym, RTLD_DL_SYMENT) || !sym)
+		return NULL;
+	const Elf64_Sym *symtab = NULL;
+	const Elf64_Versym *versym = NULL;
+	const char *strtab = NULL, *verdef = NULL;
+	for (const Elf64_Dyn *d = m->l_ld; d->d_tag != DT_NULL; d++) {
+		if (d->d_tag == DT_SYMTAB)
+			symtab = dyn_addr(m, d->d_un.d_ptr);
+		else if (d->d_tag == DT_VERSYM)
+			versym = dyn_addr(m, d->d_un.d_ptr);
+		else if (d->d_tag == DT_STRTAB)
+			strtab = dyn_addr(m, d->d_un.d_ptr);
+		else if (d->d_tag == DT_VERDEF)
+			verdef = dyn_addr(m, d->d_un.d_ptr);
+	}
+	if (!symtab || !versym || !strtab || !verdef || sym < symtab)
+		return NULL;
+	unsigned ndx = versym[sym - symtab] & 0x7fffu; /* the top bit says hidden */
+	if (ndx <= VER_NDX_GLOBAL)
+		return NULL;
+	for (const char *v = verdef;;) {
+		const Elf64_Verdef *vd = (const Elf64_Verdef *)v;
+		if (vd->vd_ndx == ndx && !(vd->vd_flags & VER_FLG_BASE))
+			return strtab + ((const Elf64_Verdaux *)(v + vd->vd_aux))->vda_name;
+		if (!vd->vd_next)
+			return NULL;
+		v += vd->vd_next;
+	}
+}
+
+/*
+ * What loaded object `file` binds `name` to without us. Its tree's own
+ * definition l is the one it was linked against, so its reference asks for
+ * l's version: the global scope's first definition of that version (which
+ * is l itself when l is global), else l. An unversioned l: the global
+ * scope's first. None in its tree: the global scope's, else any loaded
+ * object's (CUDA loaded RTLD_LOCAL by another object, see export_real).
+ */
+static void *resolve(const char *file, const char *name)
+{
+	void *g = ts_real_next(name), *l = lookup_in(file, name);
+	if (!l)
+		return g ? g : lookup_anywhere(name);
+	if (!g || g == l)
+		return l;
+	const char *v = def_version(l);
+	if (!v)
+		return g;
+	void *gv = dlvsym(RTLD_NEXT, name, v);
+	return gv && !ours(gv) ? gv : l;
+}
+
+/* ---- which object calls ---- */
+
+/* A calling object: its link_map and where it is mapped. */
+struct caller_key {
+	const void *map, *start, *end;
+};
+
+#if __GLIBC_PREREQ(2, 35)
+/* _dl_find_object: lock-free, made for unwinders. Looked up, not linked, so
+ * that the shim still loads on glibc 2.34, where callers are not told apart
+ * (nor before this constructor has run). */
+typedef int (*find_object_fn)(void *, struct dl_find_object *);
+static find_object_fn _Atomic find_object;
+
+__attribute__((constructor)) static void ts_cuda_find_object(void)
+{
+	int saved = errno;
+	atomic_store_explicit(&find_object, (find_object_fn)dlvsym(RTLD_DEFAULT, "_dl_find_object", "GLIBC_2.35"),
+			      memory_order_relaxed);
+	errno = saved;
+}
+#endif
+
+/* The object holding address pc; 0 when that cannot be told. */
+static int caller_object(const void *pc, struct caller_key *k)
+{
+#if __GLIBC_PREREQ(2, 35)
+	find_object_fn find = atomic_load_explicit(&find_object, memory_order_relaxed);
+	struct dl_find_object o;
+	if (find && find((void *)pc, &o) == 0) {
+		*k = (struct caller_key){o.dlfo_link_map, o.dlfo_map_start, o.dlfo_map_end};
+		return 1;
+	}
+#endif
+	(void)pc, (void)k;
+	return 0;
+}
+
+/*
+ * Calling objects and their verdicts, per export. An entry is claimed by
+ * its mapping's start (one compare-and-swap), published once filled, never
+ * freed. One whose object is unloaded is marked dead by the dlclose that
+ * unloaded it (an object loaded later may get the same link_map and range).
+ */
+#define NCALLER 128
+static struct caller {
+	const void *_Atomic start; /* NULL: free */
+	const void *map, *end;
+	_Atomic int ready, dead;
+	void *_Atomic real[E_COUNT];
+} callers[NCALLER];
+static _Atomic int callers_full;
+
+static struct caller *caller_at(const struct caller_key *k, unsigned i)
+{
+	return &callers[(((uintptr_t)k->start >> 12) + i) % NCALLER];
+}
+
+static int caller_is(struct caller *c, const struct caller_key *k)
+{
+	return atomic_load_explicit(&c->ready, memory_order_acquire) && c->map == k->map && c->end == k->end &&
+	       !atomic_load_explicit(&c->dead, memory_order_acquire);
+}
+
+/* Object k's entry, added if new; NULL when the table is full. Probing
+ * stops at the first free one. Two threads adding one object may add it
+ * twice: the first wins. */
+static struct caller *caller_add(const struct caller_key *k)
+{
+	for (unsigned i = 0; i < NCALLER; i++) {
+		struct caller *c = caller_at(k, i);
+		const void *s = NULL;
+		if (atomic_compare_exchange_strong_explicit(&c->start, &s, k->start, memory_order_acq_rel,
+							    memory_order_acquire)) {
+			c->map = k->map;
+			c->end = k->end;
+			atomic_store_explicit(&c->ready, 1, memory_order_release);
+			return c;
+		}
+		if (s == k->start && caller_is(c, k))
+			return c;
+	}
+	if (atomic_fetch_add_explicit(&callers_full, 1, memory_order_relaxed) == 0)
+		ts_info("cuda: more than %d objects called CUDA copies; further ones are looked up per call", NCALLER);
+	return NULL;
+}
+
+/* After a dlclose: mark dead the entries of objects no longer mapped as
+ * they were. */
+static void callers_bury(void)
+{
+	for (unsigned i = 0; i < NCALLER; i++) {
+		struct caller *c = &callers[i];
+		struct caller_key k = {0};
+		const void *s = atomic_load_explicit(&c->start, memory_order_acquire);
+		if (!s || !atomic_load_explicit(&c->ready, memory_order_acquire) ||
+		    atomic_load_explicit(&c->dead, memory_order_relaxed))
+			continue;
+		if (!caller_object(s, &k) || k.start != s || k.map != c->map || k.end != c->end)
+			atomic_store_explicit(&c->dead, 1, memory_order_release);
+	}
+}
+
+/*
+ * dlclose, counted as it begins and as it ends, the entries of what it
+ * unloaded buried in between. A thread's remembered callers (export_real)
+ * hold while no dlclose began since; none is trusted while one is under
+ * way (an object's destructors, run inside its dlclose, may call copies).
+ */
+static _Atomic unsigned dlclose_begun, dlclose_ended;
+
+TS_EXPORT int dlclose(void *handle)
+{
+	if (!TS_RESOLVE(dlclose)) {
+		errno = ENOSYS;
+		return -1;
+	}
+	atomic_fetch_add_explicit(&dlclose_begun, 1, memory_order_acq_rel);
+	int r = real_dlclose(handle);
+	int saved = errno;
+	callers_bury();
+	errno = saved;
+	atomic_fetch_add_explicit(&dlclose_ended, 1, memory_order_release);
+	return r;
+}
+
+/* ---- the function behind an export ---- */
+
+/* Callers not told apart (glibc < 2.35, code outside any object): the
+ * global scope's first definition for all, else the caller's own (found
+ * with dladdr; per thread, the last few), else any loaded object's. */
 #define CALLER_CACHE 4
 static __thread struct {
 	const void *caller;
@@ -556,13 +772,16 @@ static __thread struct {
 } caller_cache[CALLER_CACHE];
 static __thread unsigned caller_next;
 
-static void *export_real_slow(int e, const void *caller)
+static void *export_real_global(int e, const void *caller)
 {
+	void *p = atomic_load_explicit(&exports[e].real, memory_order_acquire);
+	if (p)
+		return p;
 	for (int i = 0; i < CALLER_CACHE; i++)
 		if (caller_cache[i].caller == caller && caller_cache[i].e == e && caller_cache[i].real)
 			return caller_cache[i].real;
 	int saved = errno;
-	void *p = ts_real_next(exports[e].name);
+	p = ts_real_next(exports[e].name);
 	if (p) {
 		atomic_store_explicit(&exports[e].real, p, memory_order_release);
 	} else if ((p = lookup_from(caller, exports[e].name)) != NULL ||
@@ -576,15 +795,63 @@ static void *export_real_slow(int e, const void *caller)
 	return p;
 }
 
-/* The function our export `e`, called from `caller`, stands for: the next
- * definition in the global scope, else the one in the caller's own tree
- * (CUDA loaded RTLD_LOCAL, as Python extensions load their libraries),
- * else any loaded library's (the caller may be a tail call away: tsemu's
- * cuGetProcAddress jumps to cuGetProcAddress_v2, which binds to us). */
+/* Per thread, the last objects that called: the range each is mapped at,
+ * its entry, and dlclose_begun then. */
+#define RECENT 4
+static __thread struct recent {
+	uintptr_t start, end;
+	struct caller *c;
+	unsigned gen;
+} recent[RECENT];
+static __thread unsigned recent_next;
+
+/* Object k's verdict for export e: its entry's, else worked out and kept
+ * there; the entry remembered by this thread. Entries are not used while a
+ * dlclose is under way: it may not have buried what it unloaded yet. */
+static void *export_real_slow(int e, const void *caller, unsigned gen)
+{
+	struct caller_key k;
+	if (!caller_object(caller, &k))
+		return export_real_global(e, caller);
+	int saved = errno;
+	struct caller *c = NULL;
+	if (atomic_load_explicit(&dlclose_ended, memory_order_acquire) == gen)
+		c = caller_add(&k);
+	void *p = c ? atomic_load_explicit(&c->real[e], memory_order_acquire) : NULL;
+	if (!p) {
+		p = resolve(((const struct link_map *)k.map)->l_name, exports[e].name);
+		if (p && c)
+			atomic_store_explicit(&c->real[e], p, memory_order_release);
+	}
+	if (c)
+		recent[recent_next++ % RECENT] = (struct recent){(uintptr_t)k.start, (uintptr_t)k.end, c, gen};
+	errno = saved;
+	return p;
+}
+
+/*
+ * The function our export `e`, called from `caller`, stands for: what the
+ * caller's object binds the name to without us (resolve), worked out once
+ * per object. Per call, the common case is a range check against the
+ * objects this thread saw last: a few loads. The caller may be a tail call
+ * away: tsemu's cuGetProcAddress jumps to cuGetProcAddress_v2, which binds
+ * to us, so the return address may lie in the driver or in the shim: their
+ * verdict is the driver's definition.
+ */
 static inline void *export_real(int e, const void *caller)
 {
-	void *p = atomic_load_explicit(&exports[e].real, memory_order_acquire);
-	return p ? p : export_real_slow(e, caller);
+	unsigned gen = atomic_load_explicit(&dlclose_begun, memory_order_acquire);
+	uintptr_t pc = (uintptr_t)caller;
+	for (unsigned i = 0; i < RECENT; i++) {
+		const struct recent *r = &recent[i];
+		if (pc - r->start < r->end - r->start && r->gen == gen) {
+			void *p = atomic_load_explicit(&r->c->real[e], memory_order_acquire);
+			if (p)
+				return p;
+			break;
+		}
+	}
+	return export_real_slow(e, caller, gen);
 }
 
 /* Does a lookup get wrappers? Not when the shim is off or the process is exiting. */

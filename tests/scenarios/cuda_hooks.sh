@@ -12,9 +12,12 @@ EMU=$PWD/$BUILD/emu
 CALLS=$PWD/$BUILD/tests/ts-cudacalls
 LOCAL=$PWD/$BUILD/tests/libts-cudalocal.so
 CHK=$PWD/$BUILD/tests/ts-cudaemu-check
+TWO=$PWD/$BUILD/tests/ts-tworuntimes
+PLUGIN12=$PWD/$BUILD/tests/libts-cudaplugin12.so
+PLUGINNOV=$PWD/$BUILD/tests/libts-cudapluginnov.so
 TRAIN=$PWD/$BUILD/tsshim-train
 MKDATA=$PWD/$BUILD/tsshim-mkdata
-for f in "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$CALLS" "$LOCAL" "$CHK" "$TRAIN" "$MKDATA"; do
+for f in "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$CALLS" "$LOCAL" "$CHK" "$TWO" "$PLUGIN12" "$PLUGINNOV" "$TRAIN" "$MKDATA"; do
 	[ -e "$f" ] || { echo "$f not built"; exit 77; }
 done
 export LD_LIBRARY_PATH=$EMU
@@ -54,6 +57,51 @@ check "a library bound to libcudart and loaded RTLD_LOCAL: its copies work witho
 local_shim() { calls local LD_PRELOAD="$TS_PRELOAD" -- local "$LOCAL" &&
 	grep -q '^shim runtime=3 driver=0 h2d=2 unknown=0$' "$T_TMP/local.out"; }
 check "... and with it (our export finds the caller's own libcudart), each seen once" local_shim
+
+# A plugin built for another CUDA: the program links libcudart.so.13, the
+# plugin (loaded RTLD_LOCAL) its own libcudart.so.12, whose version node the
+# global 13 lacks: its copies run in 12. A second plugin's own runtime has
+# no versions: the global 13 matches its references first, its copies run
+# there. Each is unloaded before the next is loaded (glibc's malloc puts
+# the second where the first was, under its link_map; ASan's does not),
+# then the first comes back. The shim's exports match any version and come
+# first: they must pass each copy on to where it went without them, code
+# and errno included.
+two() { # NAME [ENV=VALUE...]
+	local name=$1; shift
+	env "$@" timeout 60 "$TWO" "$PLUGIN12" "$PLUGINNOV" >"$T_TMP/$name.out" 2>"$T_TMP/$name.err"
+	local rc=$?
+	[ $rc = 0 ] || sed 's/^/#   /' "$T_TMP/$name.out" "$T_TMP/$name.err" | head -20
+	return $rc
+}
+two_want() {
+	cat <<-EOF
+	main cudaMemcpy: rt13=1 rt12=0 rc=0 errno=kept data=ok
+	main cudaMemcpyAsync: rt13=1 rt12=0 rc=0 errno=kept data=ok
+	plugin12 cudaMemcpy: rt13=0 rt12=1 rc=1212 errno=ERANGE
+	plugin12 cudaMemcpyAsync: rt13=0 rt12=1 rc=1212 errno=ERANGE
+	main beside plugin12 cudaMemcpy: rt13=1 rt12=0 rc=0 errno=kept data=ok
+	pluginnov cudaMemcpy: rt13=1 rt12=0 rc=0 errno=0
+	pluginnov cudaMemcpyAsync: rt13=1 rt12=0 rc=0 errno=0
+	main beside pluginnov cudaMemcpy: rt13=1 rt12=0 rc=0 errno=kept data=ok
+	plugin12 again cudaMemcpy: rt13=0 rt12=1 rc=1212 errno=ERANGE
+	plugin12 again cudaMemcpyAsync: rt13=0 rt12=1 rc=1212 errno=ERANGE
+	main beside plugin12 again cudaMemcpy: rt13=1 rt12=0 rc=0 errno=kept data=ok
+	main again cudaMemcpy: rt13=1 rt12=0 rc=0 errno=kept data=ok
+	main again cudaMemcpyAsync: rt13=1 rt12=0 rc=0 errno=kept data=ok
+	EOF
+}
+two_runs() { # NAME: every copy where it belongs, with that runtime's code and errno
+	[ "$(grep -v '^shim \|^note ' "$T_TMP/$1.out")" = "$(two_want)" ] ||
+		{ diff <(two_want) <(grep -v '^shim \|^note ' "$T_TMP/$1.out") | sed 's/^/#   /'; return 1; }
+}
+check "two runtimes without the shim: the program's copies run in libcudart.so.13, the RTLD_LOCAL plugin's in its libcudart.so.12 (an unversioned one's in 13)" \
+	cond 'two twoplain && two_runs twoplain'
+check "... and with it, also after plugins are unloaded and others loaded in their place: the same runtimes, return codes and errno" \
+	cond 'two twoshim LD_PRELOAD="$TS_PRELOAD" && two_runs twoshim'
+sed -n 's/^note /# /p' "$T_TMP/twoshim.out"
+check "... the shim saw every copy once, the plugins' too (runtime 20, H2D 13)" \
+	grep -q '^shim runtime=20 h2d=13$' "$T_TMP/twoshim.out"
 
 # --- everything else untouched ----------------------------------------------------------------
 check "non-copy calls through dlsym and cuGetProcAddress (malloc, streams, events, memset, attributes, errors), without the shim" \
