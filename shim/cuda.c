@@ -189,6 +189,7 @@ static struct {
 	_Atomic uint64_t runtime, driver, h2d, h2d_bytes, unknown, replaced;
 	_Atomic uint64_t wrapped_dlsym, wrapped_getproc, full;
 	_Atomic int touched; /* the process met CUDA through us: say so at exit */
+	_Atomic int captured; /* a batch upload inside a stream capture was seen: said once */
 } st;
 
 #define ADD(field, n) atomic_fetch_add_explicit(&st.field, (n), memory_order_relaxed)
@@ -266,6 +267,33 @@ static inline CUstream our_stream(CUstream s, int sync, int pt)
 	return pt ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
 }
 
+/*
+ * A batch upload pushed into a stream that is being captured into a CUDA
+ * graph (torch.cuda.graphs, torch.compile's "reduce-overhead") is recorded,
+ * to be replayed at each launch of the graph: a copy out of a ring slot
+ * would replay whatever the slot holds by then, and the wait on the
+ * producer's event, recorded outside the capture, is illegal in it; a
+ * producer's copy into the ring and its event record would be captured
+ * too. So such an upload passes through untouched (a consumer's from the
+ * host, as captured by the program), and the producer keeps nothing of it:
+ * its consumers go from the host for that tensor without waiting. A
+ * stream whose status cannot be had counts as capturing. Asked only for
+ * batch uploads (other copies cost nothing more): a consumer's before it
+ * would be served, a producer's after its real call, in the context the
+ * runtime made current for it. 1: captured, pass it through.
+ */
+static int batch_captured(const struct ts_stream_hit *hit, enum ts_hit_kind k, CUstream s, int pt)
+{
+	if (!ts_gpu_in_capture(our_stream(s, 0, pt)))
+		return 0;
+	if (!atomic_exchange_explicit(&st.captured, 1, memory_order_relaxed))
+		ts_info("cuda: a batch upload inside a CUDA graph capture passes through (a graph replays its copies "
+			"later): it is not served from, nor kept in, the GPU ring");
+	if (k == TS_HIT_PRODUCER)
+		ts_gpu_keep_skip(hit->gpu, hit->seq, hit->pos);
+	return 1;
+}
+
 /* Consumer: 1 when the upload was served from the GPU ring. */
 static int batch_serve(const struct ts_stream_hit *hit, const void *dst, CUstream s, int sync, int pt)
 {
@@ -297,7 +325,8 @@ static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstrea
 		int errno_ = errno; /* ours may set it (a ring file opened, /proc read) */        \
 		copy_seen(path, dir, n);                                                           \
 		enum ts_hit_kind k_ = batch_hit(dir, src, n, &hit_);                               \
-		if (k_ == TS_HIT_CONSUMER && batch_serve(&hit_, dst, stream, sync, pt)) {            \
+		if (k_ == TS_HIT_CONSUMER && !batch_captured(&hit_, k_, stream, pt) &&              \
+		    batch_serve(&hit_, dst, stream, sync, pt)) {                                     \
 			copy_leave();                                                              \
 			errno = errno_;                                                            \
 			return (OK);                                                               \
@@ -305,7 +334,7 @@ static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstrea
 		errno = errno_;                                                                    \
 		__typeof__(CALL) r_ = (CALL);                                                      \
 		errno_ = errno;                                                                    \
-		if (k_ == TS_HIT_PRODUCER && r_ == (OK))                                           \
+		if (k_ == TS_HIT_PRODUCER && r_ == (OK) && !batch_captured(&hit_, k_, stream, pt)) \
 			batch_keep(&hit_, dst, stream, sync, pt);                                    \
 		copy_leave();                                                                      \
 		errno = errno_;                                                                    \

@@ -37,6 +37,8 @@ static struct {
 	CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int);
 	CUresult (*StreamSynchronize)(CUstream);
 	CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+	CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+	CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
 } drv;
 
 /*
@@ -63,7 +65,8 @@ static void drv_resolve(void)
 		F(EventQuery, "cuEventQuery"), F(EventSynchronize, "cuEventSynchronize"),
 		F(IpcGetEventHandle, "cuIpcGetEventHandle"), F(IpcOpenEventHandle, "cuIpcOpenEventHandle"),
 		F(StreamWaitEvent, "cuStreamWaitEvent"), F(StreamSynchronize, "cuStreamSynchronize"),
-		F(MemcpyAsync, "cuMemcpyAsync"),
+		F(MemcpyAsync, "cuMemcpyAsync"), F(StreamIsCapturing, "cuStreamIsCapturing"),
+		F(ThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode"),
 #undef F
 	};
 	/* Only a driver the process has loaded itself: we never load CUDA. */
@@ -99,6 +102,39 @@ static int drv_ready(void)
 int ts_gpu_driver_ready(void)
 {
 	return drv_ready();
+}
+
+/* ---- stream capture ----------------------------------------------------------------- */
+
+int ts_gpu_in_capture(CUstream s)
+{
+	CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+	if (!drv_ready())
+		return 0; /* nothing is kept or served without a driver */
+	/* the legacy stream beside a blocking capture answers an error: not ours to use either */
+	return drv.StreamIsCapturing(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/*
+ * Our own driver calls run in relaxed capture mode; relax_end puts the
+ * thread's mode back. A program capturing a CUDA graph in another thread
+ * in the default global mode bars every thread in global mode from
+ * "potentially unsafe" calls (cuMemAlloc, cuMemFree, IPC opens, event
+ * queries, synchronisations): one of ours would fail and invalidate the
+ * program's capture. Relaxed lifts the bar for this thread's calls only,
+ * and ours never touch a capturing stream (cuda.c passes those copies by).
+ * 1: switched.
+ */
+static inline int relax_begin(CUstreamCaptureMode *prev)
+{
+	*prev = CU_STREAM_CAPTURE_MODE_RELAXED;
+	return drv.ThreadExchangeStreamCaptureMode(prev) == CUDA_SUCCESS;
+}
+
+static inline void relax_end(int relaxed, CUstreamCaptureMode prev)
+{
+	if (relaxed)
+		drv.ThreadExchangeStreamCaptureMode(&prev);
 }
 
 /* ---- per-process state -------------------------------------------------------------- */
@@ -479,6 +515,21 @@ static int keep_expected_in(const struct ts_gpu *g, const struct keep *k)
 	return 1;
 }
 
+/*
+ * Position p of the batch kept in k is not kept (uploaded in another
+ * context, on another stream, or inside a stream capture): nor waited for,
+ * from now on. Consumers go from the host for it, at once.
+ */
+static void keep_skip(struct ts_gpu *g, struct keep *k, uint32_t p)
+{
+	if (!k || p >= k->npos || position_complete(k, p))
+		return;
+	g->expect &= ~(1u << p);
+	k->done[p] = 0;
+	if (keep_expected_in(g, k))
+		keep_finish(g, k);
+}
+
 static struct keep *keep_of(struct ts_gpu *g, uint64_t seq)
 {
 	for (unsigned i = 0; i < MAX_KEEPS; i++)
@@ -584,8 +635,10 @@ static struct keep *keep_begin(struct ts_gpu *g, uint64_t seq, uint32_t npos, co
 void ts_gpu_keep_announce(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len)
 {
 	CUcontext ctx = NULL;
+	CUstreamCaptureMode mode;
 	if (!drv_ready() || npos < 1 || npos > TS_MAX_POSITIONS)
 		return;
+	int relaxed = relax_begin(&mode);
 	pthread_mutex_lock(&g->mu);
 	/*
 	 * A batch still being kept is not given up for the next. The next is
@@ -611,13 +664,16 @@ void ts_gpu_keep_announce(struct ts_gpu *g, uint64_t seq, uint32_t npos, const u
 			(void)keep_begin(g, seq, npos, len, NULL);
 	}
 	pthread_mutex_unlock(&g->mu);
+	relax_end(relaxed, mode);
 }
 
 void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, uint32_t p, uint64_t off,
 		 CUdeviceptr dst, size_t n, CUstream s, int sync)
 {
+	CUstreamCaptureMode mode;
 	if (!drv_ready() || npos < 1 || npos > TS_MAX_POSITIONS || p >= npos)
 		return;
+	int relaxed = relax_begin(&mode);
 	pthread_mutex_lock(&g->mu);
 	if (ring_open(g))
 		goto out;
@@ -687,18 +743,21 @@ void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *
 		keep_finish(g, k);
 	goto out;
 skip:
-	/* this tensor is not kept (another context or stream): nor waited for, from now on */
-	if (k && !position_complete(k, p)) {
-		g->expect &= ~(1u << p);
-		k->done[p] = 0;
-		if (keep_expected_in(g, k))
-			keep_finish(g, k);
-	}
+	keep_skip(g, k, p);
 	goto out;
 drop:
 	ts_gpuring_slot_drop(&g->ring, k->slot);
 	k->active = 0;
 out:
+	pthread_mutex_unlock(&g->mu);
+	relax_end(relaxed, mode);
+}
+
+void ts_gpu_keep_skip(struct ts_gpu *g, uint64_t seq, uint32_t p)
+{
+	pthread_mutex_lock(&g->mu);
+	if (!ring_open(g))
+		keep_skip(g, keep_of(g, seq), p);
 	pthread_mutex_unlock(&g->mu);
 }
 
@@ -891,9 +950,11 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 {
 	struct ts_gpu_held h[8];
 	struct peer_buf *pb[8];
+	CUstreamCaptureMode mode;
 	int served = 0;
 	if (!npieces || npieces > 8 || !drv_ready())
 		return 0;
+	int relaxed = relax_begin(&mode);
 	pthread_mutex_lock(&g->mu);
 	if (ring_open(g))
 		goto out;
@@ -956,13 +1017,16 @@ unhold:
 	unhold_unused(g, h, npieces);
 out:
 	pthread_mutex_unlock(&g->mu);
+	relax_end(relaxed, mode);
 	return served;
 }
 
 void ts_gpu_free(struct ts_gpu *g, int exiting)
 {
+	CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 	if (!g)
 		return;
+	int relaxed = !exiting && atomic_load(&drv_state) > 0 && relax_begin(&mode);
 	pthread_mutex_lock(&g->mu);
 	if (g->allocs)
 		ts_debug("gpu: %llu ring buffers allocated; a spare served a slot %llu times instead",
@@ -1004,6 +1068,7 @@ void ts_gpu_free(struct ts_gpu *g, int exiting)
 		ts_gpuring_close(&g->ring);
 	}
 	pthread_mutex_unlock(&g->mu);
+	relax_end(relaxed, mode);
 	pthread_mutex_destroy(&g->mu);
 	free(g);
 }

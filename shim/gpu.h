@@ -35,6 +35,16 @@ struct ts_gpu_piece {
 /* Has the process loaded a CUDA driver we can use? (Never loads one.) */
 int ts_gpu_driver_ready(void);
 
+/*
+ * Is stream s (a copy's; CU_STREAM_LEGACY or CU_STREAM_PER_THREAD for the
+ * default ones) being captured into a CUDA graph, or can the driver not
+ * tell? Such a copy is recorded to be replayed later: it is neither kept
+ * nor served. Every driver call of the functions below runs in relaxed
+ * capture mode, so that a capture another thread holds in global mode is
+ * not invalidated by ours.
+ */
+int ts_gpu_in_capture(CUstream s);
+
 struct ts_gpu *ts_gpu_new(struct ts_feed *f);
 /*
  * Wait for our copies, let go of every hold, free what we allocated and
@@ -55,6 +65,13 @@ void ts_gpu_free(struct ts_gpu *g, int exiting);
  */
 void ts_gpu_keep(struct ts_gpu *g, uint64_t seq, uint32_t npos, const uint64_t *len, uint32_t p, uint64_t off,
 		 CUdeviceptr dst, size_t n, CUstream s, int sync);
+/*
+ * Producer, for an upload of position p of ring seq `seq` that is not kept
+ * (made inside a stream capture): the position is left out of the batch and
+ * not waited for, as one uploaded on another stream; a batch left with
+ * nothing is dropped, so that consumers go from the host at once. No driver call.
+ */
+void ts_gpu_keep_skip(struct ts_gpu *g, uint64_t seq, uint32_t p);
 /*
  * Producer, when it registers batch `seq`: begin keeping it now (its ring
  * slot says WRITING), so that a consumer whose upload comes before ours

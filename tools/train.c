@@ -75,7 +75,7 @@ static struct options {
 	uint64_t limit, val_limit, seed, epochs, val_every, break_after;
 	unsigned batch, val_batch, size, prefetch;
 	int workers, start, shm, shuffle, persistent, pin, device, step_spin, readback, tsshim, gpu;
-	int labels_on_host, upload;
+	int labels_on_host, upload, graph, capture_thread;
 	double step_ms, val_step_ms, timeout_s;
 } opt = {
 	.seed = 0, .epochs = 1, .batch = 32, .size = 224, .prefetch = 2, .workers = 2,
@@ -622,6 +622,14 @@ static struct {
 	__typeof__(cudaFreeHost) *FreeHost;
 	__typeof__(cudaGetLastError) *GetLastError;
 	__typeof__(cudaGetErrorString) *GetErrorString;
+	/* --graph, --capture-thread */
+	__typeof__(cudaStreamCreateWithFlags) *StreamCreateWithFlags;
+	__typeof__(cudaStreamBeginCapture) *StreamBeginCapture;
+	__typeof__(cudaStreamEndCapture) *StreamEndCapture;
+	__typeof__(cudaGraphInstantiate) *GraphInstantiate;
+	__typeof__(cudaGraphLaunch) *GraphLaunch;
+	__typeof__(cudaGraphExecDestroy) *GraphExecDestroy;
+	__typeof__(cudaGraphDestroy) *GraphDestroy;
 	cudaStream_t stream;
 	cudaStream_t side;         /* --upload-pattern side-stream: the labels' */
 	int have_stream;
@@ -637,6 +645,21 @@ static int cuda_ok(cudaError_t rc, const char *what)
 		cu.GetLastError(); /* reset the runtime's last error */
 	return -1;
 }
+
+/* Resolved only for --graph and --capture-thread. */
+#define NGRAPH_SYMS 7
+static const struct {
+	void **p;
+	const char *name;
+} graph_syms[NGRAPH_SYMS] = {
+	{(void **)&cu.StreamCreateWithFlags, "cudaStreamCreateWithFlags"},
+	{(void **)&cu.StreamBeginCapture, "cudaStreamBeginCapture"},
+	{(void **)&cu.StreamEndCapture, "cudaStreamEndCapture"},
+	{(void **)&cu.GraphInstantiate, "cudaGraphInstantiate"},
+	{(void **)&cu.GraphLaunch, "cudaGraphLaunch"},
+	{(void **)&cu.GraphExecDestroy, "cudaGraphExecDestroy"},
+	{(void **)&cu.GraphDestroy, "cudaGraphDestroy"},
+};
 
 static int cuda_open(void)
 {
@@ -675,15 +698,166 @@ static int cuda_open(void)
 		{(void **)&cu.GetLastError, "cudaGetLastError"},
 		{(void **)&cu.GetErrorString, "cudaGetErrorString"},
 	};
-	for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-		*syms[i].p = dlsym(cu.lib, syms[i].name);
-		if (!*syms[i].p) {
+	size_t nsyms = sizeof syms / sizeof syms[0];
+	for (size_t i = 0; i < nsyms + (opt.graph || opt.capture_thread ? NGRAPH_SYMS : 0); i++) {
+		void **p = i < nsyms ? syms[i].p : graph_syms[i - nsyms].p;
+		const char *name = i < nsyms ? syms[i].name : graph_syms[i - nsyms].name;
+		if (!(*p = dlsym(cu.lib, name))) {
 			fprintf(stderr, PROG ": --device cuda: the CUDA runtime %s lacks %s\n",
-				opt.cudart ? opt.cudart : "libcudart", syms[i].name);
+				opt.cudart ? opt.cudart : "libcudart", name);
 			return -1;
 		}
 	}
 	return 0;
+}
+
+/* ---- CUDA graphs (--graph), a capture in another thread (--capture-thread) ---------------- */
+
+/*
+ * --graph: a batch's uploads are captured on the job's stream into a CUDA
+ * graph (global mode, torch.cuda.graph's default), which is instantiated
+ * and launched there: the device gets what the batch buffers hold at the
+ * launch. A capture that ends invalidated fails the job.
+ */
+static int graph_begin(void)
+{
+	return cuda_ok(cu.StreamBeginCapture(cu.stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture (--graph)");
+}
+
+/* Ends the capture whatever happened inside it; then the launch. */
+static int graph_end(void)
+{
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t x = NULL;
+	int rc = cuda_ok(cu.StreamEndCapture(cu.stream, &g), "cudaStreamEndCapture (--graph)");
+	if (!rc)
+		rc = cuda_ok(cu.GraphInstantiate(&x, g, 0), "cudaGraphInstantiate (--graph)");
+	if (!rc)
+		rc = cuda_ok(cu.GraphLaunch(x, cu.stream), "cudaGraphLaunch (--graph)");
+	if (x)
+		cu.GraphExecDestroy(x); /* the launch in flight runs to its end */
+	if (g)
+		cu.GraphDestroy(g);
+	return rc;
+}
+
+/*
+ * --capture-thread: a second thread holds a CUDA graph capture open, in
+ * global mode, on a stream of its own while the main thread hands each
+ * batch to the shim and queues its uploads, as a program that captures on
+ * one thread while another feeds the GPU. CUDA then bars every thread in
+ * global mode from "potentially unsafe" calls (allocations, IPC opens,
+ * queries, synchronisations), and one such call invalidates the capture:
+ * the job fails when it ends invalidated. The main thread makes none itself
+ * in that window (its uploads are queued copies from pinned memory; it
+ * synchronises after the capture has ended).
+ */
+#define CAPT_BYTES 4096
+
+static struct {
+	pthread_t th;
+	int running;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int want, state;  /* 1: capturing, 0: not; want -1: stop */
+	cudaError_t rc;   /* of the last switch */
+	const char *what;
+	cudaStream_t stream;
+	void *a, *b;      /* what it captures: a small device-to-device copy */
+} capt = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+/* In the capture thread: begin (a copy captured) or end the capture. */
+static cudaError_t capt_do(int begin, const char **what)
+{
+	cudaGraph_t g = NULL;
+	cudaError_t rc;
+	if (!begin) {
+		*what = "cudaStreamEndCapture (--capture-thread)";
+		rc = cu.StreamEndCapture(capt.stream, &g);
+		if (g)
+			cu.GraphDestroy(g);
+		return rc;
+	}
+	*what = "cudaStreamBeginCapture (--capture-thread)";
+	rc = cu.StreamBeginCapture(capt.stream, cudaStreamCaptureModeGlobal);
+	if (rc != cudaSuccess)
+		return rc;
+	*what = "cudaMemcpyAsync (--capture-thread)";
+	return cu.MemcpyAsync(capt.b, capt.a, CAPT_BYTES, cudaMemcpyDeviceToDevice, capt.stream);
+}
+
+static void *capt_thread(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&capt.mu);
+	for (;;) {
+		while (capt.want == capt.state)
+			pthread_cond_wait(&capt.cv, &capt.mu);
+		int want = capt.want;
+		if (want < 0)
+			break;
+		pthread_mutex_unlock(&capt.mu);
+		const char *what;
+		cudaError_t rc = capt_do(want, &what);
+		pthread_mutex_lock(&capt.mu);
+		capt.state = want;
+		capt.rc = rc;
+		capt.what = what;
+		pthread_cond_broadcast(&capt.cv);
+	}
+	pthread_mutex_unlock(&capt.mu);
+	return NULL;
+}
+
+static int capt_start(void)
+{
+	if (cuda_ok(cu.Malloc(&capt.a, CAPT_BYTES), "cudaMalloc (--capture-thread)") < 0 ||
+	    cuda_ok(cu.Malloc(&capt.b, CAPT_BYTES), "cudaMalloc (--capture-thread)") < 0 ||
+	    cuda_ok(cu.StreamCreateWithFlags(&capt.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") < 0)
+		return -1;
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	int e = pthread_create(&capt.th, NULL, capt_thread, NULL);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (e) {
+		fprintf(stderr, PROG ": cannot start the capture thread: %s\n", strerror(e));
+		return -1;
+	}
+	capt.running = 1;
+	return 0;
+}
+
+/* The capture thread's capture open (1) or ended (0); its CUDA error fails the job. */
+static int capt_switch(int want)
+{
+	if (!capt.running)
+		return 0;
+	pthread_mutex_lock(&capt.mu);
+	capt.want = want;
+	pthread_cond_broadcast(&capt.cv);
+	while (capt.state != want)
+		pthread_cond_wait(&capt.cv, &capt.mu);
+	cudaError_t rc = capt.rc;
+	const char *what = capt.what;
+	pthread_mutex_unlock(&capt.mu);
+	return cuda_ok(rc, what);
+}
+
+static void capt_stop(void)
+{
+	if (!capt.running)
+		return;
+	if (capt.state)
+		(void)capt_switch(0); /* a batch that failed inside the window */
+	pthread_mutex_lock(&capt.mu);
+	capt.want = -1;
+	pthread_cond_broadcast(&capt.cv);
+	pthread_mutex_unlock(&capt.mu);
+	pthread_join(capt.th, NULL);
+	capt.running = 0;
+	cu.Free(capt.a);
+	cu.Free(capt.b);
 }
 
 /* ---- device buffers, upload ----------------------------------------------------- */
@@ -729,6 +903,8 @@ static int device_init(size_t img_cap, size_t lbl_cap)
 	}
 	if (opt.upload == UP_SIDE_STREAM && cuda_ok(cu.StreamCreate(&cu.side), "cudaStreamCreate (side)") < 0)
 		return -1;
+	if (opt.capture_thread && capt_start() < 0)
+		return -1;
 	if (opt.readback) {
 		dev.rb_img = malloc(img_cap);
 		dev.rb_lbl = malloc(lbl_cap);
@@ -743,6 +919,7 @@ static int device_init(size_t img_cap, size_t lbl_cap)
 static void device_free(void)
 {
 	if (opt.device == DEV_CUDA && cu.lib) {
+		capt_stop();
 		if (dev.img)
 			cu.Free(dev.img);
 		if (dev.lbl)
@@ -770,13 +947,15 @@ static int copy_up(void *dst, const void *src, size_t off, size_t n, int async, 
 }
 
 /*
- * Host-to-device copy of each tensor; pinned sources go through
- * cudaMemcpyAsync on the job's stream, pageable ones through cudaMemcpy.
- * --upload-pattern changes the order and the pieces, never what ends up on
- * the device.
+ * Host-to-device copy of each tensor, queued; pinned sources go through
+ * cudaMemcpyAsync on the job's stream (*sync: the caller waits for the
+ * stream, upload_wait), pageable ones through cudaMemcpy. --upload-pattern
+ * changes the order and the pieces, never what ends up on the device;
+ * --graph captures the copies and launches them.
  */
-static int upload(const void *img, size_t img_bytes, const void *lbl, size_t lbl_bytes, int pinned)
+static int upload_queue(const void *img, size_t img_bytes, const void *lbl, size_t lbl_bytes, int pinned, int *sync)
 {
+	*sync = 0;
 	if (opt.device == DEV_CPU) {
 		memcpy(dev.img, img, img_bytes);
 		memcpy(dev.lbl, lbl, lbl_bytes);
@@ -788,7 +967,10 @@ static int upload(const void *img, size_t img_bytes, const void *lbl, size_t lbl
 	dev.uploads++;
 	if (dev.lbl_on_host)
 		memcpy(dev.host_lbl, lbl, lbl_bytes);
-	int up_lbl = !dev.lbl_on_host, sync = pinned, rc = 0;
+	int up_lbl = !dev.lbl_on_host, rc = 0;
+	*sync = pinned;
+	if (opt.graph && graph_begin() < 0)
+		return -1;
 	switch (opt.upload) {
 	case UP_HALVES: /* each tensor in two copies */
 		rc = copy_up(dev.img, img, 0, ih, pinned, cu.stream, "images, first half") < 0 ||
@@ -806,15 +988,20 @@ static int upload(const void *img, size_t img_bytes, const void *lbl, size_t lbl
 		rc = copy_up(dev.img, img, 0, img_bytes, 1, cu.stream, "images") < 0 ||
 		     (up_lbl && copy_up(dev.lbl, lbl, 0, lbl_bytes, 1, cu.side, "labels (side stream)") < 0) ||
 		     cuda_ok(cu.StreamSynchronize(cu.side), "cudaStreamSynchronize (side)") < 0;
-		sync = 1; /* the images' stream */
+		*sync = 1; /* the images' stream */
 		break;
 	default:
 		rc = copy_up(dev.img, img, 0, img_bytes, pinned, cu.stream, "images") < 0 ||
 		     (up_lbl && copy_up(dev.lbl, lbl, 0, lbl_bytes, pinned, cu.stream, "labels") < 0);
 	}
-	if (rc || (sync && cuda_ok(cu.StreamSynchronize(cu.stream), "cudaStreamSynchronize") < 0))
-		return -1;
-	return 0;
+	if (opt.graph && graph_end() < 0)
+		rc = 1;
+	return rc ? -1 : 0;
+}
+
+static int upload_wait(int sync)
+{
+	return sync ? cuda_ok(cu.StreamSynchronize(cu.stream), "cudaStreamSynchronize") : 0;
 }
 
 /* --readback: where the device copy of the batch can be read on the host. */
@@ -1680,8 +1867,11 @@ static int consume(struct loader *L, struct batch *b, uint64_t epoch, uint64_t p
 	void *img = b->pin ? b->pin->img : b->img;
 	void *lbl = b->pin ? b->pin->lbl : b->lbl;
 	struct rec_batch r = {.epoch = epoch, .pass = pass, .iter = iter, .img = img, .lbl = lbl};
+	if (capt_switch(1) < 0)
+		return -1;
 	r.share = share_batch(L, b, img, lbl, iter, &r.at);
-	if (upload(img, b->img_bytes, lbl, b->lbl_bytes, b->pin != NULL) < 0)
+	int sync, up = upload_queue(img, b->img_bytes, lbl, b->lbl_bytes, b->pin != NULL, &sync);
+	if (capt_switch(0) < 0 || up < 0 || upload_wait(sync) < 0)
 		return -1;
 	/* What was handed to the copy is what was uploaded. */
 	r.h_img = xxh64(img, b->img_bytes, 0);
@@ -1847,6 +2037,16 @@ static void usage(FILE *f)
 "                        labels on a second stream (both cudaMemcpyAsync)\n"
 "                        late-labels: the labels of the first " STR(LATE_LABELS_UPLOADS) " batches stay\n"
 "                        on the host (as --labels-on-host), later ones go up\n"
+"  --graph               with --device cuda --pin --workers 0: capture each\n"
+"                        batch's uploads on the job's stream into a CUDA graph\n"
+"                        (cudaStreamBeginCapture, global mode), instantiate it\n"
+"                        and launch it there, as torch.cuda.graphs does; a\n"
+"                        capture that ends invalidated fails the job\n"
+"  --capture-thread      with --device cuda --pin --workers 0: a second thread\n"
+"                        holds a CUDA graph capture open (global mode, on a\n"
+"                        stream of its own) while each batch is handed to the\n"
+"                        shim and its uploads are queued; the job fails when\n"
+"                        that capture ends invalidated\n"
 "  --readback            copy each uploaded batch back from the device and record\n"
 "                        its checksums too (dimg=, dlbl=, device_checksum=)\n"
 "  --tsshim              hand every training batch to the shim right before its\n"
@@ -1974,6 +2174,7 @@ static void parse_args(int argc, char **argv)
 		O_VAL = 256, O_LIMIT, O_VAL_LIMIT, O_SIZE, O_BATCH, O_VAL_BATCH, O_WORKERS, O_START, O_PERSIST,
 		O_PREFETCH, O_SHM, O_TIMEOUT, O_PIN, O_SEED, O_SHUFFLE, O_EPOCHS, O_DEVICE, O_CUDART, O_STEP,
 		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_GPU, O_READBACK, O_LABELS_HOST, O_UPLOAD, O_TSSHIM, O_RECORD, O_HELP, O_WORKER_FD,
+		O_GRAPH, O_CAPTURE_THREAD,
 	};
 	static const struct option lo[] = {
 		{"val", required_argument, 0, O_VAL},
@@ -2003,6 +2204,8 @@ static void parse_args(int argc, char **argv)
 		{"readback", no_argument, 0, O_READBACK},
 		{"labels-on-host", no_argument, 0, O_LABELS_HOST},
 		{"upload-pattern", required_argument, 0, O_UPLOAD},
+		{"graph", no_argument, 0, O_GRAPH},
+		{"capture-thread", no_argument, 0, O_CAPTURE_THREAD},
 		{"tsshim", no_argument, 0, O_TSSHIM},
 		{"record", required_argument, 0, O_RECORD},
 		{"help", no_argument, 0, O_HELP},
@@ -2041,6 +2244,8 @@ static void parse_args(int argc, char **argv)
 		case O_READBACK: opt.readback = 1; break;
 		case O_LABELS_HOST: opt.labels_on_host = 1; break;
 		case O_UPLOAD: opt.upload = parse_pattern(a); break;
+		case O_GRAPH: opt.graph = 1; break;
+		case O_CAPTURE_THREAD: opt.capture_thread = 1; break;
 		case O_TSSHIM: opt.tsshim = 1; break;
 		case O_RECORD: opt.record = a; break;
 		case O_HELP: usage(stdout); exit(0);
@@ -2061,6 +2266,12 @@ static void parse_args(int argc, char **argv)
 		opt.val_batch = opt.batch;
 	if (opt.val_every && !opt.val_root)
 		bad_usage("--val-every needs --val ROOT2");
+	/* pageable copies, and a pinning thread's cudaHostAlloc, are not allowed while a capture is open */
+	if ((opt.graph || opt.capture_thread) && (opt.device != DEV_CUDA || !opt.pin || opt.workers))
+		bad_usage("--graph and --capture-thread need --device cuda --pin --workers 0");
+	if ((opt.graph || opt.capture_thread) && opt.upload == UP_SIDE_STREAM)
+		bad_usage("--graph and --capture-thread: not with --upload-pattern side-stream (it synchronises a "
+			  "stream while the capture is open)");
 	/* images of a full batch: at most 16 GiB */
 	if ((uint64_t)opt.batch * 3 * opt.size * opt.size * 4 > (16ULL << 30) ||
 	    (uint64_t)opt.val_batch * 3 * opt.size * opt.size * 4 > (16ULL << 30))

@@ -7,9 +7,9 @@
  *                                     failed (each on stderr), 2: usage
  *
  * Commands: basics, errors, no-host-access, nodevice, getproc, route, deny, pinned,
- * fork, fork-clean, peer, ipc-mem, ipc-event, stream-async, stream-order,
+ * fork, fork-clean, peer, ipc-mem, ipc-event, stream-async, stream-order, capture,
  * bandwidth h2d|d2d MIN_MS MAX_MS [ROUNDS], stats, quick (basics errors pinned peer
- * ipc-mem in one process, for valgrind). The *-child commands are the other
+ * ipc-mem capture in one process, for valgrind). The *-child commands are the other
  * side of the IPC checks. tests/scenarios/cudaemu.sh runs them all. */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -53,7 +53,12 @@
 	X(DriverGetVersion, cudaDriverGetVersion) X(GetDriverEntryPoint, cudaGetDriverEntryPoint)        \
 	X(GetDriverEntryPointByVersion, cudaGetDriverEntryPointByVersion)                                \
 	X(Memcpy_ptds, cudaMemcpy) X(MemcpyAsync_ptsz, cudaMemcpyAsync)                                  \
-	X(StreamSynchronize_ptsz, cudaStreamSynchronize) X(StreamQuery_ptsz, cudaStreamQuery)
+	X(StreamSynchronize_ptsz, cudaStreamSynchronize) X(StreamQuery_ptsz, cudaStreamQuery)             \
+	X(StreamBeginCapture, cudaStreamBeginCapture) X(StreamEndCapture, cudaStreamEndCapture)          \
+	X(StreamIsCapturing, cudaStreamIsCapturing) X(StreamGetCaptureInfo, cudaStreamGetCaptureInfo)    \
+	X(ThreadExchangeStreamCaptureMode, cudaThreadExchangeStreamCaptureMode)                          \
+	X(GraphInstantiate, cudaGraphInstantiate) X(GraphLaunch, cudaGraphLaunch)                        \
+	X(GraphExecDestroy, cudaGraphExecDestroy) X(GraphDestroy, cudaGraphDestroy)
 
 /* cudaGetDriverEntryPoint is deprecated (CUDA 12.5): its type only is used. */
 #pragma GCC diagnostic push
@@ -1319,6 +1324,297 @@ static void t_stream_order(void)
 	free(hf);
 }
 
+/* ---- stream capture and graphs ------------------------------------------------------------------- */
+
+static enum cudaStreamCaptureStatus capture_status(cudaStream_t s)
+{
+	enum cudaStreamCaptureStatus st = (enum cudaStreamCaptureStatus)-1;
+	if (rt.StreamIsCapturing(s, &st) != cudaSuccess)
+		return (enum cudaStreamCaptureStatus)-1;
+	return st;
+}
+
+/* End a capture that must have been invalidated: the error, and no graph. */
+static void end_invalidated(cudaStream_t s, const char *why, int line)
+{
+	cudaGraph_t g = (cudaGraph_t)1;
+	expect_(rt.StreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated, why, line);
+	CHECK(g == NULL, "an invalidated capture gives no graph (%s)", why);
+	EXPECT(capture_status(s), cudaStreamCaptureStatusNone);
+	rt.GetLastError();
+}
+#define END_INVALIDATED(s, why) end_invalidated(s, why, __LINE__)
+
+/* A capture that ends well: its graph destroyed. */
+static void end_ok(cudaStream_t s, const char *why, int line)
+{
+	cudaGraph_t g = NULL;
+	if (expect_(rt.StreamEndCapture(s, &g), cudaSuccess, why, line))
+		expect_(rt.GraphDestroy(g), cudaSuccess, why, line);
+}
+#define END_OK(s, why) end_ok(s, why, __LINE__)
+
+struct unsafe_arg {
+	enum cudaStreamCaptureMode mode; /* the thread's capture mode */
+	cudaEvent_t ev;
+	cudaError_t alloc, query;
+};
+
+/* Potentially unsafe calls (an allocation, an event query) from a thread in capture mode a->mode. */
+static void *unsafe_calls(void *arg)
+{
+	struct unsafe_arg *a = arg;
+	enum cudaStreamCaptureMode m = a->mode;
+	rt.ThreadExchangeStreamCaptureMode(&m);
+	void *p = NULL;
+	a->alloc = rt.Malloc(&p, 4096);
+	a->query = rt.EventQuery(a->ev);
+	if (p)
+		rt.Free(p);
+	return NULL;
+}
+
+static struct unsafe_arg unsafe_elsewhere(enum cudaStreamCaptureMode mode, cudaEvent_t ev)
+{
+	struct unsafe_arg a = {mode, ev, cudaErrorUnknown, cudaErrorUnknown};
+	pthread_t th;
+	pthread_create(&th, NULL, unsafe_calls, &a);
+	pthread_join(th, NULL);
+	return a;
+}
+
+struct end_arg {
+	cudaStream_t s;
+	cudaGraph_t g;
+	cudaError_t rc;
+};
+
+static void *end_capture(void *arg)
+{
+	struct end_arg *a = arg;
+	a->rc = rt.StreamEndCapture(a->s, &a->g);
+	return NULL;
+}
+
+/* Captured copies run at each launch, reading their sources then; nothing runs while capturing. */
+static void capture_replays(cudaStream_t s, void *d, void *d2, char *hp, char *hq, size_t sz)
+{
+	struct tsemu_stats a = stats(), b;
+	enum cudaStreamCaptureStatus st;
+	unsigned long long id = 0;
+	cudaGraph_t g = NULL;
+	const cudaGraphNode_t *deps = NULL;
+	size_t nd = 9;
+	fill(hp, sz, 51);
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+	EXPECT(capture_status(s), cudaStreamCaptureStatusActive);
+	OK(rt.StreamGetCaptureInfo(s, &st, &id, &g, &deps, NULL, &nd));
+	CHECK(st == cudaStreamCaptureStatusActive && id && g && nd == 0, "capture info: status %d id %llu nodes %zu",
+	      (int)st, id, nd);
+	OK(rt.MemcpyAsync(d, hp, sz, cudaMemcpyHostToDevice, s));
+	OK(rt.MemcpyAsync(d2, d, sz, cudaMemcpyDeviceToDevice, s));
+	OK(rt.MemcpyAsync(hq, d2, sz, cudaMemcpyDeviceToHost, s));
+	OK(rt.StreamGetCaptureInfo(s, &st, &id, &g, &deps, NULL, &nd));
+	CHECK(nd == 1 && deps && deps[0], "the next node depends on the last captured (%zu)", nd);
+	usleep(50000);
+	b = stats();
+	CHECK(b.h2d_calls == a.h2d_calls && b.d2d_calls == a.d2d_calls && b.d2h_calls == a.d2h_calls,
+	      "captured copies do not run (h2d %llu, d2d %llu, d2h %llu calls)",
+	      (unsigned long long)(b.h2d_calls - a.h2d_calls), (unsigned long long)(b.d2d_calls - a.d2d_calls),
+	      (unsigned long long)(b.d2h_calls - a.d2h_calls));
+	g = NULL;
+	OK(rt.StreamEndCapture(s, &g));
+	EXPECT(capture_status(s), cudaStreamCaptureStatusNone);
+	CHECK(seed_of(hq, sz) != 51, "nothing was copied before the launch");
+	cudaGraphExec_t x = NULL;
+	OK(rt.GraphInstantiate(&x, g, 0));
+	for (int seed = 52; seed <= 53; seed++) {
+		fill(hp, sz, seed); /* after the capture: the launch reads it */
+		OK(rt.GraphLaunch(x, s));
+		OK(rt.StreamSynchronize(s));
+		CHECK(seed_of(hq, sz) == seed, "launch %d replays H2D, D2D, D2H reading the source then (seed %d)",
+		      seed - 51, seed_of(hq, sz));
+	}
+	b = stats();
+	EXPECT(b.h2d_bytes - a.h2d_bytes, 2 * sz);
+	OK(rt.GraphExecDestroy(x));
+	OK(rt.GraphDestroy(g));
+	EXPECT(rt.GraphDestroy(g), cudaErrorInvalidValue);
+	rt.GetLastError();
+}
+
+/* Events in a capture: a record there runs nothing; cross-capture waits are refused. */
+static void capture_events(cudaStream_t s, void *d, const char *hp, size_t sz)
+{
+	cudaEvent_t in, out;
+	cudaGraph_t g = NULL;
+	OK(rt.EventCreateWithFlags(&in, cudaEventDisableTiming));
+	OK(rt.EventCreateWithFlags(&out, cudaEventDisableTiming));
+	OK(rt.EventRecord(out, s));
+	OK(rt.StreamSynchronize(s));
+
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+	OK(rt.EventRecord(in, s));
+	OK(rt.StreamWaitEvent(s, in, 0)); /* recorded in this capture: in-stream order */
+	EXPECT(rt.EventQuery(in), cudaErrorCapturedEvent);
+	EXPECT(capture_status(s), cudaStreamCaptureStatusInvalidated);
+	EXPECT(rt.MemcpyAsync(d, hp, sz, cudaMemcpyHostToDevice, s), cudaErrorStreamCaptureInvalidated);
+	END_INVALIDATED(s, "cudaEventQuery on an event recorded in the capture");
+	OK(rt.EventRecord(in, s));
+
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+	EXPECT(rt.StreamWaitEvent(s, out, 0), cudaErrorStreamCaptureIsolation);
+	END_INVALIDATED(s, "a wait on an event recorded outside the capture");
+
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+	OK(rt.StreamWaitEvent(s, out, cudaEventWaitExternal));
+	OK(rt.MemcpyAsync(d, hp, sz, cudaMemcpyHostToDevice, s));
+	OK(rt.StreamEndCapture(s, &g));
+	cudaGraphExec_t x = NULL;
+	OK(rt.GraphInstantiate(&x, g, 0));
+	OK(rt.GraphLaunch(x, s));
+	OK(rt.StreamSynchronize(s));
+	OK(rt.GraphExecDestroy(x));
+	OK(rt.GraphDestroy(g));
+	EXPECT(rt.StreamWaitEvent(s, out, cudaEventWaitExternal), cudaErrorInvalidValue); /* outside a capture */
+	rt.GetLastError();
+	OK(rt.EventDestroy(in));
+	OK(rt.EventDestroy(out));
+}
+
+/* What waits for a capturing stream, or cannot be captured, invalidates the capture. */
+static void capture_waits(cudaStream_t s, void *d, char *hp, size_t sz)
+{
+	char *pageable = xmalloc(sz);
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+	EXPECT(rt.StreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+	EXPECT(capture_status(s), cudaStreamCaptureStatusInvalidated);
+	END_INVALIDATED(s, "cudaStreamSynchronize of the capturing stream");
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+	EXPECT(rt.StreamQuery(s), cudaErrorStreamCaptureUnsupported);
+	END_INVALIDATED(s, "cudaStreamQuery of the capturing stream");
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+	EXPECT(rt.DeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
+	END_INVALIDATED(s, "cudaDeviceSynchronize while a stream of the device captures");
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+	EXPECT(rt.MemcpyAsync(d, pageable, sz, cudaMemcpyHostToDevice, s), cudaErrorStreamCaptureUnsupported);
+	END_INVALIDATED(s, "a copy from pageable memory (a stream sync first)");
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+	EXPECT(rt.Memcpy(d, hp, sz, cudaMemcpyHostToDevice), cudaErrorStreamCaptureUnsupported);
+	END_INVALIDATED(s, "a synchronous copy in the capturing thread");
+	rt.GetLastError();
+	free(pageable);
+}
+
+/* The capture modes: who may make potentially unsafe calls meanwhile. */
+static void capture_modes(cudaStream_t s, void *d, char *hp, size_t sz)
+{
+	cudaEvent_t ev;
+	OK(rt.EventCreateWithFlags(&ev, cudaEventDisableTiming));
+	struct unsafe_arg a;
+
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+	a = unsafe_elsewhere(cudaStreamCaptureModeGlobal, ev);
+	CHECK(a.alloc == cudaErrorStreamCaptureUnsupported && a.query == cudaErrorStreamCaptureUnsupported,
+	      "a global capture bars another thread in global mode: cudaMalloc %s, cudaEventQuery %s", ename(a.alloc),
+	      ename(a.query));
+	END_INVALIDATED(s, "an unsafe call in another thread during a global capture");
+
+	const enum cudaStreamCaptureMode other[] = {cudaStreamCaptureModeRelaxed, cudaStreamCaptureModeThreadLocal};
+	for (int i = 0; i < 2; i++) {
+		OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+		a = unsafe_elsewhere(other[i], ev);
+		CHECK(a.alloc == cudaSuccess && a.query == cudaSuccess,
+		      "another thread in mode %d may: cudaMalloc %s, cudaEventQuery %s", (int)other[i], ename(a.alloc),
+		      ename(a.query));
+		OK(rt.MemcpyAsync(d, hp, sz, cudaMemcpyHostToDevice, s));
+		END_OK(s, "unsafe calls of a thread not in global mode leave the capture alone");
+	}
+
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+	a = unsafe_elsewhere(cudaStreamCaptureModeGlobal, ev);
+	CHECK(a.alloc == cudaSuccess, "a thread-local capture does not bar other threads (%s)", ename(a.alloc));
+	void *p = NULL;
+	EXPECT(rt.Malloc(&p, 4096), cudaErrorStreamCaptureUnsupported); /* but it bars its own */
+	END_INVALIDATED(s, "an unsafe call in the thread of its thread-local capture");
+
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+	OK(rt.Malloc(&p, 4096));
+	OK(rt.Free(p));
+	END_OK(s, "a relaxed capture bars nobody");
+
+	enum cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+	OK(rt.ThreadExchangeStreamCaptureMode(&m));
+	EXPECT(m, cudaStreamCaptureModeGlobal); /* the default */
+	m = (enum cudaStreamCaptureMode)7;
+	EXPECT(rt.ThreadExchangeStreamCaptureMode(&m), cudaErrorInvalidValue);
+	m = cudaStreamCaptureModeGlobal;
+	OK(rt.ThreadExchangeStreamCaptureMode(&m));
+	EXPECT(m, cudaStreamCaptureModeRelaxed);
+
+	struct end_arg e = {s, NULL, cudaSuccess};
+	pthread_t th;
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+	pthread_create(&th, NULL, end_capture, &e);
+	pthread_join(th, NULL);
+	EXPECT(e.rc, cudaErrorStreamCaptureWrongThread);
+	END_OK(s, "a global capture ends in its own thread");
+	OK(rt.StreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+	pthread_create(&th, NULL, end_capture, &e);
+	pthread_join(th, NULL);
+	OK(e.rc);
+	if (e.g)
+		OK(rt.GraphDestroy(e.g));
+	rt.GetLastError();
+	OK(rt.EventDestroy(ev));
+}
+
+/* The legacy stream: never captured, unusable beside a blocking stream's capture. */
+static void capture_legacy(void *d, char *hp, size_t sz)
+{
+	cudaStream_t b;
+	OK(rt.StreamCreate(&b));
+	EXPECT(rt.StreamBeginCapture(0, cudaStreamCaptureModeGlobal), cudaErrorStreamCaptureUnsupported);
+	OK(rt.StreamBeginCapture(b, cudaStreamCaptureModeRelaxed));
+	enum cudaStreamCaptureStatus st;
+	EXPECT(rt.StreamIsCapturing(0, &st), cudaErrorStreamCaptureImplicit);
+	EXPECT(capture_status(b), cudaStreamCaptureStatusActive); /* the query invalidates nothing */
+	EXPECT(rt.MemcpyAsync(d, hp, sz, cudaMemcpyHostToDevice, 0), cudaErrorStreamCaptureImplicit);
+	END_INVALIDATED(b, "work on the legacy stream beside a blocking capture");
+	OK(rt.StreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal));
+	EXPECT(capture_status(cudaStreamPerThread), cudaStreamCaptureStatusActive);
+	OK(rt.MemcpyAsync(d, hp, sz, cudaMemcpyHostToDevice, cudaStreamPerThread));
+	END_OK(cudaStreamPerThread, "the per-thread default stream can be captured");
+	OK(rt.StreamDestroy(b));
+}
+
+static void t_capture(void)
+{
+	load();
+	size_t sz = 1 << 16;
+	void *d, *d2;
+	char *hp, *hq;
+	cudaStream_t s;
+	OK(rt.Malloc(&d, sz));
+	OK(rt.Malloc(&d2, sz));
+	OK(rt.HostAlloc((void **)&hp, sz, 0));
+	OK(rt.HostAlloc((void **)&hq, sz, 0));
+	fill(hq, sz, 50);
+	OK(rt.Memcpy(d, hq, sz, cudaMemcpyHostToDevice));
+	OK(rt.StreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	EXPECT(capture_status(s), cudaStreamCaptureStatusNone);
+	capture_replays(s, d, d2, hp, hq, sz);
+	capture_events(s, d, hp, sz);
+	capture_waits(s, d, hp, sz);
+	capture_modes(s, d, hp, sz);
+	capture_legacy(d, hp, sz);
+	OK(rt.StreamDestroy(s));
+	OK(rt.Free(d));
+	OK(rt.Free(d2));
+	OK(rt.FreeHost(hp));
+	OK(rt.FreeHost(hq));
+}
+
 /* ---- bandwidth model and counters ------------------------------------------------------------------ */
 
 /* Each of ROUNDS copies (default 1) must take MIN_MS..MAX_MS; prints the
@@ -1453,6 +1749,8 @@ int main(int argc, char **argv)
 		t_stream_async();
 	else if (!strcmp(cmd, "stream-order"))
 		t_stream_order();
+	else if (!strcmp(cmd, "capture"))
+		t_capture();
 	else if (!strcmp(cmd, "bandwidth"))
 		t_bandwidth(ac, av);
 	else if (!strcmp(cmd, "stats"))
@@ -1463,6 +1761,7 @@ int main(int argc, char **argv)
 		t_pinned();
 		t_peer();
 		t_ipc_mem();
+		t_capture();
 	} else
 		die("unknown command");
 	if (fails)

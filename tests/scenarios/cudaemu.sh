@@ -2,7 +2,7 @@
 # tsemu, the test device (build/emu/libcudart.so.13, libcuda.so.1): the CUDA
 # semantics the shim relies on, checked by tests/helpers/ts-cudaemu-check
 # across processes (IPC memory and events, stream ordering and asynchrony,
-# cuGetProcAddress, the runtime's route to the driver, pinned memory and
+# stream capture and graphs, cuGetProcAddress, the runtime's route to the driver, pinned memory and
 # pointer attributes, fork, peers, the bandwidth model, counters), then the
 # reference trainer on the emulated GPU, and memcheck.
 set -u
@@ -94,6 +94,8 @@ check "asynchrony: pinned async copies run later on their stream, pageable ones 
 	run async -- stream-async
 check "ordering: cudaStreamWaitEvent orders a copy after an earlier queued one (and without it streams overlap); legacy default stream vs blocking/non-blocking streams; per-thread streams" \
 	run order -- stream-order
+check "stream capture: captured copies do not run, a graph launch replays H2D/D2D/D2H reading the sources then; a sync, query or pageable copy of a capturing stream, a wait on an event recorded outside the capture, a query of a captured event invalidate it; a global capture bars unsafe calls (cudaMalloc, cudaEventQuery) of other global-mode threads and invalidates, relaxed and thread-local threads may; thread-local bars its own thread; legacy stream never captured, unusable beside a blocking capture" \
+	run capture -- capture
 # 64 MiB at 1 GB/s: 67 ms modelled on top of the copy itself. The copy's own
 # time varies between runs by tens of ms on a loaded machine or under ASan, so
 # the two settings are compared by their shortest of 5 rounds (each round
@@ -168,7 +170,7 @@ if command -v valgrind >/dev/null && ! ldd "$CHK" | grep -q libasan; then
 	valgrind -q --error-exitcode=9 --leak-check=full --show-leak-kinds=definite,indirect,possible \
 		--errors-for-leak-kinds=definite,indirect,possible "$CHK" quick >"$T_TMP/vg.out" 2>&1
 	rc=$?
-	check "ts-cudaemu-check quick (basics errors pinned peer ipc-mem) under valgrind: no error, no leak" [ $rc = 0 ] ||
+	check "ts-cudaemu-check quick (basics errors pinned peer ipc-mem capture) under valgrind: no error, no leak" [ $rc = 0 ] ||
 		sed 's/^/#   /' "$T_TMP/vg.out" | head -30
 fi
 

@@ -14,8 +14,9 @@
 # on two streams or some labels only, a peer that rewrites the GPU
 # ring's depth mid-run, buffer records that claim more than their
 # allocations, and a producer that changes a batch in place once its
-# synchronous upload returned, and consumers whose epochs must begin where
-# the stream's do (left early, joined late; verified --strict). Every job runs under `timeout`; no
+# synchronous upload returned, consumers whose epochs must begin where
+# the stream's do (left early, joined late; verified --strict), and uploads
+# inside a CUDA graph capture, or beside one another thread holds open. Every job runs under `timeout`; no
 # /dev/shm object of a case's
 # session may survive its jobs.
 set -u
@@ -712,6 +713,54 @@ check "20b: joined past the middle, every batch served ($(shares c20b | tr ' ' '
 check "20c: joined early, its first epoch its own ($(grep ' phase=train epoch=0 ' "$T_TMP/c20c.rec" | grep -oE ' share=[a-z]+' | sort | uniq -c | xargs))" \
 	cond 'grep -q "joined the stream in mid-epoch" "$T_TMP/c20c.err" && [ "$(grep " phase=train epoch=0 " "$T_TMP/c20c.rec" | grep -c " share=own ")" = 13 ]'
 echo "# case 20: $((SECONDS - T1)) s"
+
+# === 21. uploads inside a CUDA graph capture; a capture another thread holds open ===========
+# A batch upload pushed into a capturing stream (torch.cuda.graphs, torch.compile's
+# "reduce-overhead") is recorded, to be replayed at each launch of the graph: the shim
+# passes it through (from the host, as captured) and the producer keeps nothing of it,
+# its consumers going from the host at once. Jobs here capture each batch's uploads
+# (tsshim-train --graph) or hold a global-mode capture open in a second thread while each
+# batch is handed to the shim and uploaded (--capture-thread): every capture must end
+# well (a job fails otherwise) and every batch be right on the device (tsshim-verify).
+# Before: a consumer's served upload waited on the producer's event and opened its
+# buffers inside the capture, a producer's keep allocated its ring buffer there, and the
+# shim's own calls (cuMemAlloc, cuIpcOpenMemHandle, cuEventQuery) during another thread's
+# global capture invalidated it: the jobs failed.
+T1=$SECONDS
+for way in consumer producer thread; do
+	c=c21${way:0:1}
+	S=$(session_name "$c")
+	pa= ca=
+	case $way in
+	consumer) ca=--graph ;;
+	producer) pa=--graph ;;
+	thread) pa=--capture-thread ca=--capture-thread ;;
+	esac
+	job ${c}p "$S" TSSHIM_LOG=info -- --seed 1 --batch 16 --epochs 3 --step-ms 15 --pin --workers 0 $pa "$TR"
+	started ${c}p
+	job ${c}a "$S" TSSHIM_LOG=info -- --seed 2 --batch 16 --epochs 2 --pin --workers 0 $ca "$TR"
+	job ${c}b "$S" TSSHIM_LOG=info -- --seed 3 --batch 24 --epochs 2 --pin --workers 0 $ca "$TR"
+	wait_jobs ${c}p ${c}a ${c}b
+	case_end "21 ($way)" "$S" ${c}p ${c}a ${c}b
+	said=$(cat "$T_TMP"/${c}?.err | grep -c 'inside a CUDA graph capture passes through')
+	for n in ${c}a ${c}b; do
+		d2d=$(stat $n d2d_bytes) h=$(stat $n h2d_bytes) sv=$(nlines $n " share=served ")
+		case $way in
+		thread)
+			check "21 ($way): $n was served from the ring beside the open capture (d2d_bytes $d2d, served lines $sv)" \
+				cond '[ "$d2d" -gt 0 ] && [ "$sv" -gt 0 ]' ;;
+		*)
+			check "21 ($way): $n's uploads went from the host, none from the ring (d2d_bytes $d2d, h2d_bytes $h, served lines $sv)" \
+				cond '[ "$d2d" = 0 ] && [ "$h" -gt 0 ] && [ "$sv" -gt 0 ]' ;;
+		esac
+	done
+	case $way in
+	consumer) check "21 ($way): each consumer said once that its uploads pass through ($said lines)" [ "$said" = 2 ] ;;
+	producer) check "21 ($way): the producer said once that its uploads pass through ($said lines)" [ "$said" = 1 ] ;;
+	thread) check "21 ($way): no upload was inside a capture ($said lines)" [ "$said" = 0 ] ;;
+	esac
+done
+echo "# case 21: $((SECONDS - T1)) s"
 
 # Across every case: no producer freed a buffer a live consumer still had open
 # through IPC (undefined on CUDA; tsemu counts it and overwrites the memory).

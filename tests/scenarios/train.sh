@@ -39,7 +39,8 @@ field() { # the value of KEY in each line on stdin
 check "--help exits 0" [ $? = 0 ]
 missing=
 for o in val limit val-limit size batch val-batch workers start persistent-workers prefetch shm timeout pin \
-	seed shuffle epochs device cudart step-ms val-step-ms step-spin val-every break-after readback tsshim record help; do
+	seed shuffle epochs device cudart step-ms val-step-ms step-spin val-every break-after readback tsshim record help \
+	graph capture-thread; do
 	grep -q -- "--$o" "$T_TMP/help" || missing="$missing --$o"
 done
 check "--help explains every option${missing:+ (missing:$missing)}" [ -z "$missing" ]
@@ -60,6 +61,9 @@ refused "unknown option '-x'" -xy
 refused "--step-ms: expected" --step-ms 0x10
 refused "--step-ms: expected" --step-ms " 5"
 refused "--seed: expected" --seed 18446744073709551616
+refused "--graph and --capture-thread need --device cuda --pin --workers 0" --graph --device cuda --workers 0
+refused "--graph and --capture-thread: not with --upload-pattern side-stream" \
+	--capture-thread --device cuda --pin --workers 0 --upload-pattern side-stream
 "$TRAIN" --seed 18446744073709551615 --help >/dev/null 2>&1
 check "usage: the largest seed (2^64-1) is a seed" [ $? = 0 ]
 

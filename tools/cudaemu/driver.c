@@ -30,6 +30,17 @@
  *    an importer's cuStreamWaitEvent waits for the exporter's work.
  *  - Host/device synchronisation of copies follows the CUDA documentation
  *    ("API synchronization behavior"): see copy_blocks().
+ *  - Stream capture (cuStreamBeginCapture): what is pushed into a capturing
+ *    stream is appended to its graph instead of run; cuGraphLaunch replays
+ *    the graph's copies on the launch stream, reading memory then. The rules
+ *    of the CUDA documentation are kept: what waits for a capturing stream,
+ *    depends on work outside its capture, or uses the legacy stream beside
+ *    a blocking capture fails and invalidates the capture; "potentially
+ *    unsafe" calls (allocation, freeing, IPC opens, synchronous copies,
+ *    synchronisations and queries) fail in a thread the capture modes bar
+ *    (cuThreadExchangeStreamCaptureMode), invalidating the captures that bar
+ *    it. One stream per capture: a stream that waits on an event recorded in
+ *    a capture, which would join it on CUDA, is refused (not modelled).
  *
  * Environment: TSEMU_DEVICES, TSEMU_MEM_MB, TSEMU_H2D_GBPS, TSEMU_D2H_GBPS
  * (default: the H2D rate), TSEMU_D2D_GBPS, TSEMU_PEER_GBPS (default: the D2D
@@ -74,6 +85,8 @@
 #define STREAM_MAGIC 0x5453544du
 #define EVENT_MAGIC 0x5445564eu
 #define EVSH_MAGIC 0x54455653u
+#define GRAPH_MAGIC 0x54475248u
+#define GEXEC_MAGIC 0x54474558u
 #define IPC_MAGIC "TSEM"
 #define IPC_VERSION 1
 
@@ -160,6 +173,7 @@ struct stream {
 	int started, finished, joined;
 	pthread_t th;
 	pthread_cond_t cv;
+	struct capture *cap; /* capturing: its operations go to cap's graph */
 	struct stream *next_all;
 };
 
@@ -183,7 +197,28 @@ struct event {
 	int imported;
 	pid_t peer_pid;
 	int refs, destroyed;
+	uint64_t cap_id; /* its last record was in the capture of this id: it stands for no work that runs */
 	struct event *next_all;
+};
+
+/* A graph: nodes (operations) in capture order; instantiated, an executable graph. */
+struct graph {
+	uint32_t magic; /* GRAPH_MAGIC, GEXEC_MAGIC */
+	struct op *head, *tail;
+	CUgraphNode last; /* tail as a node handle: what the next node captured depends on */
+	struct graph *next_all;
+};
+
+/* A capture sequence, begun on one stream (its only stream here). */
+struct capture {
+	uint64_t id;
+	CUstreamCaptureMode mode; /* as begun: which threads it bars from unsafe calls */
+	int invalid;              /* a rule was broken: cuStreamEndCapture fails */
+	pthread_t thread;         /* the thread that began it */
+	struct ctx *ctx;
+	int blocking;             /* of a blocking stream: the legacy stream is unusable meanwhile */
+	struct graph *g;
+	struct capture *next_all;
 };
 
 struct ipc_handle { /* fits CU_IPC_HANDLE_SIZE (64) bytes */
@@ -221,6 +256,9 @@ static struct {
 	size_t nmem, capmem;
 	struct stream *streams;
 	struct event *events;
+	struct capture *captures; /* open capture sequences */
+	int ncaptures;            /* how many: read without G.mu, to skip the checks */
+	struct graph *graphs;     /* graphs and executable graphs the program holds */
 	uint64_t next_id;
 	pthread_key_t ptds_key;
 	struct tsemu_stats st;
@@ -231,6 +269,7 @@ static struct {
 };
 
 static TLS struct ctx *tls_ctx;
+static TLS CUstreamCaptureMode tls_capmode; /* cuThreadExchangeStreamCaptureMode; 0 is GLOBAL */
 static TLS struct stream **tls_ptds; /* [MAXDEV], malloc'd on first use */
 
 #define ST_ADD(field, v) __atomic_fetch_add(&G.st.field, (uint64_t)(v), __ATOMIC_RELAXED)
@@ -821,12 +860,143 @@ static int blocking(const struct stream *s)
 	return s->kind != S_USER || !(s->flags & CU_STREAM_NON_BLOCKING);
 }
 
+/* ---- stream capture: the rules ------------------------------------------------------------ */
+
+static void graph_append(struct graph *g, struct op *o)
+{
+	o->next = NULL;
+	if (g->tail)
+		g->tail->next = o;
+	else
+		g->head = o;
+	g->tail = o;
+	g->last = (CUgraphNode)o;
+}
+
+static void graph_free(struct graph *g)
+{
+	while (g->head) {
+		struct op *o = g->head;
+		g->head = o->next;
+		op_free(o);
+	}
+	free(g);
+}
+
+static struct capture *capture_by_id(uint64_t id)
+{
+	for (struct capture *c = G.captures; c; c = c->next_all)
+		if (c->id == id)
+			return c;
+	return NULL;
+}
+
+/* Take s out of capture mode, dropping what it captured. Under G.mu. */
+static void capture_discard(struct stream *s)
+{
+	struct capture *c = s->cap;
+	if (!c)
+		return;
+	s->cap = NULL;
+	for (struct capture **pp = &G.captures; *pp; pp = &(*pp)->next_all)
+		if (*pp == c) {
+			*pp = c->next_all;
+			break;
+		}
+	__atomic_sub_fetch(&G.ncaptures, 1, __ATOMIC_RELEASE);
+	if (c->g)
+		graph_free(c->g);
+	free(c);
+}
+
+/* Something that cannot be captured (it waits for the stream, or reads
+ * pageable memory when called) pushed into a capturing stream: refused,
+ * and the capture invalidated ("when an invalid operation is attempted
+ * during stream capture, any associated capture graphs are invalidated"). */
+static CUresult capture_refuse(struct capture *c)
+{
+	if (c->invalid)
+		return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	c->invalid = 1;
+	return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+/*
+ * May the calling thread make a "potentially unsafe" call now (one that
+ * allocates, frees, opens IPC memory or waits for the device)? The rules of
+ * cuThreadExchangeStreamCaptureMode: in relaxed mode yes; otherwise not
+ * while it has a capture of its own not begun relaxed, nor, in global mode,
+ * while another thread has one begun in global mode. A barred call fails
+ * and invalidates the captures that bar it. Under G.mu.
+ */
+static CUresult capture_bars(void)
+{
+	CUresult r = CUDA_SUCCESS;
+	if (tls_capmode == CU_STREAM_CAPTURE_MODE_RELAXED)
+		return r;
+	for (struct capture *c = G.captures; c; c = c->next_all) {
+		int own = pthread_equal(c->thread, pthread_self());
+		if (c->mode == CU_STREAM_CAPTURE_MODE_RELAXED ||
+		    (!own && (tls_capmode != CU_STREAM_CAPTURE_MODE_GLOBAL || c->mode != CU_STREAM_CAPTURE_MODE_GLOBAL)))
+			continue;
+		c->invalid = 1;
+		r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	}
+	return r;
+}
+
+/* capture_bars for an entry point that is unsafe as a whole; no lock while no capture is open. */
+static CUresult unsafe_call(void)
+{
+	if (!__atomic_load_n(&G.ncaptures, __ATOMIC_ACQUIRE))
+		return CUDA_SUCCESS;
+	pthread_mutex_lock(&G.mu);
+	CUresult r = capture_bars();
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+#define UNSAFE()                                       \
+	do {                                           \
+		CUresult u_ = unsafe_call();           \
+		if (u_ != CUDA_SUCCESS)                \
+			return u_;                     \
+	} while (0)
+
+/* Work on (or a query of) the legacy stream while a blocking stream of its
+ * context captures: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, the legacy stream
+ * would depend on work that does not run. Work invalidates the capture; a
+ * query (cuStreamIsCapturing) does not. Under G.mu. */
+static CUresult legacy_usable(const struct stream *s, int work)
+{
+	CUresult r = CUDA_SUCCESS;
+	if (s->kind != S_LEGACY)
+		return r;
+	for (struct capture *c = G.captures; c; c = c->next_all)
+		if (c->ctx == s->ctx && c->blocking) {
+			c->invalid |= work;
+			r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+		}
+	return r;
+}
+
+/* Appended to the graph of the capture s is in, instead of queued (enqueue). */
+static CUresult capture_add(struct stream *s, struct op *o)
+{
+	if (s->cap->invalid)
+		return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	graph_append(s->cap->g, o);
+	return CUDA_SUCCESS;
+}
+
 /* Append o to s, with the legacy default stream's implicit ordering:
  * work on the legacy stream waits for all earlier work of the context's
  * blocking streams, and work on a blocking stream waits for earlier legacy
  * work. Under G.mu; on failure o is not consumed. */
 static CUresult enqueue(struct stream *s, struct op *o)
 {
+	if (s->cap)
+		return capture_add(s, o);
 	if (!s->started) {
 		/* Workers block signals, so that the program's handlers run on
 		 * its own threads. */
@@ -919,8 +1089,10 @@ static void ptds_release(void *arg)
 	struct stream **a = arg;
 	pthread_mutex_lock(&G.mu);
 	for (int i = 0; i < MAXDEV; i++)
-		if (a[i])
+		if (a[i]) {
+			capture_discard(a[i]); /* a thread that exits capturing: its capture goes too */
 			stream_retire(a[i]);
+		}
 	streams_reap();
 	pthread_mutex_unlock(&G.mu);
 	free(a);
@@ -958,6 +1130,13 @@ static CUresult stream_get(CUstream h, int ptds, struct stream **out)
 			return CUDA_SUCCESS;
 		}
 	return CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* stream_get for work pushed into the stream. Under G.mu. */
+static CUresult stream_use(CUstream h, int ptds, struct stream **out)
+{
+	CUresult r = stream_get(h, ptds, out);
+	return r == CUDA_SUCCESS ? legacy_usable(*out, 1) : r;
 }
 
 /* Wait for all work submitted so far to every stream of c. Under G.mu. */
@@ -1259,12 +1438,19 @@ API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
 	return CUDA_SUCCESS;
 }
 
+/* "It is also invalid to ... synchronize a broader handle which encompasses
+ * an active stream capture, such as a device or context handle". */
 static CUresult ctx_sync_api(struct ctx *c)
 {
 	if (!c)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&G.mu);
-	CUresult r = ctx_sync(c);
+	CUresult r = capture_bars();
+	for (struct capture *k = G.captures; k && r == CUDA_SUCCESS; k = k->next_all)
+		if (k->ctx == c)
+			r = capture_refuse(k);
+	if (r == CUDA_SUCCESS)
+		r = ctx_sync(c);
 	pthread_mutex_unlock(&G.mu);
 	return r;
 }
@@ -1327,6 +1513,7 @@ API CUresult cuCtxDisablePeerAccess(CUcontext peerContext)
 API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
 	ENTER("cuMemAlloc_v2");
+	UNSAFE();
 	if (!dptr || bytesize == 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	struct ctx *c = tls_ctx;
@@ -1392,6 +1579,7 @@ fail:
 API CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
 	ENTER("cuMemFree_v2");
+	UNSAFE();
 	pthread_mutex_lock(&G.mu);
 	struct mem *m = mem_find((uintptr_t)dptr);
 	if (!m || m->kind != M_DEV || m->base != (uintptr_t)dptr) {
@@ -1600,9 +1788,13 @@ static CUresult copy_common(struct side *dst, struct side *src, size_t n, CUstre
 	else
 		dir = D_H2H;
 	struct stream *s;
-	CUresult r = stream_get(h, ptds, &s);
+	CUresult r = stream_use(h, ptds, &s);
 	if (r != CUDA_SUCCESS)
 		return r;
+	/* a synchronous call, or one that reads pageable memory at the call
+	 * (after a stream sync), cannot be captured */
+	if (s->cap && (!async || copy_blocks(dir, async, dst, src) || (dir == D_H2D && !src->pinned)))
+		return capture_refuse(s->cap);
 	struct op *o = op_new(OP_COPY);
 	if (!o)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1649,10 +1841,11 @@ static CUresult copy_api(int dk, uintptr_t dst, int sk, uintptr_t src, size_t n,
 {
 	pthread_mutex_lock(&G.mu);
 	struct side d, s;
-	CUresult r;
-	if (n == 0) { /* nothing to copy; the stream must still be valid */
+	CUresult r = async ? CUDA_SUCCESS : capture_bars(); /* a synchronous copy is unsafe in capture */
+	if (r != CUDA_SUCCESS || n == 0) { /* nothing to copy; the stream must still be valid */
 		struct stream *st;
-		r = stream_get(h, ptds, &st);
+		if (r == CUDA_SUCCESS)
+			r = stream_get(h, ptds, &st);
 		pthread_mutex_unlock(&G.mu);
 		return r;
 	}
@@ -1763,8 +1956,8 @@ static CUresult peer_api(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcon
 		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&G.mu);
 	struct side d, s;
-	CUresult r = CUDA_SUCCESS;
-	if (n && (r = side_dev(U(dst), n, &d)) == CUDA_SUCCESS)
+	CUresult r = async ? CUDA_SUCCESS : capture_bars();
+	if (r == CUDA_SUCCESS && n && (r = side_dev(U(dst), n, &d)) == CUDA_SUCCESS)
 		r = side_dev(U(src), n, &s);
 	if (r != CUDA_SUCCESS || async || n == 0) {
 		if (r == CUDA_SUCCESS && n)
@@ -1777,11 +1970,14 @@ static CUresult peer_api(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcon
 		return r;
 	}
 	struct stream *ls[3] = {legacy_of(dc), legacy_of(sc), tls_ctx ? legacy_of(tls_ctx) : NULL};
-	struct op *o = op_new(OP_COPY);
-	if (!ls[0] || !ls[1] || !o) {
+	for (int i = 0; i < 3 && r == CUDA_SUCCESS; i++)
+		if (ls[i])
+			r = legacy_usable(ls[i], 1);
+	struct op *o = r == CUDA_SUCCESS ? op_new(OP_COPY) : NULL;
+	if (r != CUDA_SUCCESS || !ls[0] || !ls[1] || !o) {
 		free(o);
 		pthread_mutex_unlock(&G.mu);
-		return CUDA_ERROR_OUT_OF_MEMORY;
+		return r != CUDA_SUCCESS ? r : CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	o->dst = d.addr;
 	o->src = s.addr;
@@ -1838,13 +2034,18 @@ API CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext,
 	return peer_api(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream, 1, 1);
 }
 
-/* Device memory set: asynchronous to the host (device memory only). */
-static CUresult memset_api(CUdeviceptr dst, unsigned char v, size_t n, CUstream h, int ptds)
+/* Device memory set: asynchronous to the host (device memory only). The
+ * synchronous entry points are still unsafe calls in capture. */
+static CUresult memset_api(CUdeviceptr dst, unsigned char v, size_t n, CUstream h, int ptds, int async)
 {
 	pthread_mutex_lock(&G.mu);
 	struct side d = { 0 };
-	struct stream *s;
-	CUresult r = stream_get(h, ptds, &s);
+	struct stream *s = NULL;
+	CUresult r = async ? CUDA_SUCCESS : capture_bars();
+	if (r == CUDA_SUCCESS)
+		r = stream_use(h, ptds, &s);
+	if (r == CUDA_SUCCESS && s->cap && !async)
+		r = capture_refuse(s->cap);
 	if (r == CUDA_SUCCESS && n)
 		r = side_dev(U(dst), n, &d);
 	if (r == CUDA_SUCCESS && n) {
@@ -1867,22 +2068,22 @@ static CUresult memset_api(CUdeviceptr dst, unsigned char v, size_t n, CUstream 
 API CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
 	ENTER("cuMemsetD8_v2");
-	return memset_api(dstDevice, uc, N, NULL, 0);
+	return memset_api(dstDevice, uc, N, NULL, 0, 0);
 }
 API CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
 	ENTER("cuMemsetD8_v2_ptds");
-	return memset_api(dstDevice, uc, N, NULL, 1);
+	return memset_api(dstDevice, uc, N, NULL, 1, 0);
 }
 API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
 {
 	ENTER("cuMemsetD8Async");
-	return memset_api(dstDevice, uc, N, hStream, 0);
+	return memset_api(dstDevice, uc, N, hStream, 0, 1);
 }
 API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
 {
 	ENTER("cuMemsetD8Async_ptsz");
-	return memset_api(dstDevice, uc, N, hStream, 1);
+	return memset_api(dstDevice, uc, N, hStream, 1, 1);
 }
 
 /* ---- pinned host memory ----------------------------------------------------------------- */
@@ -1912,6 +2113,7 @@ static CUresult host_add(int kind, void *p, size_t n, unsigned flags)
 API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
 	ENTER("cuMemHostAlloc");
+	UNSAFE();
 	if (!pp || bytesize == 0 ||
 	    (Flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)))
 		return CUDA_ERROR_INVALID_VALUE;
@@ -1948,6 +2150,7 @@ API CUresult cuMemAllocHost(void **pp, unsigned int bytesize)
 API CUresult cuMemFreeHost(void *p)
 {
 	ENTER("cuMemFreeHost");
+	UNSAFE();
 	pthread_mutex_lock(&G.mu);
 	struct mem *m = mem_find(U(p));
 	CUresult r = CUDA_ERROR_INVALID_VALUE;
@@ -1967,6 +2170,7 @@ API CUresult cuMemFreeHost(void *p)
 API CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
 {
 	ENTER("cuMemHostRegister_v2");
+	UNSAFE();
 	if (!p || bytesize == 0 || U(p) + bytesize < U(p) ||
 	    (Flags & ~(unsigned)(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY |
 				 CU_MEMHOSTREGISTER_READ_ONLY)))
@@ -1994,6 +2198,7 @@ API CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)
 API CUresult cuMemHostUnregister(void *p)
 {
 	ENTER("cuMemHostUnregister");
+	UNSAFE();
 	if (!p)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&G.mu);
@@ -2084,6 +2289,7 @@ API CUresult cuStreamDestroy_v2(CUstream hStream)
 	struct stream *s;
 	CUresult r = stream_get(hStream, 0, &s);
 	if (r == CUDA_SUCCESS) {
+		capture_discard(s); /* (assumed: CUDA does not say) */
 		stream_retire(s);
 		streams_reap();
 	}
@@ -2096,11 +2302,21 @@ API CUresult cuStreamDestroy(CUstream hStream)
 	return cuStreamDestroy_v2(hStream);
 }
 
+/* "It is invalid to synchronize or query the execution status of a stream
+ * which is being captured": refused in any mode. Otherwise an unsafe call.
+ * Under G.mu. */
+static CUresult sync_allowed(struct stream *s)
+{
+	return s->cap ? capture_refuse(s->cap) : capture_bars();
+}
+
 static CUresult sync_api(CUstream h, int ptds)
 {
 	pthread_mutex_lock(&G.mu);
 	struct stream *s;
-	CUresult r = stream_get(h, ptds, &s);
+	CUresult r = stream_use(h, ptds, &s);
+	if (r == CUDA_SUCCESS)
+		r = sync_allowed(s);
 	if (r == CUDA_SUCCESS) {
 		/* On the legacy stream, synchronising means waiting for an
 		 * empty operation (it carries the implicit dependencies). */
@@ -2129,7 +2345,9 @@ static CUresult query_api(CUstream h, int ptds)
 {
 	pthread_mutex_lock(&G.mu);
 	struct stream *s;
-	CUresult r = stream_get(h, ptds, &s);
+	CUresult r = stream_use(h, ptds, &s);
+	if (r == CUDA_SUCCESS)
+		r = sync_allowed(s);
 	if (r == CUDA_SUCCESS && s->completed < s->submitted)
 		r = CUDA_ERROR_NOT_READY;
 	pthread_mutex_unlock(&G.mu);
@@ -2147,6 +2365,59 @@ API CUresult cuStreamQuery_ptsz(CUstream hStream)
 	return query_api(hStream, 1);
 }
 
+/* An event wait node in the capture s is in; its wait is resolved at each launch. */
+static CUresult capture_wait_node(struct stream *s, struct event *e)
+{
+	struct op *o = op_new(OP_WAITEV);
+	if (!o)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	o->ev = e;
+	e->refs++;
+	CUresult r = capture_add(s, o);
+	if (r != CUDA_SUCCESS)
+		op_free(o);
+	return r;
+}
+
+/*
+ * A wait that involves a capture, by CUDA's cross-stream rules (one stream
+ * per capture here). A capturing stream may wait on an event recorded
+ * earlier in its own capture (in-stream order), or on any event with
+ * CU_EVENT_WAIT_EXTERNAL (an event wait node, waiting at each launch for
+ * the event's latest record then); on one recorded outside it, the
+ * dependency would cross the capture's boundary (ISOLATION), on one of
+ * another capture it would merge the two (MERGE): the captures are
+ * invalidated. A stream outside any capture may not use
+ * CU_EVENT_WAIT_EXTERNAL ("invalid outside of stream capture"); waiting on
+ * an event of an open capture would join it (not modelled), on one last
+ * recorded in a capture that has ended is refused (assumed: no work stands
+ * behind it). 1: handled, the result in *r; 0: an ordinary wait. Under G.mu.
+ */
+static int capture_wait(struct stream *s, struct event *e, unsigned flags, CUresult *r)
+{
+	struct capture *c = s->cap, *ec = e->cap_id ? capture_by_id(e->cap_id) : NULL;
+	int external = (flags & CU_EVENT_WAIT_EXTERNAL) != 0;
+	if (!c) {
+		if (!external && !e->cap_id)
+			return 0;
+		*r = external ? CUDA_ERROR_INVALID_VALUE : ec ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_CAPTURED_EVENT;
+		return 1;
+	}
+	if (c->invalid) {
+		*r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	} else if (external) {
+		*r = capture_wait_node(s, e);
+	} else if (e->cap_id == c->id || (!e->cap_id && !__atomic_load_n(&e->sh->recorded, __ATOMIC_ACQUIRE))) {
+		*r = CUDA_SUCCESS; /* in-stream order; or an event never recorded: no work to wait for */
+	} else {
+		if (ec)
+			ec->invalid = 1;
+		c->invalid = 1;
+		*r = ec ? CUDA_ERROR_STREAM_CAPTURE_MERGE : CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+	}
+	return 1;
+}
+
 /* Later work on the stream waits for the event's latest record (as of
  * this call) to complete, in this process or, for an imported
  * interprocess event, in the exporter. */
@@ -2157,8 +2428,8 @@ static CUresult wait_api(CUstream h, CUevent ev, unsigned flags, int ptds)
 	pthread_mutex_lock(&G.mu);
 	struct stream *s;
 	struct event *e = event_get(ev);
-	CUresult r = e ? stream_get(h, ptds, &s) : CUDA_ERROR_INVALID_HANDLE;
-	if (r == CUDA_SUCCESS) {
+	CUresult r = e ? stream_use(h, ptds, &s) : CUDA_ERROR_INVALID_HANDLE;
+	if (r == CUDA_SUCCESS && !capture_wait(s, e, flags, &r)) {
 		ST_ADD(stream_waits, 1);
 		uint64_t gen = __atomic_load_n(&e->sh->recorded, __ATOMIC_ACQUIRE);
 		if (gen > __atomic_load_n(&e->sh->done, __ATOMIC_ACQUIRE)) {
@@ -2252,15 +2523,23 @@ API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 	return CUDA_SUCCESS;
 }
 
+/* In a capture, a record runs nothing: the event now stands for the
+ * captured work, to fork or join streams of the capture on CUDA. */
 static CUresult record_api(CUevent ev, CUstream h, int ptds)
 {
 	pthread_mutex_lock(&G.mu);
 	struct stream *s;
 	struct event *e = event_get(ev);
-	CUresult r = e ? stream_get(h, ptds, &s) : CUDA_ERROR_INVALID_HANDLE;
+	CUresult r = e ? stream_use(h, ptds, &s) : CUDA_ERROR_INVALID_HANDLE;
 	if (r == CUDA_SUCCESS && s->ctx != e->ctx)
 		r = CUDA_ERROR_INVALID_HANDLE; /* event and stream of different contexts */
-	if (r == CUDA_SUCCESS) {
+	if (r == CUDA_SUCCESS && s->cap) {
+		if (s->cap->invalid)
+			r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+		else
+			e->cap_id = s->cap->id;
+	} else if (r == CUDA_SUCCESS) {
+		e->cap_id = 0;
 		struct op *o = op_new(OP_RECORD);
 		if (!o) {
 			r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -2288,13 +2567,28 @@ API CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
 	return record_api(hEvent, hStream, 1);
 }
 
+/* An event last recorded in a capture stands for no work that runs: it may
+ * not be queried or waited for, in any capture mode (its capture, if still
+ * open, is invalidated). Otherwise these are unsafe calls. Under G.mu. */
+static CUresult event_waitable(struct event *e)
+{
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!e->cap_id)
+		return capture_bars();
+	struct capture *c = capture_by_id(e->cap_id);
+	if (c)
+		c->invalid = 1;
+	return CUDA_ERROR_CAPTURED_EVENT;
+}
+
 API CUresult cuEventQuery(CUevent hEvent)
 {
 	ENTER("cuEventQuery");
 	pthread_mutex_lock(&G.mu);
 	struct event *e = event_get(hEvent);
-	CUresult r = CUDA_ERROR_INVALID_HANDLE;
-	if (e)
+	CUresult r = event_waitable(e);
+	if (r == CUDA_SUCCESS)
 		r = __atomic_load_n(&e->sh->done, __ATOMIC_ACQUIRE) >= __atomic_load_n(&e->sh->recorded, __ATOMIC_ACQUIRE)
 			    ? CUDA_SUCCESS
 			    : CUDA_ERROR_NOT_READY;
@@ -2307,9 +2601,10 @@ API CUresult cuEventSynchronize(CUevent hEvent)
 	ENTER("cuEventSynchronize");
 	pthread_mutex_lock(&G.mu);
 	struct event *e = event_get(hEvent);
-	if (!e) {
+	CUresult r = event_waitable(e);
+	if (r != CUDA_SUCCESS) {
 		pthread_mutex_unlock(&G.mu);
-		return CUDA_ERROR_INVALID_HANDLE;
+		return r;
 	}
 	e->refs++;
 	uint64_t gen = __atomic_load_n(&e->sh->recorded, __ATOMIC_ACQUIRE);
@@ -2371,6 +2666,288 @@ API CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent
 API CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 {
 	return cuEventElapsedTime_v2(pMilliseconds, hStart, hEnd);
+}
+
+/* ---- stream capture and graphs -------------------------------------------------------------- */
+
+static CUresult begin_api(CUstream h, int ptds, CUstreamCaptureMode mode)
+{
+	if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&G.mu);
+	struct stream *s;
+	CUresult r = stream_get(h, ptds, &s);
+	if (r == CUDA_SUCCESS && s->kind == S_LEGACY)
+		r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* "may not be initiated if stream is CU_STREAM_LEGACY" */
+	else if (r == CUDA_SUCCESS && s->cap)
+		r = CUDA_ERROR_ILLEGAL_STATE;
+	struct capture *c = NULL;
+	if (r == CUDA_SUCCESS && (!(c = calloc(1, sizeof *c)) || !(c->g = calloc(1, sizeof *c->g))))
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	if (r == CUDA_SUCCESS) {
+		c->g->magic = GRAPH_MAGIC;
+		c->id = G.next_id++;
+		c->mode = mode;
+		c->thread = pthread_self();
+		c->ctx = s->ctx;
+		c->blocking = blocking(s);
+		c->next_all = G.captures;
+		G.captures = c;
+		__atomic_add_fetch(&G.ncaptures, 1, __ATOMIC_RELEASE);
+		s->cap = c;
+	} else if (c) {
+		free(c);
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+	ENTER("cuStreamBeginCapture_v2");
+	return begin_api(hStream, 0, mode);
+}
+API CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
+{
+	ENTER("cuStreamBeginCapture_v2_ptsz");
+	return begin_api(hStream, 1, mode);
+}
+
+/* The capture's graph, or (invalidated) NULL and CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. */
+static CUresult end_api(CUstream h, int ptds, CUgraph *phGraph)
+{
+	if (!phGraph)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&G.mu);
+	struct stream *s;
+	CUresult r = stream_get(h, ptds, &s);
+	struct capture *c = r == CUDA_SUCCESS ? s->cap : NULL;
+	if (r == CUDA_SUCCESS && !c)
+		r = CUDA_ERROR_ILLEGAL_STATE;
+	else if (c && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && !pthread_equal(c->thread, pthread_self()))
+		r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+	if (r == CUDA_SUCCESS) {
+		*phGraph = NULL;
+		if (c->invalid) {
+			r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+		} else {
+			c->g->next_all = G.graphs;
+			G.graphs = c->g;
+			*phGraph = (CUgraph)c->g;
+			c->g = NULL; /* the program's now */
+		}
+		capture_discard(s);
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+	ENTER("cuStreamEndCapture");
+	return end_api(hStream, 0, phGraph);
+}
+API CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+	ENTER("cuStreamEndCapture_ptsz");
+	return end_api(hStream, 1, phGraph);
+}
+
+static const CUgraphEdgeData no_edge_data[1];
+
+/*
+ * A stream's capture status; while ACTIVE also its id, graph and the node
+ * the next one would depend on (the last captured). The legacy stream
+ * beside a blocking capture: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "the
+ * blocking stream capture is not invalidated".
+ */
+static CUresult info_api(CUstream h, int ptds, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+			 const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps)
+{
+	if (!status || (edges && !deps))
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&G.mu);
+	struct stream *s;
+	CUresult r = stream_get(h, ptds, &s);
+	if (r == CUDA_SUCCESS)
+		r = legacy_usable(s, 0);
+	if (r == CUDA_SUCCESS) {
+		const struct capture *c = s->cap;
+		int on = c && !c->invalid, last = on && c->g->tail;
+		*status = !c ? CU_STREAM_CAPTURE_STATUS_NONE
+		    : c->invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+		if (id)
+			*id = on ? c->id : 0;
+		if (graph)
+			*graph = on ? (CUgraph)c->g : NULL;
+		if (deps)
+			*deps = last ? &c->g->last : NULL;
+		if (edges)
+			*edges = last ? no_edge_data : NULL;
+		if (ndeps)
+			*ndeps = last ? 1 : 0;
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+	ENTER("cuStreamIsCapturing");
+	return info_api(hStream, 0, captureStatus, NULL, NULL, NULL, NULL, NULL);
+}
+API CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+	ENTER("cuStreamIsCapturing_ptsz");
+	return info_api(hStream, 1, captureStatus, NULL, NULL, NULL, NULL, NULL);
+}
+/* The version CUDA 13's cuda.h declares as cuStreamGetCaptureInfo. */
+API CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out,
+				       CUgraph *graph_out, const CUgraphNode **dependencies_out,
+				       const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
+{
+	ENTER("cuStreamGetCaptureInfo_v3");
+	return info_api(hStream, 0, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+			numDependencies_out);
+}
+API CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+					    cuuint64_t *id_out, CUgraph *graph_out,
+					    const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out,
+					    size_t *numDependencies_out)
+{
+	ENTER("cuStreamGetCaptureInfo_v3_ptsz");
+	return info_api(hStream, 1, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+			numDependencies_out);
+}
+
+API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+	ENTER("cuThreadExchangeStreamCaptureMode");
+	if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUstreamCaptureMode old = tls_capmode;
+	tls_capmode = *mode;
+	*mode = old;
+	return CUDA_SUCCESS;
+}
+
+static struct graph *graph_get(const void *h, uint32_t magic)
+{
+	for (struct graph *g = G.graphs; g; g = g->next_all)
+		if (g == (const struct graph *)h && g->magic == magic)
+			return g;
+	return NULL;
+}
+
+/* A copy of node o, its memory and event held again; for a launch, an
+ * event wait waits for the event's latest record as of now. */
+static struct op *node_clone(const struct op *o, int launch)
+{
+	struct op *c = op_new(o->kind);
+	if (!c)
+		return NULL;
+	c->dst = o->dst;
+	c->src = o->src;
+	c->n = o->n;
+	c->dir = o->dir;
+	c->value = o->value;
+	for (int i = 0; i < 2; i++)
+		if ((c->m[i] = o->m[i]))
+			c->m[i]->refs++;
+	if ((c->ev = o->ev)) {
+		c->ev->refs++;
+		c->gen = launch ? __atomic_load_n(&o->ev->sh->recorded, __ATOMIC_ACQUIRE) : 0;
+	}
+	return c;
+}
+
+API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+{
+	ENTER("cuGraphInstantiateWithFlags");
+	unsigned long long all = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+				 CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+	if (!phGraphExec || (flags & ~all))
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&G.mu);
+	const struct graph *g = graph_get(hGraph, GRAPH_MAGIC);
+	struct graph *x = g ? calloc(1, sizeof *x) : NULL;
+	CUresult r = !g ? CUDA_ERROR_INVALID_VALUE : !x ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+	for (const struct op *o = r == CUDA_SUCCESS ? g->head : NULL; o && r == CUDA_SUCCESS; o = o->next) {
+		struct op *c = node_clone(o, 0);
+		if (c)
+			graph_append(x, c);
+		else
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	if (r == CUDA_SUCCESS) {
+		x->magic = GEXEC_MAGIC;
+		x->next_all = G.graphs;
+		G.graphs = x;
+		*phGraphExec = (CUgraphExec)x;
+	} else if (x) {
+		graph_free(x);
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+/* The executable graph's nodes, in order, on the stream: a copy reads its
+ * source when it runs, not when the graph was captured. */
+static CUresult launch_api(CUgraphExec hGraphExec, CUstream h, int ptds)
+{
+	pthread_mutex_lock(&G.mu);
+	const struct graph *x = graph_get(hGraphExec, GEXEC_MAGIC);
+	struct stream *s;
+	CUresult r = x ? stream_use(h, ptds, &s) : CUDA_ERROR_INVALID_VALUE;
+	for (const struct op *o = r == CUDA_SUCCESS ? x->head : NULL; o && r == CUDA_SUCCESS; o = o->next) {
+		struct op *c = node_clone(o, 1);
+		if (!c)
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+		else if ((r = enqueue(s, c)) != CUDA_SUCCESS)
+			op_free(c);
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+	ENTER("cuGraphLaunch");
+	return launch_api(hGraphExec, hStream, 0);
+}
+API CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
+	ENTER("cuGraphLaunch_ptsz");
+	return launch_api(hGraphExec, hStream, 1);
+}
+
+/* A graph's launches in flight run to their end: they hold what they use. */
+static CUresult graph_destroy(const void *h, uint32_t magic)
+{
+	pthread_mutex_lock(&G.mu);
+	struct graph *g = graph_get(h, magic);
+	if (g) {
+		for (struct graph **pp = &G.graphs; *pp; pp = &(*pp)->next_all)
+			if (*pp == g) {
+				*pp = g->next_all;
+				break;
+			}
+		graph_free(g);
+	}
+	pthread_mutex_unlock(&G.mu);
+	return g ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+	ENTER("cuGraphExecDestroy");
+	return graph_destroy(hGraphExec, GEXEC_MAGIC);
+}
+
+API CUresult cuGraphDestroy(CUgraph hGraph)
+{
+	ENTER("cuGraphDestroy");
+	return graph_destroy(hGraph, GRAPH_MAGIC);
 }
 
 /* ---- IPC ---------------------------------------------------------------------------------- */
@@ -2445,6 +3022,7 @@ static CUresult handle_check(const char *raw, char kind, struct ipc_handle *h)
 API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
 {
 	ENTER("cuIpcOpenMemHandle_v2");
+	UNSAFE();
 	if (!pdptr || (Flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!tls_ctx)
@@ -2521,6 +3099,7 @@ API CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsig
 API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
 	ENTER("cuIpcCloseMemHandle");
+	UNSAFE();
 	pthread_mutex_lock(&G.mu);
 	struct mem *m = mem_find(U(dptr));
 	CUresult r = CUDA_ERROR_INVALID_VALUE;
@@ -2730,6 +3309,21 @@ static const struct proc procs[] = {
 	PT(cuStreamQuery, 7000, cuStreamQuery_ptsz),
 	PR(cuStreamWaitEvent, 3020, cuStreamWaitEvent),
 	PT(cuStreamWaitEvent, 7000, cuStreamWaitEvent_ptsz),
+	PR(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2),
+	PT(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2_ptsz),
+	PR(cuStreamEndCapture, 10000, cuStreamEndCapture),
+	PT(cuStreamEndCapture, 10000, cuStreamEndCapture_ptsz),
+	PR(cuStreamIsCapturing, 10000, cuStreamIsCapturing),
+	PT(cuStreamIsCapturing, 10000, cuStreamIsCapturing_ptsz),
+	PR(cuStreamGetCaptureInfo, 12030, cuStreamGetCaptureInfo_v3),
+	PT(cuStreamGetCaptureInfo, 12030, cuStreamGetCaptureInfo_v3_ptsz),
+	PR(cuThreadExchangeStreamCaptureMode, 10010, cuThreadExchangeStreamCaptureMode),
+	PR(cuGraphInstantiate, 12000, cuGraphInstantiateWithFlags),
+	PR(cuGraphInstantiateWithFlags, 11040, cuGraphInstantiateWithFlags),
+	PR(cuGraphLaunch, 10000, cuGraphLaunch),
+	PT(cuGraphLaunch, 10000, cuGraphLaunch_ptsz),
+	PR(cuGraphExecDestroy, 10000, cuGraphExecDestroy),
+	PR(cuGraphDestroy, 10000, cuGraphDestroy),
 	PR(cuEventCreate, 2000, cuEventCreate),
 	PR(cuEventRecord, 2000, cuEventRecord),
 	PT(cuEventRecord, 7000, cuEventRecord_ptsz),
@@ -2850,6 +3444,17 @@ __attribute__((destructor)) static void tsemu_fini(void)
 	}
 	for (int i = 0; i < MAXDEV; i++)
 		G.ctx[i].legacy = NULL;
+	while (G.captures) { /* open captures and graphs hold events and memory */
+		struct capture *c = G.captures;
+		G.captures = c->next_all;
+		graph_free(c->g);
+		free(c);
+	}
+	while (G.graphs) {
+		struct graph *g = G.graphs;
+		G.graphs = g->next_all;
+		graph_free(g);
+	}
 	while (G.events) {
 		struct event *e = G.events;
 		G.events = e->next_all;

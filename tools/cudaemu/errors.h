@@ -35,6 +35,22 @@
 	  "pointer does not correspond to a registered memory region") \
 	X(CUDA_ERROR_NOT_PERMITTED, cudaErrorNotPermitted, "operation not permitted") \
 	X(CUDA_ERROR_NOT_SUPPORTED, cudaErrorNotSupported, "operation not supported") \
+	X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cudaErrorStreamCaptureUnsupported, \
+	  "operation not permitted when stream is capturing") \
+	X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cudaErrorStreamCaptureInvalidated, \
+	  "operation failed due to a previous error during capture") \
+	X(CUDA_ERROR_STREAM_CAPTURE_MERGE, cudaErrorStreamCaptureMerge, \
+	  "operation would result in a merge of separate capture sequences") \
+	X(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, cudaErrorStreamCaptureUnmatched, \
+	  "capture was not ended in the same stream as it began") \
+	X(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, cudaErrorStreamCaptureIsolation, \
+	  "dependency created on uncaptured work in another stream") \
+	X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, cudaErrorStreamCaptureImplicit, \
+	  "operation would make the legacy stream depend on a capturing blocking stream") \
+	X(CUDA_ERROR_CAPTURED_EVENT, cudaErrorCapturedEvent, \
+	  "operation not permitted on an event last recorded in a capturing stream") \
+	X(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, cudaErrorStreamCaptureWrongThread, \
+	  "attempt to terminate a thread-local capture sequence from another thread") \
 	X(CUDA_ERROR_UNKNOWN, cudaErrorUnknown, "unknown error")
 
 /* Runtime-only codes: X(runtime code, message). */

@@ -82,6 +82,10 @@ static struct {
 	F(cuIpcCloseMemHandle) IpcCloseMemHandle;
 	F(cuIpcGetEventHandle) IpcGetEventHandle;
 	F(cuIpcOpenEventHandle) IpcOpenEventHandle;
+	F(cuThreadExchangeStreamCaptureMode) ThreadExchangeStreamCaptureMode;
+	F(cuGraphInstantiateWithFlags) GraphInstantiateWithFlags;
+	F(cuGraphExecDestroy) GraphExecDestroy;
+	F(cuGraphDestroy) GraphDestroy;
 	/* [0]: legacy default stream, [1]: per-thread default stream */
 	F(cuMemcpy) Memcpy[2];
 	F(cuMemcpyAsync) MemcpyAsync[2];
@@ -99,6 +103,11 @@ static struct {
 	F(cuStreamQuery) StreamQuery[2];
 	F(cuStreamWaitEvent) StreamWaitEvent[2];
 	F(cuEventRecord) EventRecord[2];
+	F(cuStreamBeginCapture_v2) StreamBeginCapture[2];
+	F(cuStreamEndCapture) StreamEndCapture[2];
+	F(cuStreamIsCapturing) StreamIsCapturing[2];
+	F(cuStreamGetCaptureInfo_v3) StreamGetCaptureInfo[2];
+	F(cuGraphLaunch) GraphLaunch[2];
 } D;
 #undef F
 
@@ -139,6 +148,10 @@ static const struct {
 	E1(IpcCloseMemHandle, "cuIpcCloseMemHandle"),
 	E1(IpcGetEventHandle, "cuIpcGetEventHandle"),
 	E1(IpcOpenEventHandle, "cuIpcOpenEventHandle"),
+	E1(ThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode"),
+	E1(GraphInstantiateWithFlags, "cuGraphInstantiateWithFlags"),
+	E1(GraphExecDestroy, "cuGraphExecDestroy"),
+	E1(GraphDestroy, "cuGraphDestroy"),
 	E2(Memcpy, "cuMemcpy"),
 	E2(MemcpyAsync, "cuMemcpyAsync"),
 	E2(MemcpyHtoD, "cuMemcpyHtoD"),
@@ -155,6 +168,11 @@ static const struct {
 	E2(StreamQuery, "cuStreamQuery"),
 	E2(StreamWaitEvent, "cuStreamWaitEvent"),
 	E2(EventRecord, "cuEventRecord"),
+	E2(StreamBeginCapture, "cuStreamBeginCapture"),
+	E2(StreamEndCapture, "cuStreamEndCapture"),
+	E2(StreamIsCapturing, "cuStreamIsCapturing"),
+	E2(StreamGetCaptureInfo, "cuStreamGetCaptureInfo"),
+	E2(GraphLaunch, "cuGraphLaunch"),
 };
 
 /* cuCtxGetDevice and cuCtxSynchronize got new versions (taking a context)
@@ -733,6 +751,114 @@ API cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t e
 {
 	BEGIN();
 	RET(D.EventElapsedTime(ms, start, end));
+}
+
+/* ---- stream capture and graphs ---------------------------------------------------------------- */
+
+/* (cudaStreamCaptureMode, cudaStreamCaptureStatus and the graph handles are the driver's, by value.) */
+API cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+	BEGIN();
+	RET(D.StreamBeginCapture[0](stream, (CUstreamCaptureMode)mode));
+}
+
+API cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+	BEGIN();
+	RET(D.StreamBeginCapture[1](stream, (CUstreamCaptureMode)mode));
+}
+
+API cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
+{
+	BEGIN();
+	RET(D.StreamEndCapture[0](stream, pGraph));
+}
+
+API cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph)
+{
+	BEGIN();
+	RET(D.StreamEndCapture[1](stream, pGraph));
+}
+
+API cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus)
+{
+	BEGIN();
+	RET(D.StreamIsCapturing[0](stream, (CUstreamCaptureStatus *)pCaptureStatus));
+}
+
+API cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus)
+{
+	BEGIN();
+	RET(D.StreamIsCapturing[1](stream, (CUstreamCaptureStatus *)pCaptureStatus));
+}
+
+static cudaError_t capture_info_rt(cudaStream_t stream, enum cudaStreamCaptureStatus *status, unsigned long long *id,
+				   cudaGraph_t *graph, const cudaGraphNode_t **deps, const cudaGraphEdgeData **edges,
+				   size_t *ndeps, int pt)
+{
+	BEGIN();
+	RET(D.StreamGetCaptureInfo[pt](stream, (CUstreamCaptureStatus *)status, (cuuint64_t *)id, graph, deps,
+				      (const CUgraphEdgeData **)edges, ndeps));
+}
+
+API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+					 unsigned long long *id_out, cudaGraph_t *graph_out,
+					 const cudaGraphNode_t **dependencies_out, const cudaGraphEdgeData **edgeData_out,
+					 size_t *numDependencies_out)
+{
+	return capture_info_rt(stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+			       numDependencies_out, 0);
+}
+
+API cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+					      unsigned long long *id_out, cudaGraph_t *graph_out,
+					      const cudaGraphNode_t **dependencies_out,
+					      const cudaGraphEdgeData **edgeData_out, size_t *numDependencies_out)
+{
+	return capture_info_rt(stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+			       numDependencies_out, 1);
+}
+
+API cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode)
+{
+	INIT();
+	RET(D.ThreadExchangeStreamCaptureMode((CUstreamCaptureMode *)mode));
+}
+
+API cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph, unsigned long long flags)
+{
+	BEGIN();
+	RET(D.GraphInstantiateWithFlags(pGraphExec, graph, flags)); /* cudaGraphInstantiateFlag* are CUDA_GRAPH_INSTANTIATE_FLAG_* */
+}
+
+API cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *pGraphExec, cudaGraph_t graph, unsigned long long flags)
+{
+	BEGIN();
+	RET(D.GraphInstantiateWithFlags(pGraphExec, graph, flags));
+}
+
+API cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)
+{
+	BEGIN();
+	RET(D.GraphLaunch[0](graphExec, stream));
+}
+
+API cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream)
+{
+	BEGIN();
+	RET(D.GraphLaunch[1](graphExec, stream));
+}
+
+API cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)
+{
+	BEGIN();
+	RET(D.GraphExecDestroy(graphExec));
+}
+
+API cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+	BEGIN();
+	RET(D.GraphDestroy(graph));
 }
 
 /* ---- IPC ----------------------------------------------------------------------------------- */
