@@ -127,5 +127,28 @@ check "slow: both finish" finished sp sc
 check "slow: tsshim-verify" "$VERIFY" "$T/sp.rec" "$T/sc.rec"
 check "slow: nothing left in /dev/shm" no_leftovers "$S"
 
+# 7. CUDA graph capture (gpu_share case 21): consumers that capture their uploads
+# (they pass through: from the host), a producer that does, and jobs with a
+# global-mode capture open in another thread while the shim works (served from
+# the ring, the capture still valid). A job whose capture is invalidated fails.
+for way in consumer producer thread; do
+	S=gc-$$-g$way
+	pa='' ca=''
+	case $way in
+	consumer) ca=--graph ;;
+	producer) pa=--graph ;;
+	thread) pa=--capture-thread ca=--capture-thread ;;
+	esac
+	job gp-$way "$S" --seed 1 --batch 32 --epochs 3 --step-ms 10 --pin --workers 0 $pa
+	for _ in $(seq 200); do grep -q '^seq=' "$T/gp-$way.rec" 2>/dev/null && break; sleep 0.05; done
+	job gc-$way "$S" --seed 2 --batch 48 --epochs 2 --pin --workers 0 $ca
+	wait
+	check "graph $way: both finish (captures valid)" finished gp-$way gc-$way
+	check "graph $way: tsshim-verify" "$VERIFY" "$T/gp-$way.rec" "$T/gc-$way.rec"
+	[ "$way" = thread ] && check "graph $way: the consumer was served beside the open capture ($(replaced gc-$way))" \
+		test "$(replaced gc-$way || echo 0)" -gt 0
+	check "graph $way: nothing left in /dev/shm" no_leftovers "$S"
+done
+
 echo "gpu-check: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
