@@ -711,6 +711,20 @@ static int cuda_open(void)
 	return 0;
 }
 
+/* A helper thread with every signal blocked (the job's handlers run on the
+ * main thread); -1 with a line on stderr when it cannot be started. */
+static int start_thread(pthread_t *th, void *(*fn)(void *), const char *what)
+{
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	int e = pthread_create(th, NULL, fn, NULL);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (e)
+		fprintf(stderr, PROG ": cannot start the %s thread: %s\n", what, strerror(e));
+	return e ? -1 : 0;
+}
+
 /* ---- CUDA graphs (--graph), a capture in another thread (--capture-thread) ---------------- */
 
 /*
@@ -815,15 +829,8 @@ static int capt_start(void)
 	    cuda_ok(cu.Malloc(&capt.b, CAPT_BYTES), "cudaMalloc (--capture-thread)") < 0 ||
 	    cuda_ok(cu.StreamCreateWithFlags(&capt.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") < 0)
 		return -1;
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
-	int e = pthread_create(&capt.th, NULL, capt_thread, NULL);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (e) {
-		fprintf(stderr, PROG ": cannot start the capture thread: %s\n", strerror(e));
+	if (start_thread(&capt.th, capt_thread, "capture"))
 		return -1;
-	}
 	capt.running = 1;
 	return 0;
 }
@@ -1148,15 +1155,8 @@ static int pin_start(size_t img_cap, size_t lbl_cap)
 	pins.lbl_cap = lbl_cap;
 	if (opt.workers == 0)
 		return 0; /* like PyTorch: the main thread pins when it loads itself */
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
-	int e = pthread_create(&pins.th, NULL, pin_thread, NULL);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (e) {
-		fprintf(stderr, PROG ": cannot start the pinning thread: %s\n", strerror(e));
+	if (start_thread(&pins.th, pin_thread, "pinning"))
 		return -1;
-	}
 	pins.running = 1;
 	return 0;
 }
