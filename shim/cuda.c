@@ -792,12 +792,14 @@ TS_EXPORT int dlclose(void *handle)
 
 /* Callers not told apart (glibc < 2.35, code outside any object): the
  * global scope's first definition for all, else the caller's own (found
- * with dladdr; per thread, the last few), else any loaded object's. */
+ * with dladdr; per thread, the last few, until a dlclose), else any loaded
+ * object's. */
 #define CALLER_CACHE 4
 static __thread struct {
 	const void *caller;
 	void *real;
 	int e;
+	unsigned gen; /* dlclose_begun when found: an unload may have taken it */
 } caller_cache[CALLER_CACHE];
 static __thread unsigned caller_next;
 
@@ -806,19 +808,23 @@ static void *export_real_global(int e, const void *caller)
 	void *p = atomic_load_explicit(&exports[e].real, memory_order_acquire);
 	if (p)
 		return p;
+	unsigned gen = atomic_load_explicit(&dlclose_begun, memory_order_acquire);
 	for (int i = 0; i < CALLER_CACHE; i++)
-		if (caller_cache[i].caller == caller && caller_cache[i].e == e && caller_cache[i].real)
+		if (caller_cache[i].caller == caller && caller_cache[i].e == e && caller_cache[i].real &&
+		    caller_cache[i].gen == gen)
 			return caller_cache[i].real;
 	int saved = errno;
 	p = ts_real_next(exports[e].name);
 	if (p) {
 		atomic_store_explicit(&exports[e].real, p, memory_order_release);
-	} else if ((p = lookup_from(caller, exports[e].name)) != NULL ||
-		   (p = lookup_anywhere(exports[e].name)) != NULL) {
+	} else if (((p = lookup_from(caller, exports[e].name)) != NULL ||
+		    (p = lookup_anywhere(exports[e].name)) != NULL) &&
+		   atomic_load_explicit(&dlclose_ended, memory_order_acquire) == gen) {
 		unsigned i = caller_next++ % CALLER_CACHE;
 		caller_cache[i].caller = caller;
 		caller_cache[i].e = e;
 		caller_cache[i].real = p;
+		caller_cache[i].gen = gen;
 	}
 	errno = saved;
 	return p;
