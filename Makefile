@@ -169,7 +169,24 @@ $(CUDAPLUGINNOV): tests/helpers/lib/ts-cudaplugin12.c $(CUDARTNOV)
 LIBS_ts-tworuntimes := -L$(EMU_DIR) -l:libcudart.so.13
 $(BUILD)/tests/ts-tworuntimes: | $(EMU_DIR)/libcudart.so.13
 
-check-build: all $(UNITS) $(HELPERS) $(CUDALOCAL) $(CUDAPLUGIN12) $(CUDAPLUGINNOV)
+# For the jpeg_libs scenario: stand-in copies of libjpeg (ts-jpegfake.c, in
+# a directory of their own, where nothing else looks) under libjpeg-turbo's
+# version nodes (62), under libjpeg 9's (9) and without versions (nov), and
+# a plugin linked against each, found through its run path; ts-jpegplugins
+# links the system's libjpeg.so.62.
+comma        := ,
+JPEGFAKE_DIR := $(BUILD)/tests/jpegfake
+JPEGPLUGINS  := $(patsubst %,$(BUILD)/tests/libts-jpegplugin%.so,62 9 nov)
+$(JPEGFAKE_DIR)/libts-jpegfake%.so: tests/helpers/lib/ts-jpegfake.c $(wildcard tests/helpers/lib/ts-jpegfake*.map)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $< $(LDFLAGS) -Wl,-soname,$(@F) \
+	    $(addprefix -Wl$(comma)--version-script=,$(wildcard tests/helpers/lib/ts-jpegfake$*.map))
+$(JPEGPLUGINS): $(BUILD)/tests/libts-jpegplugin%.so: tests/helpers/lib/ts-jpegplugin.c $(JPEGFAKE_DIR)/libts-jpegfake%.so
+	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $< -L$(JPEGFAKE_DIR) -l:libts-jpegfake$*.so \
+	    -Wl,-rpath,'$$ORIGIN/jpegfake' $(LDFLAGS)
+LIBS_ts-jpegplugins := -ljpeg -ldl
+
+check-build: all $(UNITS) $(HELPERS) $(CUDALOCAL) $(CUDAPLUGIN12) $(CUDAPLUGINNOV) $(JPEGPLUGINS)
 
 deps:
 	@scripts/install-deps.sh

@@ -594,52 +594,6 @@ static void *lookup_anywhere(const char *name)
 	return NULL;
 }
 
-/* A dynamic-section address: glibc relocates some entries in place (symbol
- * and string tables, on most targets), never others (DT_VERDEF); one not
- * relocated lies below the load address. */
-static const void *dyn_addr(const struct link_map *m, Elf64_Addr a)
-{
-	return (const void *)(a < m->l_addr ? a + m->l_addr : a);
-}
-
-/* The version definition `p` is exported under ("libcudart.so.12"); NULL
- * when it has none, or it cannot be told. (ELF64: CUDA is 64-bit only.) */
-static const char *def_version(const void *p)
-{
-	Dl_info info;
-	struct link_map *m = NULL;
-	const Elf64_Sym *sym = NULL;
-	if (!dladdr1(p, &info, (void **)&m, RTLD_DL_LINKMAP) || !m ||
-	    !dladdr1(p, &info, (void **)&sym, RTLD_DL_SYMENT) || !sym)
-		return NULL;
-	const Elf64_Sym *symtab = NULL;
-	const Elf64_Versym *versym = NULL;
-	const char *strtab = NULL, *verdef = NULL;
-	for (const Elf64_Dyn *d = m->l_ld; d->d_tag != DT_NULL; d++) {
-		if (d->d_tag == DT_SYMTAB)
-			symtab = dyn_addr(m, d->d_un.d_ptr);
-		else if (d->d_tag == DT_VERSYM)
-			versym = dyn_addr(m, d->d_un.d_ptr);
-		else if (d->d_tag == DT_STRTAB)
-			strtab = dyn_addr(m, d->d_un.d_ptr);
-		else if (d->d_tag == DT_VERDEF)
-			verdef = dyn_addr(m, d->d_un.d_ptr);
-	}
-	if (!symtab || !versym || !strtab || !verdef || sym < symtab)
-		return NULL;
-	unsigned ndx = versym[sym - symtab] & 0x7fffu; /* the top bit says hidden */
-	if (ndx <= VER_NDX_GLOBAL)
-		return NULL;
-	for (const char *v = verdef;;) {
-		const Elf64_Verdef *vd = (const Elf64_Verdef *)v;
-		if (vd->vd_ndx == ndx && !(vd->vd_flags & VER_FLG_BASE))
-			return strtab + ((const Elf64_Verdaux *)(v + vd->vd_aux))->vda_name;
-		if (!vd->vd_next)
-			return NULL;
-		v += vd->vd_next;
-	}
-}
-
 /*
  * What loaded object `file` binds `name` to without us. Its tree's own
  * definition l is the one it was linked against, so its reference asks for
@@ -650,16 +604,13 @@ static const char *def_version(const void *p)
  */
 static void *resolve(const char *file, const char *name)
 {
-	void *g = ts_real_next(name), *l = lookup_in(file, name);
-	if (!l)
+	void *l = lookup_in(file, name);
+	if (!l) {
+		void *g = ts_real_next(name);
 		return g ? g : lookup_anywhere(name);
-	if (!g || g == l)
-		return l;
-	const char *v = def_version(l);
-	if (!v)
-		return g;
-	void *gv = dlvsym(RTLD_NEXT, name, v);
-	return gv && !ours(gv) ? gv : l;
+	}
+	void *p = ts_real_bind(name, l);
+	return p && !ours(p) ? p : l;
 }
 
 /* ---- which object calls ---- */
@@ -783,6 +734,7 @@ TS_EXPORT int dlclose(void *handle)
 	int r = real_dlclose(handle);
 	int saved = errno;
 	callers_bury();
+	ts_jpeg_unloaded();
 	errno = saved;
 	atomic_fetch_add_explicit(&dlclose_ended, 1, memory_order_release);
 	return r;

@@ -77,13 +77,13 @@ static void drv_resolve(void)
 		void *p = ts_real_dlsym(h, names[i].name);
 		if (!p) {
 			ts_info("gpu: the CUDA driver lacks %s: uploads are not shared on the GPU", names[i].name);
-			dlclose(h);
+			ts_real_dlclose(h);
 			atomic_store_explicit(&drv_state, -1, memory_order_release);
 			return;
 		}
 		memcpy((char *)&drv + names[i].off, &p, sizeof(p));
 	}
-	dlclose(h); /* NOLOAD took a reference; the driver stays loaded */
+	ts_real_dlclose(h); /* NOLOAD took a reference; the driver stays loaded */
 	atomic_store_explicit(&drv_state, 1, memory_order_release); /* after drv is filled in */
 }
 

@@ -7,8 +7,11 @@
  * scope and dlsym(RTLD_NEXT) finds nothing (or another copy). We resolve
  * from the caller: dladdr(return address) names the calling object, and
  * dlsym on that object's handle searches its own dependency tree, which
- * holds its libjpeg and not us. A decompress object stays bound to the
- * library that created it, so two copies are never mixed within one object.
+ * holds its libjpeg and not us; where the global scope holds a copy of the
+ * same symbol version, or the caller's is unversioned, the linker binds to
+ * the global copy, and so do we (ts_real_bind). A decompress object stays
+ * bound to the library that created it, so two copies are never mixed
+ * within one object.
  *
  * What is hooked. Only entry points that libjpeg itself never calls through
  * its PLT (it does call jpeg_abort, jpeg_destroy, jpeg_calc_output_dimensions
@@ -63,6 +66,7 @@
 
 struct jpeg_api {
 	const void *caller_base; /* dli_fbase of the calling object */
+	_Atomic int dead;        /* that object, or the library, was unloaded */
 	uint64_t lib_id;         /* identity of the real libjpeg file, for cache keys */
 	void (*create)(j_decompress_ptr, int, size_t);
 	int (*read_header)(j_decompress_ptr, boolean);
@@ -79,7 +83,7 @@ struct jpeg_api {
 	int names_crop;          /* the calling object links jpeg_crop_scanline */
 };
 
-#define MAX_APIS 8
+#define MAX_APIS 32
 static struct jpeg_api apis[MAX_APIS];
 static int napis;
 static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -170,35 +174,62 @@ static int object_names(const void *addr, const char *sym)
 
 static void fill_api(struct jpeg_api *a, void *h);
 
+/*
+ * A handle on the libjpeg that the object opened as `h` calls without the
+ * shim. Its own tree's copy, unless the linker binds its references to the
+ * global scope's: a copy of the same symbol version there, or any there when
+ * its own is unversioned (ts_real_bind). Decided by jpeg_read_header for the
+ * whole API, so that one decompress object never mixes two copies. NULL:
+ * the global scope's.
+ */
+static void *library_for(void *h)
+{
+	void *own = h ? ts_real_dlsym(h, "jpeg_read_header") : NULL;
+	if (own == (void *)jpeg_read_header)
+		own = NULL;
+	void *f = ts_real_bind("jpeg_read_header", own);
+	Dl_info info;
+	if (!f || f == ts_real_next("jpeg_read_header") || !dladdr(f, &info) || !info.dli_fname)
+		return NULL;
+	return dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+}
+
+static int api_is(const struct jpeg_api *a, const void *base)
+{
+	return a->caller_base == base && !atomic_load_explicit(&a->dead, memory_order_acquire);
+}
+
 /* The real functions for calls made from code at `caller`. */
 static const struct jpeg_api *api_for(const void *caller)
 {
 	Dl_info info = { 0 };
 	const void *base = dladdr(caller, &info) ? info.dli_fbase : NULL;
 	for (int i = 0; i < __atomic_load_n(&napis, __ATOMIC_ACQUIRE); i++)
-		if (apis[i].caller_base == base)
+		if (api_is(&apis[i], base))
 			return &apis[i];
 	pthread_mutex_lock(&api_lock);
 	struct jpeg_api *a = NULL;
 	for (int i = 0; i < napis && !a; i++)
-		if (apis[i].caller_base == base)
+		if (api_is(&apis[i], base))
 			a = &apis[i];
 	if (!a && napis < MAX_APIS) {
 		a = &apis[napis];
 		a->caller_base = base;
 		void *h = base && info.dli_fname ? dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD) : NULL;
-		fill_api(a, h);
+		void *lib = library_for(h);
+		fill_api(a, lib);
 		a->names_crop = object_names(caller, "jpeg_crop_scanline");
-		if (h)
-			dlclose(h); /* NOLOAD took a reference; the object stays loaded */
+		/* NOLOAD took references; the objects stay loaded */
+		ts_real_dlclose(lib);
+		ts_real_dlclose(h);
 		if (a->read_header)
 			__atomic_store_n(&napis, napis + 1, __ATOMIC_RELEASE);
 		else
 			a = NULL;
 	}
 	if (!a) {
-		/* Table full, or the caller's own tree had no libjpeg: the next
-		 * definition in the global scope is the only one left. */
+		/* Table full, or no libjpeg but the global scope's: the next
+		 * definition there is the only one left. */
 		static struct jpeg_api next_api;
 		if (!next_api.read_header) {
 			fill_api(&next_api, NULL);
@@ -214,6 +245,31 @@ static const struct jpeg_api *api_for(const void *caller)
 		abort();
 	}
 	return a;
+}
+
+/* Is the object whose ELF header is at `base` still mapped there? */
+static int still_loaded(const void *base)
+{
+	Dl_info info;
+	return dladdr(base, &info) && info.dli_fbase == base;
+}
+
+/*
+ * After a dlclose (shim/cuda.c): the entries of what it unloaded, caller or
+ * library, are dead; an object loaded later at the same address gets an
+ * entry of its own. Entries are never reused: a decompress object may still
+ * point at a dead one.
+ */
+void ts_jpeg_unloaded(void)
+{
+	int n = __atomic_load_n(&napis, __ATOMIC_ACQUIRE);
+	for (int i = 0; i < n; i++) {
+		struct jpeg_api *a = &apis[i];
+		if (atomic_load_explicit(&a->dead, memory_order_relaxed))
+			continue;
+		if ((a->caller_base && !still_loaded(a->caller_base)) || (a->lib_base && !still_loaded(a->lib_base)))
+			atomic_store_explicit(&a->dead, 1, memory_order_release);
+	}
 }
 
 /* ---- per decompress-object state --------------------------------------------- */

@@ -27,6 +27,19 @@
 void *ts_real_dlsym(void *handle, const char *name);
 /* The next definition of `name` after ours (RTLD_NEXT). */
 void *ts_real_next(const char *name);
+/* dlclose a handle the shim took with RTLD_NOLOAD: the real one, so that
+ * the shim's own closes are not taken for the program's unloads. */
+void ts_real_dlclose(void *handle);
+/* The version definition `p` is exported under ("LIBJPEG_6.2"); NULL when
+ * it has none, or it cannot be told. */
+const char *ts_real_def_version(const void *p);
+/*
+ * What a reference to `name` binds to without the shim, from an object
+ * whose own dependency tree defines it as `own` (NULL: none there), as the
+ * linker binds it: the global scope's first definition of own's version,
+ * else own; an unversioned own, or none, the global scope's first.
+ */
+void *ts_real_bind(const char *name, void *own);
 
 /*
  * real_NAME_fn, the plain pointer type, for the cast below (a cast to the

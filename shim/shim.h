@@ -70,6 +70,8 @@ void ts_feed_api_atfork_child(void);
 void ts_jpeg_fork_lock(void);
 void ts_jpeg_fork_unlock(void);
 void ts_jpeg_fork_child(void); /* the unlock, and inherited fills left to the parent */
+/* After a dlclose: libjpeg choices made for what it unloaded are dropped. */
+void ts_jpeg_unloaded(void);
 void ts_exact_fork_note_job(void);
 void ts_exact_fork_lock(void);
 void ts_exact_fork_unlock(void);

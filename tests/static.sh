@@ -30,7 +30,7 @@ start=$SECONDS
 if ! "$CPPCHECK" -q -j "$JOBS" --std=c11 --platform=unix64 --library=posix --library=gnu \
 	--enable=warning,style,performance,portability --inline-suppr \
 	--suppressions-list=.cppcheck-suppressions --error-exitcode=1 \
-	-D_GNU_SOURCE -D__x86_64__ -D__linux__ -Iinclude -Icore -Ishim -Itools/cudaemu \
+	-D_GNU_SOURCE -D__x86_64__ -D__linux__ '-DElfW(type)=Elf64_##type' -Iinclude -Icore -Ishim -Itools/cudaemu \
 	--template='{file}:{line}: {severity} [{id}] {message}' "${SRC[@]}"; then
 	rc=1
 fi

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Two copies of libjpeg in one process: a program linked against the
+# system's libjpeg.so.62 loads extension modules RTLD_LOCAL, each with its
+# own copy (a stand-in that decodes every image to 4x2 bytes of 0xf7):
+# under libjpeg-turbo's version nodes (the linker binds its calls to the
+# global copy: versions match, files do not matter), under libjpeg 9's (they
+# bind to its own), and without versions (the global copy). With the shim,
+# whose exports the plugins' calls reach first, each decode must run in the
+# copy it runs in without the shim, whole: before, the shim took the
+# plugin's own copy, mixed it with the global one's source manager, and
+# the process crashed. Each plugin is unloaded before the next is loaded,
+# which glibc maps at the same address: a choice made for an unloaded
+# plugin must not be reused for the next (before: a call into unmapped
+# code).
+set -u
+cd "$(dirname "$0")/../.."
+. tests/lib.sh
+PLUGINS="$PWD/$BUILD/tests/ts-jpegplugins"
+MKDATA="$PWD/$BUILD/tsshim-mkdata"
+T="$PWD/$BUILD/tests"
+for f in "$PLUGINS" "$MKDATA" "$T/libts-jpegplugin62.so" "$T/libts-jpegplugin9.so" "$T/libts-jpegpluginnov.so"; do
+	[ -e "$f" ] || { echo "$f not built"; exit 77; }
+done
+"$MKDATA" --classes 1 --train 1 --val 0 --seed 5 "$T_TMP/d" >/dev/null 2>&1 || exit 1
+J=$(ls "$T_TMP"/d/train/*/*.jpg | sed -n 1p)
+unset TSSHIM_MODE TSSHIM_LOG
+
+run() { # NAME [ENV=VALUE...]: the program, plugins 9, 62, nov, 9
+	local name=$1; shift
+	env "$@" timeout 60 "$PLUGINS" "$J" "$T/libts-jpegplugin9.so" "$T/libts-jpegplugin62.so" \
+		"$T/libts-jpegpluginnov.so" "$T/libts-jpegplugin9.so" >"$T_TMP/$name.out" 2>"$T_TMP/$name.err"
+	local rc=$?
+	[ $rc = 0 ] || sed 's/^/#   /' "$T_TMP/$name.out" "$T_TMP/$name.err" | head -20
+	return $rc
+}
+line() { sed -n "s/^$2: //p" "$T_TMP/$1.out" | sed -n "${3:-1}p"; }
+
+check "without the shim: the program and four plugin rounds decode" run plain
+main=$(line plain main)
+expect_plain() {
+	[ -n "$main" ] && [ "$main" != "4x2 sum=5928" ] &&
+		[ "$(line plain libts-jpegplugin9.so)" = "4x2 sum=5928 lib=own at=new" ] &&
+		[ "$(line plain libts-jpegplugin62.so)" = "$main lib=global at=last" ] &&
+		[ "$(line plain libts-jpegpluginnov.so)" = "$main lib=global at=last" ] &&
+		[ "$(line plain libts-jpegplugin9.so 2)" = "4x2 sum=5928 lib=own at=last" ]
+}
+check "... libjpeg 9's versions: its own copy; turbo's versions or none: the global copy ($main); each plugin where the last was" \
+	expect_plain || sed 's/^/#   /' "$T_TMP/plain.out"
+
+same() { cmp -s "$T_TMP/plain.out" "$T_TMP/$1.out" || { diff "$T_TMP/plain.out" "$T_TMP/$1.out" | sed 's/^/#   /'; false; }; }
+check "with the shim: it runs" run shim LD_PRELOAD="$TS_PRELOAD"
+check "... every decode in the copy, at the size and sum, it has without the shim" same shim
+
+# Exact mode: the program's decode fills the cache, and the two plugins
+# bound to the same (global) copy are served from it: the shim knows
+# which library decodes, as the cache key includes it.
+S=$(session_name libs)
+check "exact mode: it runs" run exact LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=exact TSSHIM_SESSION="$S" TSSHIM_LOG=info
+check "... the same output as without the shim" same exact
+check "... the plugins on the global copy were served the program's decode (2 hits, 1 fill)" \
+	grep -q 'decoded-image cache: 2 hits, 1 fills' "$T_TMP/exact.err"
+finish jpeg_libs
