@@ -78,6 +78,11 @@ LIBS_test_prefetch := -l:liburing.a
 LIBS_test_session  := -Wl,--wrap=posix_fallocate
 LIBS_ts-jpegcheck  := -ljpeg
 LIBS_ts-jpegedge   := -ljpeg
+# ts-jpegedge again, its crop looked up with dlsym (tests/helpers/ts-jpegedge.c)
+LIBS_ts-jpegedge-dlcrop := -ljpeg -ldl
+$(BUILD)/obj/tests/helpers/ts-jpegedge-dlcrop.o: tests/helpers/ts-jpegedge.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -DTS_CROP_BY_DLSYM $(CFLAGS) -c $< -o $@
 
 $(BUILD)/tsshim-%: $(BUILD)/obj/tools/%.o $(CORE_LIB)
 	$(CC) -o $@ $^ $(LDFLAGS) $(LIBS_$*)
@@ -186,7 +191,8 @@ $(JPEGPLUGINS): $(BUILD)/tests/libts-jpegplugin%.so: tests/helpers/lib/ts-jpegpl
 	    -Wl,-rpath,'$$ORIGIN/jpegfake' $(LDFLAGS)
 LIBS_ts-jpegplugins := -ljpeg -ldl
 
-check-build: all $(UNITS) $(HELPERS) $(CUDALOCAL) $(CUDAPLUGIN12) $(CUDAPLUGINNOV) $(JPEGPLUGINS)
+check-build: all $(UNITS) $(HELPERS) $(CUDALOCAL) $(CUDAPLUGIN12) $(CUDAPLUGINNOV) $(JPEGPLUGINS) \
+	$(BUILD)/tests/ts-jpegedge-dlcrop
 
 deps:
 	@scripts/install-deps.sh

@@ -11,7 +11,8 @@
  * same symbol version, or the caller's is unversioned, the linker binds to
  * the global copy, and so do we (ts_real_bind). A decompress object stays
  * bound to the library that created it, so two copies are never mixed
- * within one object.
+ * within one object. dlsym of our names finds ours only where a libjpeg
+ * stands behind them (ts_jpeg_dlsym).
  *
  * What is hooked. Only entry points that libjpeg itself never calls through
  * its PLT (it does call jpeg_abort, jpeg_destroy, jpeg_calc_output_dimensions
@@ -80,7 +81,7 @@ struct jpeg_api {
 	void (*calc_output_dimensions)(j_decompress_ptr);
 	boolean (*has_multiple_scans)(j_decompress_ptr);
 	const void *lib_base;    /* dli_fbase of the real libjpeg: its own source managers */
-	int names_crop;          /* the calling object links jpeg_crop_scanline */
+	int names_crop;          /* the calling object may crop (may_crop) */
 };
 
 #define MAX_APIS 32
@@ -172,6 +173,14 @@ static int object_names(const void *addr, const char *sym)
 	return q.found != 0;
 }
 
+/* May code in the object at `caller` crop? When it links jpeg_crop_scanline,
+ * or dlsym (it may look the crop up when it needs it, after the start). */
+static int may_crop(const void *caller)
+{
+	return object_names(caller, "jpeg_crop_scanline") || object_names(caller, "dlsym") ||
+	       object_names(caller, "dlvsym");
+}
+
 static void fill_api(struct jpeg_api *a, void *h);
 
 /*
@@ -218,7 +227,7 @@ static const struct jpeg_api *api_for(const void *caller)
 		void *h = base && info.dli_fname ? dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD) : NULL;
 		void *lib = library_for(h);
 		fill_api(a, lib);
-		a->names_crop = object_names(caller, "jpeg_crop_scanline");
+		a->names_crop = may_crop(caller);
 		/* NOLOAD took references; the objects stay loaded */
 		ts_real_dlclose(lib);
 		ts_real_dlclose(h);
@@ -494,7 +503,10 @@ static void skip_to_eoi(j_decompress_ptr c)
  * buffer that already holds the EOI has it all. Otherwise (a file fed in
  * chunks, as Pillow does) the hit is early only for code that cannot crop:
  * neither the object that created the decompressor nor the one starting it
- * links jpeg_crop_scanline (Pillow does not). For code that can, the real
+ * links jpeg_crop_scanline or dlsym (Pillow links neither). Not covered: a
+ * crop looked up by a third object and handed to code linking neither,
+ * which then crops after an early hit: libjpeg fails (JERR_BAD_STATE).
+ * For code that can crop, the real
  * start runs, suspending as it would without the shim, and the hit saves
  * only the output pass: for progressive images, next to nothing.
  */
@@ -696,6 +708,48 @@ TS_EXPORT void jpeg_destroy_decompress(j_decompress_ptr cinfo)
 	if (s)
 		state_free(s);
 	a->destroy_d(cinfo);
+}
+
+/* ---- dlsym of our names (shim/cuda.c's dlsym entry) ---------------------------- */
+
+static int is_export(const void *p)
+{
+	return p == (void *)jpeg_CreateDecompress || p == (void *)jpeg_read_header ||
+	       p == (void *)jpeg_start_decompress || p == (void *)jpeg_read_scanlines ||
+	       p == (void *)jpeg_skip_scanlines || p == (void *)jpeg_crop_scanline ||
+	       p == (void *)jpeg_finish_decompress || p == (void *)jpeg_abort_decompress ||
+	       p == (void *)jpeg_destroy_decompress;
+}
+
+/* Does the object at `caller`, or the global scope, define `name`? Not us. */
+static int defined_for(const void *caller, const char *name)
+{
+	if (ts_real_next(name))
+		return 1;
+	Dl_info info;
+	void *h = caller && dladdr(caller, &info) && info.dli_fname
+			  ? dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD)
+			  : NULL;
+	void *p = h ? ts_real_dlsym(h, name) : NULL;
+	ts_real_dlclose(h);
+	return p && !is_export(p);
+}
+
+void *ts_jpeg_dlsym(const char *name, const void *caller, void *found)
+{
+	if (!found || !is_export(found))
+		return found;
+	/* Ours, found first: a libjpeg the lookup would find without us is
+	 * reached through it. None: not found, as without us. A program asking
+	 * whether libjpeg is loaded must not be told yes because we are. */
+	int saved = errno;
+	void *r = found;
+	if (!defined_for(caller, name)) {
+		(void)ts_real_dlsym(RTLD_NEXT, name); /* so that dlerror() tells "undefined symbol" */
+		r = NULL;
+	}
+	errno = saved;
+	return r;
 }
 
 static void fill_api(struct jpeg_api *a, void *h)

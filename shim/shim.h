@@ -72,6 +72,9 @@ void ts_jpeg_fork_unlock(void);
 void ts_jpeg_fork_child(void); /* the unlock, and inherited fills left to the parent */
 /* After a dlclose: libjpeg choices made for what it unloaded are dropped. */
 void ts_jpeg_unloaded(void);
+/* What dlsym hands out for a "jpeg_" name that the real dlsym found as
+ * `found`, looked up from `caller`: ours only where a libjpeg stands behind. */
+void *ts_jpeg_dlsym(const char *name, const void *caller, void *found);
 void ts_exact_fork_note_job(void);
 void ts_exact_fork_lock(void);
 void ts_exact_fork_unlock(void);

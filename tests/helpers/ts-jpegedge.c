@@ -26,6 +26,11 @@
  *                     after start_decompress
  *   early A           read half the rows, then jpeg_finish_decompress (libjpeg:
  *                     error JERR_TOO_LITTLE_DATA)
+ *
+ * Built a second time as ts-jpegedge-dlcrop (TS_CROP_BY_DLSYM): the crop is
+ * looked up with dlsym when it is needed, after start_decompress, so that
+ * the program does not link jpeg_crop_scanline and still crops, as a plugin
+ * host may.
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -40,6 +45,23 @@
 
 #include "hash.h"
 #include "jpegtest.h"
+
+#ifdef TS_CROP_BY_DLSYM
+#include <dlfcn.h>
+
+typedef void (*crop_fn)(j_decompress_ptr, JDIMENSION *, JDIMENSION *);
+
+static void crop_by_dlsym(j_decompress_ptr c, JDIMENSION *x, JDIMENSION *w)
+{
+	crop_fn crop = (crop_fn)dlsym(RTLD_DEFAULT, "jpeg_crop_scanline");
+	if (!crop) {
+		fprintf(stderr, "ts-jpegedge: no jpeg_crop_scanline: %s\n", dlerror());
+		exit(2);
+	}
+	crop(c, x, w);
+}
+#define jpeg_crop_scanline crop_by_dlsym
+#endif
 
 /*
  * Decode the image whose header was read; print it. Rows are exactly as long

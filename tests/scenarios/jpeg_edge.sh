@@ -61,6 +61,16 @@ if [ -n "$P" ]; then
 	want=$("$EDGE" suspend-crop "$P" 2>/dev/null)
 	got=$(shim suspend-crop "$P" 2>/dev/null)
 	check "suspend-crop: cropped after a hit as without the shim ($got)" [ "$want" = "$got" ]
+	# The same from a program that does not link jpeg_crop_scanline but
+	# looks it up with dlsym when it crops, after the start. It links dlsym,
+	# so it may crop: the real start runs before the hit. Before, the hit
+	# came first, the crop's real start suspended, and libjpeg failed.
+	want=$("$EDGE-dlcrop" suspend-crop "$P" 2>/dev/null)
+	got=$(TSSHIM_LOG=debug TSSHIM_MODE=exact TSSHIM_SESSION=$S LD_PRELOAD="$TS_PRELOAD" "$EDGE-dlcrop" suspend-crop "$P" \
+		2>"$T_TMP/dlcrop.err")
+	check "suspend-crop, the crop looked up with dlsym: as without the shim ($got)" [ "$want" = "$got" ]
+	check "... a hit, after the real start" cond 'grep -q "a hit waits for the real start" "$T_TMP/dlcrop.err" &&
+		[ "$(hits "$T_TMP/dlcrop.err")" -gt "$(hits "$T_TMP/susp2.err")" ]'
 	[ "$want" = "$got" ] || { echo "# want: $want"; echo "# got:  $got"; }
 fi
 # A program forks while it decodes X (a fill in progress); the child destroys

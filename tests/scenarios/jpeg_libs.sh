@@ -11,7 +11,8 @@
 # the process crashed. Each plugin is unloaded before the next is loaded,
 # which glibc maps at the same address: a choice made for an unloaded
 # plugin must not be reused for the next (before: a call into unmapped
-# code).
+# code). Last, dlsym of libjpeg's names from a program without libjpeg must
+# find nothing, as without the shim.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib.sh
@@ -59,4 +60,27 @@ check "exact mode: it runs" run exact LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=exact
 check "... the same output as without the shim" same exact
 check "... the plugins on the global copy were served the program's decode (2 hits, 1 fill)" \
 	grep -q 'decoded-image cache: 2 hits, 1 fills' "$T_TMP/exact.err"
+# A probe: is libjpeg loaded? The shim exports libjpeg's names, so dlsym
+# found ours where no libjpeg was loaded, and a call through it aborted the
+# process. Python's ctypes asks from a program that links no libjpeg, before
+# and after loading one RTLD_GLOBAL; in every mode the answers must be the
+# ones without the shim.
+probe() { # NAME [ENV=VALUE...]
+	local name=$1; shift
+	env "$@" timeout 60 /usr/bin/python3 -c 'import ctypes
+lib = ctypes.CDLL(None)
+print("before", hasattr(lib, "jpeg_read_header"), hasattr(lib, "jpeg_crop_scanline"))
+ctypes.CDLL("libjpeg.so.62", mode=ctypes.RTLD_GLOBAL)
+print("after", hasattr(lib, "jpeg_read_header"), hasattr(lib, "jpeg_crop_scanline"))' >"$T_TMP/$name.out" 2>"$T_TMP/$name.err"
+}
+probe_want() { printf 'before False False\nafter True True\n' | cmp -s - "$T_TMP/$1.out" ||
+	sed 's/^/#   /' "$T_TMP/$1.out" "$T_TMP/$1.err"; }
+if /usr/bin/python3 -c 'import ctypes; ctypes.CDLL("libjpeg.so.62")' 2>/dev/null; then
+	probe noshim
+	check "ctypes probe without the shim: no libjpeg, then one" probe_want noshim
+	probe probe LD_PRELOAD="$TS_PRELOAD"
+	check "... with the shim: the same answers" probe_want probe
+	probe probeoff LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=off
+	check "... with the shim off: the same answers" probe_want probeoff
+fi
 finish jpeg_libs
