@@ -236,11 +236,12 @@ static const struct jpeg_api *api_for(const void *caller)
 		else
 			a = NULL;
 	}
-	if (!a) {
-		/* Table full, or no libjpeg but the global scope's: the next
-		 * definition there is the only one left. */
+	if (!a && napis == MAX_APIS) {
+		/* Table full: the global scope's copy, for every caller not in it. */
 		static struct jpeg_api next_api;
 		if (!next_api.read_header) {
+			ts_info("jpeg: more than %d objects called libjpeg; later ones get the global copy",
+				MAX_APIS);
 			fill_api(&next_api, NULL);
 			next_api.names_crop = 1;
 		}
