@@ -187,7 +187,7 @@ $(JPEGFAKE_DIR)/libts-jpegfake%.so: tests/helpers/lib/ts-jpegfake.c $(wildcard t
 	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $< $(LDFLAGS) -Wl,-soname,$(@F) \
 	    $(addprefix -Wl$(comma)--version-script=,$(wildcard tests/helpers/lib/ts-jpegfake$*.map))
 $(JPEGPLUGINS): $(BUILD)/tests/libts-jpegplugin%.so: tests/helpers/lib/ts-jpegplugin.c $(JPEGFAKE_DIR)/libts-jpegfake%.so
-	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $< -L$(JPEGFAKE_DIR) -l:libts-jpegfake$*.so \
+	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $< -L$(JPEGFAKE_DIR) -l:libts-jpegfake$*.so -ldl \
 	    -Wl,-rpath,'$$ORIGIN/jpegfake' $(LDFLAGS)
 LIBS_ts-jpegplugins := -ljpeg -ldl
 

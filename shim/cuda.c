@@ -1116,8 +1116,11 @@ void *ts_dlsym_hook(void *handle, const char *name, const void *caller)
 	void *p = get_real_dlsym()(handle, name);
 	if (e < 0)
 		return jpeg_name(name) ? ts_jpeg_dlsym(name, caller, p) : p;
+	int wrapping = mapping_on();
 	if (p && !ours(p)) {
 		/* A real library's definition (a handle into it, or found first). */
+		if (!wrapping)
+			return p;
 		int saved = errno;
 		void *w = wrap(exports[e].kind, p);
 		errno = saved;
@@ -1134,13 +1137,14 @@ void *ts_dlsym_hook(void *handle, const char *name, const void *caller)
 	 * program's handle) or nothing: what would the caller have found
 	 * without us? The next definition, else one in its own tree. None: NULL,
 	 * as without the shim; a program probing whether CUDA is loaded must
-	 * not be told yes because we are.
+	 * not be told yes because we are, whatever the mode. Not wrapping (the
+	 * shim off, or the process exiting): that definition itself.
 	 */
 	int saved = errno;
 	void *q = ts_real_next(name);
 	if (!q)
 		q = lookup_from(caller, name);
-	void *w = q ? wrap(exports[e].kind, q) : NULL;
+	void *w = q && wrapping ? wrap(exports[e].kind, q) : NULL;
 	if (q)
 		(void)dlerror(); /* our misses left an error; a found symbol leaves none */
 	else
@@ -1167,11 +1171,9 @@ TS_UNINSTRUMENTED void *ts_dlsym_route(void *handle, const char *name)
 	dlsym_fn real = get_real_dlsym();
 	if (!real)
 		return (void *)dlsym_none;
-	if (handle == RTLD_NEXT)
-		return (void *)real;
-	if (jpeg_name(name)) /* in every mode: our exports stand in for libjpeg in all */
-		return (void *)ts_dlsym_hook;
-	if (!mapping_on() || hooked_name(name) < 0)
+	/* Hooked names in every mode: the real dlsym finds our exports even
+	 * where nothing stands behind them. */
+	if (handle == RTLD_NEXT || (hooked_name(name) < 0 && !jpeg_name(name)))
 		return (void *)real;
 	return (void *)ts_dlsym_hook;
 }

@@ -745,7 +745,9 @@ void *ts_jpeg_dlsym(const char *name, const void *caller, void *found)
 	 * whether libjpeg is loaded must not be told yes because we are. */
 	int saved = errno;
 	void *r = found;
-	if (!defined_for(caller, name)) {
+	if (defined_for(caller, name)) {
+		(void)dlerror(); /* our misses left an error; a found symbol leaves none */
+	} else {
 		(void)ts_real_dlsym(RTLD_NEXT, name); /* so that dlerror() tells "undefined symbol" */
 		r = NULL;
 	}

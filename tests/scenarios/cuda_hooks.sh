@@ -111,6 +111,8 @@ check "with the shim only the hooked names come from it (cudaMalloc and cuMemAll
 	grep -q '^where cudaMalloc=libcudart.so.13 cudaMemcpy=libtsshim.so cuMemcpyHtoD_v2=libtsshim.so cuGetProcAddress_v2=libtsshim.so cuMemAlloc=libcuda.so.1$' "$T_TMP/other.out"
 check "dlsym(RTLD_DEFAULT) of CUDA names before CUDA is loaded: NULL and an error, as without the shim" \
 	calls probe LD_PRELOAD="$TS_PRELOAD" -- probe
+check "... and with the shim off (before, off mode answered with the shim's own exports)" \
+	calls probeoff LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=off -- probe
 emu_checks() {
 	local c
 	for c in getproc route errors stream-order ipc-event peer fork; do

@@ -60,6 +60,31 @@ check "exact mode: it runs" run exact LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=exact
 check "... the same output as without the shim" same exact
 check "... the plugins on the global copy were served the program's decode (2 hits, 1 fill)" \
 	grep -q 'decoded-image cache: 2 hits, 1 fills' "$T_TMP/exact.err"
+# No global copy: Python (no libjpeg) loads each plugin with ctypes. Each
+# decodes in its own copy whatever its versions, and its own dlsym probe
+# (man dlsym's way: dlerror() after) finds libjpeg with no error pending.
+pyhost() { # NAME [ENV=VALUE...]
+	local name=$1; shift
+	env "$@" timeout 60 /usr/bin/python3 -c 'import ctypes, sys
+jpg = open(sys.argv[1], "rb").read()
+for path in sys.argv[2:]:
+    lib = ctypes.CDLL(path)
+    w, h, s = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulong()
+    r = lib.ts_jplugin_decode(jpg, len(jpg), ctypes.byref(w), ctypes.byref(h), ctypes.byref(s))
+    print(path.rsplit("/", 1)[-1], r, "%ux%u" % (w.value, h.value), s.value,
+          "own" if lib.ts_jplugin_fake_calls() else "global", "probe", lib.ts_jplugin_probe())' \
+		"$J" "$T/libts-jpegplugin62.so" "$T/libts-jpegplugin9.so" "$T/libts-jpegpluginnov.so" \
+		>"$T_TMP/$name.out" 2>"$T_TMP/$name.err"
+}
+py_want() {
+	printf '%s 0 4x2 5928 own probe 1\n' libts-jpegplugin62.so libts-jpegplugin9.so libts-jpegpluginnov.so |
+		cmp -s - "$T_TMP/$1.out" || sed 's/^/#   /' "$T_TMP/$1.out" "$T_TMP/$1.err"
+}
+pyhost pyplain
+check "Python host, no global libjpeg, without the shim: every plugin decodes in its own copy, dlsym finds it" py_want pyplain
+pyhost pyshim LD_PRELOAD="$TS_PRELOAD"
+check "... with the shim: the same" py_want pyshim
+
 # A probe: is libjpeg loaded? The shim exports libjpeg's names, so dlsym
 # found ours where no libjpeg was loaded, and a call through it aborted the
 # process. Python's ctypes asks from a program that links no libjpeg, before

@@ -4,6 +4,7 @@
  * RTLD_LOCAL as Python loads extension modules. Which copy decodes depends
  * on the copy's symbol versions (ts-jpegfake.c); with the shim its calls
  * bind to the shim's exports, which must pass them on to that same copy. */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -12,6 +13,7 @@
 int ts_jpegfake_calls(void);
 int ts_jplugin_decode(const unsigned char *jpg, unsigned long n, unsigned *w, unsigned *h, unsigned long *sum);
 int ts_jplugin_fake_calls(void);
+int ts_jplugin_probe(void);
 
 /* Decode jpg to RGB: its size, and the sum of its bytes; 0, or -1. */
 __attribute__((visibility("default"))) int ts_jplugin_decode(const unsigned char *jpg, unsigned long n,
@@ -52,4 +54,15 @@ __attribute__((visibility("default"))) int ts_jplugin_decode(const unsigned char
 __attribute__((visibility("default"))) int ts_jplugin_fake_calls(void)
 {
 	return ts_jpegfake_calls();
+}
+
+/* dlsym(RTLD_DEFAULT) of jpeg_read_header from here, as the man page says
+ * to check it: 1 found and dlerror() clear, 0 not found with an error, -1
+ * found with an error pending or not found without one. */
+__attribute__((visibility("default"))) int ts_jplugin_probe(void)
+{
+	(void)dlerror();
+	void *p = dlsym(RTLD_DEFAULT, "jpeg_read_header");
+	const char *err = dlerror();
+	return p && !err ? 1 : !p && err ? 0 : -1;
 }
