@@ -504,12 +504,12 @@ static void skip_to_eoi(j_decompress_ptr c)
  * buffer that already holds the EOI has it all. Otherwise (a file fed in
  * chunks, as Pillow does) the hit is early only for code that cannot crop:
  * neither the object that created the decompressor nor the one starting it
- * links jpeg_crop_scanline or dlsym (Pillow links neither). Not covered: a
- * crop looked up by a third object and handed to code linking neither,
- * which then crops after an early hit: libjpeg fails (JERR_BAD_STATE).
- * For code that can crop, the real
- * start runs, suspending as it would without the shim, and the hit saves
- * only the output pass: for progressive images, next to nothing.
+ * links jpeg_crop_scanline or dlsym (Pillow links neither). For code that
+ * can crop, the real start runs, suspending as it would without the shim,
+ * and the hit saves only the output pass: for progressive images, next to
+ * nothing. Not covered: a crop looked up by a third object and handed to
+ * code linking neither, which then crops after an early hit: libjpeg fails
+ * (JERR_BAD_STATE).
  */
 static int start_later_ok(const struct dstate *s, j_decompress_ptr c, const void *caller)
 {
