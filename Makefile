@@ -121,12 +121,23 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/helpers/%.o $(CORE_LIB)
 # tsemu, the test device (tools/cudaemu/): a CPU emulation of the CUDA 13
 # runtime and driver subset tsshim uses, so the CUDA path is tested without
 # a GPU. Programs pick it up with LD_LIBRARY_PATH=$(BUILD)/emu. Compiled
-# against the CUDA headers; the runtime dlopen()s the driver.
+# against the CUDA headers; the runtime dlopen()s the driver. The driver binds
+# its own names at link time (-Bsymbolic-functions), as the real one does, so
+# what its cuGetProcAddress hands out is never a preloaded library's export.
 EMU_DIR  := $(BUILD)/emu
 EMU_LIBS := $(EMU_DIR)/libcudart.so.13 $(EMU_DIR)/libcuda.so.1
 all: $(EMU_LIBS)
 
 $(EMU_DIR)/libcuda.so.1: $(BUILD)/obj/tools/cudaemu/driver.o tools/cudaemu/libcuda.map
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $< $(LDFLAGS) -Wl,--version-script=tools/cudaemu/libcuda.map \
+	    -Wl,-soname,libcuda.so.1 -Wl,-z,defs -Wl,-z,now -Wl,-Bsymbolic-functions
+
+# The same driver linked without -Bsymbolic-functions: its table goes through
+# the dynamic linker, so it hands out a preloaded library's exports of its
+# names (cuda_hooks.sh: the shim maps those too).
+CUDAINTERP := $(BUILD)/tests/cudainterp/libcuda.so.1
+$(CUDAINTERP): $(BUILD)/obj/tools/cudaemu/driver.o tools/cudaemu/libcuda.map
 	@mkdir -p $(@D)
 	$(CC) -shared -o $@ $< $(LDFLAGS) -Wl,--version-script=tools/cudaemu/libcuda.map \
 	    -Wl,-soname,libcuda.so.1 -Wl,-z,defs -Wl,-z,now
@@ -192,7 +203,7 @@ $(JPEGPLUGINS): $(BUILD)/tests/libts-jpegplugin%.so: tests/helpers/lib/ts-jpegpl
 LIBS_ts-jpegplugins := -ljpeg -ldl
 
 check-build: all $(UNITS) $(HELPERS) $(CUDALOCAL) $(CUDAPLUGIN12) $(CUDAPLUGINNOV) $(JPEGPLUGINS) \
-	$(BUILD)/tests/ts-jpegedge-dlcrop
+	$(BUILD)/tests/ts-jpegedge-dlcrop $(CUDAINTERP)
 
 deps:
 	@scripts/install-deps.sh

@@ -26,8 +26,10 @@
  * point) is returned untouched. No code is generated; reads are lock-free.
  *
  * One copy, handled once. A runtime copy reaches the driver through our
- * cuGetProcAddress wrappers; the tsemu driver even hands out our exported
- * symbols (its own table is bound by the dynamic linker). A thread-local
+ * cuGetProcAddress wrappers; a driver whose own table is bound by the
+ * dynamic linker even hands out our exported symbols (the real one and
+ * tsemu bind theirs at link time; build/tests/cudainterp has a tsemu that
+ * does not, for cuda_hooks.sh). A thread-local
  * depth guard, taken around the real call of a handled copy, makes every
  * nested copy hook pass straight through.
  *
@@ -827,9 +829,10 @@ static void *export_real_slow(int e, const void *caller, unsigned gen)
  * caller's object binds the name to without us (resolve), worked out once
  * per object. Per call, the common case is a range check against the
  * objects this thread saw last: a few loads. The caller may be a tail call
- * away: tsemu's cuGetProcAddress jumps to cuGetProcAddress_v2, which binds
- * to us, so the return address may lie in the driver or in the shim: their
- * verdict is the driver's definition.
+ * away: a driver's cuGetProcAddress may jump to cuGetProcAddress_v2, which
+ * binds to us where its table goes through the dynamic linker, so the
+ * return address may lie in the driver or in the shim: their verdict is the
+ * driver's definition.
  */
 static inline void *export_real(int e, const void *caller)
 {
@@ -898,7 +901,8 @@ static CUresult call_getproc(void *real, int v2, const char *symbol, void **pfn,
 }
 
 /* Set while this thread probes: a driver whose cuGetProcAddress calls back
- * into ours (tsemu's v1 calls the v2 export) is not probed again inside. */
+ * into ours (its v1 calling the v2 export, bound to us) is not probed again
+ * inside. */
 static __thread int probing;
 
 /* Probe the driver behind `getproc`; fill export_wrap. */
@@ -915,8 +919,8 @@ static void probe_driver(void *getproc, int v2, void **export_wrap)
 			continue;
 		int e = export_of(p);
 		if (e >= 0) {
-			/* The driver's table is bound by the dynamic linker, to us
-			 * (tsemu is built that way): its own definition is the real one. */
+			/* The driver's table is bound by the dynamic linker, to us:
+			 * its own definition is the real one. */
 			if (exports[e].kind != probes[j].kind)
 				continue;
 			export_wrap[e] = wrap(probes[j].kind, lookup_from(getproc, exports[e].name));

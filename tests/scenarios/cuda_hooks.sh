@@ -12,12 +12,13 @@ EMU=$PWD/$BUILD/emu
 CALLS=$PWD/$BUILD/tests/ts-cudacalls
 LOCAL=$PWD/$BUILD/tests/libts-cudalocal.so
 CHK=$PWD/$BUILD/tests/ts-cudaemu-check
+INTERP=$PWD/$BUILD/tests/cudainterp # tsemu's driver, its table bound by the dynamic linker
 TWO=$PWD/$BUILD/tests/ts-tworuntimes
 PLUGIN12=$PWD/$BUILD/tests/libts-cudaplugin12.so
 PLUGINNOV=$PWD/$BUILD/tests/libts-cudapluginnov.so
 TRAIN=$PWD/$BUILD/tsshim-train
 MKDATA=$PWD/$BUILD/tsshim-mkdata
-for f in "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$CALLS" "$LOCAL" "$CHK" "$TWO" "$PLUGIN12" "$PLUGINNOV" "$TRAIN" "$MKDATA"; do
+for f in "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$INTERP/libcuda.so.1" "$CALLS" "$LOCAL" "$CHK" "$TWO" "$PLUGIN12" "$PLUGINNOV" "$TRAIN" "$MKDATA"; do
 	[ -e "$f" ] || { echo "$f not built"; exit 77; }
 done
 export LD_LIBRARY_PATH=$EMU
@@ -51,6 +52,12 @@ check "... runtime 9 (cudaMemcpy, _ptds, Async, _ptsz, RTLD_DEFAULT), driver 19 
 exit_line() { [ "$(debugline shim | wc -l)" = 1 ] &&
 	debugline shim | grep -q ': cuda: 28 copies seen (runtime 9, driver 19), H2D 17 copies 124992 bytes, batches replaced 0$'; }
 check "TSSHIM_LOG=debug: one line at exit with the same counts" exit_line
+# tsemu's driver, like the real one, hands out its own functions from
+# cuGetProcAddress; one linked without -Bsymbolic-functions hands out
+# whatever the dynamic linker binds its names to: the shim's exports.
+interp_counts() { calls interp LD_LIBRARY_PATH="$INTERP:$EMU" LD_PRELOAD="$TS_PRELOAD" -- copies &&
+	[ -n "$made" ] && [ "$(field interp shim)" = "$made" ] && [ "$(field interp made)" = "$made" ]; }
+check "a driver whose cuGetProcAddress hands out the shim's exports: the same copies, each counted once" interp_counts
 
 check "a library bound to libcudart and loaded RTLD_LOCAL: its copies work without the shim" \
 	calls localplain -- local "$LOCAL"

@@ -8,6 +8,10 @@
  * pointer attributes, fork behaviour and error codes.
  *
  * Model
+ *  - Entry points: cuGetProcAddress hands out this library's own functions.
+ *    The library is linked with -Bsymbolic-functions, so its table is bound
+ *    at link time, as the real libcuda's is: a preloaded library that
+ *    exports a driver name does not stand in for what it hands out.
  *  - Devices: TSEMU_DEVICES (0..16, default 2), each with a primary context
  *    and TSEMU_MEM_MB of memory (default 16384). Peer access between any two.
  *  - Device memory: one memfd per allocation. The device pointer is the
