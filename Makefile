@@ -154,6 +154,23 @@ LIBS_ts-cudacalls     := -ldl
 LIBS_ts-gpurace       := -L$(EMU_DIR) -l:libcudart.so.13
 $(BUILD)/tests/ts-gpurace: | $(EMU_DIR)/libcudart.so.13
 
+# tsshim-train with the CUDA runtime linked into the program, as nvcc links
+# it by default (-cudart static; tools/train.c, TRAIN_CUDART_LINKED): no
+# runtime symbol to interpose, only the driver entry points the runtime takes
+# from cuGetProcAddress. ts-train-linked links tsemu's runtime, for the
+# scenarios; ts-train-cudart-static the toolkit's libcudart_static.a, for
+# scripts/gpu-check.sh (built there, on demand).
+$(BUILD)/obj/tools/train-linked.o: tools/train.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -DTRAIN_CUDART_LINKED $(CFLAGS) -c $< -o $@
+$(BUILD)/tests/ts-train-linked: $(BUILD)/obj/tools/train-linked.o $(BUILD)/obj/tools/cudaemu/runtime.o $(CORE_LIB)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(LDFLAGS) $(LIBS_train)
+$(BUILD)/tests/ts-train-cudart-static: $(BUILD)/obj/tools/train-linked.o $(CORE_LIB) \
+    $(CUDA_HOME)/lib64/libcudart_static.a
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(LDFLAGS) $(LIBS_train) -lrt
+
 # For the CUDA hooks scenario: a library linked against (emulated) libcudart,
 # which ts-cudacalls loads RTLD_LOCAL.
 CUDALOCAL := $(BUILD)/tests/libts-cudalocal.so
@@ -203,7 +220,7 @@ $(JPEGPLUGINS): $(BUILD)/tests/libts-jpegplugin%.so: tests/helpers/lib/ts-jpegpl
 LIBS_ts-jpegplugins := -ljpeg -ldl
 
 check-build: all $(UNITS) $(HELPERS) $(CUDALOCAL) $(CUDAPLUGIN12) $(CUDAPLUGINNOV) $(JPEGPLUGINS) \
-	$(BUILD)/tests/ts-jpegedge-dlcrop $(CUDAINTERP)
+	$(BUILD)/tests/ts-jpegedge-dlcrop $(BUILD)/tests/ts-train-linked $(CUDAINTERP)
 
 deps:
 	@scripts/install-deps.sh

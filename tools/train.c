@@ -27,7 +27,9 @@
  * pipeline in tools/train_image.h. --help documents the options and the
  * record format.
  */
-#include <cuda_runtime_api.h> /* types and prototypes only: libcudart is dlopen()ed */
+/* Types and prototypes only: libcudart is dlopen()ed, except in the build
+ * with the runtime linked in (TRAIN_CUDART_LINKED, below). */
+#include <cuda_runtime_api.h>
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -646,23 +648,42 @@ static int cuda_ok(cudaError_t rc, const char *what)
 	return -1;
 }
 
-/* Resolved only for --graph and --capture-thread. */
-#define NGRAPH_SYMS 7
-static const struct {
+/*
+ * TRAIN_CUDART_LINKED builds the program with the CUDA runtime linked in,
+ * as nvcc links it by default (-cudart static): its cudaMemcpy calls bind
+ * inside the program, where no preloaded library can interpose them, and the
+ * shim sees only the driver entry points the runtime takes from
+ * cuGetProcAddress. The table then holds the linked functions; --cudart is
+ * refused.
+ */
+#ifdef TRAIN_CUDART_LINKED
+#define RT_SYM(f) {(void **)&cu.f, "cuda" #f, (void *)cuda##f}
+#else
+#define RT_SYM(f) {(void **)&cu.f, "cuda" #f, NULL}
+#endif
+struct rt_sym {
 	void **p;
 	const char *name;
-} graph_syms[NGRAPH_SYMS] = {
-	{(void **)&cu.StreamCreateWithFlags, "cudaStreamCreateWithFlags"},
-	{(void **)&cu.StreamBeginCapture, "cudaStreamBeginCapture"},
-	{(void **)&cu.StreamEndCapture, "cudaStreamEndCapture"},
-	{(void **)&cu.GraphInstantiate, "cudaGraphInstantiate"},
-	{(void **)&cu.GraphLaunch, "cudaGraphLaunch"},
-	{(void **)&cu.GraphExecDestroy, "cudaGraphExecDestroy"},
-	{(void **)&cu.GraphDestroy, "cudaGraphDestroy"},
+	void *linked;
+};
+
+/* Resolved only for --graph and --capture-thread. */
+#define NGRAPH_SYMS 7
+static const struct rt_sym graph_syms[NGRAPH_SYMS] = {
+	RT_SYM(StreamCreateWithFlags), RT_SYM(StreamBeginCapture), RT_SYM(StreamEndCapture),
+	RT_SYM(GraphInstantiate),      RT_SYM(GraphLaunch),        RT_SYM(GraphExecDestroy),
+	RT_SYM(GraphDestroy),
 };
 
 static int cuda_open(void)
 {
+#ifdef TRAIN_CUDART_LINKED
+	if (opt.cudart) {
+		fprintf(stderr, PROG ": --cudart: this build has the CUDA runtime linked in\n");
+		return -1;
+	}
+	cu.lib = &cu; /* "open" */
+#else
 	const char *names[2] = {"libcudart.so.13", "libcudart.so"};
 	int nnames = 2;
 	char why[2048] = "";
@@ -682,27 +703,19 @@ static int cuda_open(void)
 		fprintf(stderr, PROG ": --device cuda: no CUDA runtime found (%s)\n", why);
 		return -1;
 	}
-	struct {
-		void **p;
-		const char *name;
-	} syms[] = {
-		{(void **)&cu.SetDevice, "cudaSetDevice"},
-		{(void **)&cu.Malloc, "cudaMalloc"},
-		{(void **)&cu.Free, "cudaFree"},
-		{(void **)&cu.Memcpy, "cudaMemcpy"},
-		{(void **)&cu.MemcpyAsync, "cudaMemcpyAsync"},
-		{(void **)&cu.StreamCreate, "cudaStreamCreate"},
-		{(void **)&cu.StreamSynchronize, "cudaStreamSynchronize"},
-		{(void **)&cu.HostAlloc, "cudaHostAlloc"},
-		{(void **)&cu.FreeHost, "cudaFreeHost"},
-		{(void **)&cu.GetLastError, "cudaGetLastError"},
-		{(void **)&cu.GetErrorString, "cudaGetErrorString"},
+#endif
+	const struct rt_sym syms[] = {
+		RT_SYM(SetDevice),    RT_SYM(Malloc),       RT_SYM(Free),
+		RT_SYM(Memcpy),       RT_SYM(MemcpyAsync),  RT_SYM(StreamCreate),
+		RT_SYM(StreamSynchronize), RT_SYM(HostAlloc), RT_SYM(FreeHost),
+		RT_SYM(GetLastError), RT_SYM(GetErrorString),
 	};
 	size_t nsyms = sizeof syms / sizeof syms[0];
 	for (size_t i = 0; i < nsyms + (opt.graph || opt.capture_thread ? NGRAPH_SYMS : 0); i++) {
-		void **p = i < nsyms ? syms[i].p : graph_syms[i - nsyms].p;
-		const char *name = i < nsyms ? syms[i].name : graph_syms[i - nsyms].name;
-		if (!(*p = dlsym(cu.lib, name))) {
+		const struct rt_sym *e = i < nsyms ? &syms[i] : &graph_syms[i - nsyms];
+		void **p = e->p;
+		const char *name = e->name;
+		if (!(*p = e->linked ? e->linked : dlsym(cu.lib, name))) {
 			fprintf(stderr, PROG ": --device cuda: the CUDA runtime %s lacks %s\n",
 				opt.cudart ? opt.cudart : "libcudart", name);
 			return -1;
@@ -2013,7 +2026,8 @@ static void usage(FILE *f)
 "                        through cudaMemcpyAsync + cudaStreamSynchronize,\n"
 "                        pageable ones through cudaMemcpy. cpu: memcpy into a\n"
 "                        host buffer.\n"
-"  --cudart LIB          the CUDA runtime library to dlopen instead\n"
+"  --cudart LIB          the CUDA runtime library to dlopen instead (a build with\n"
+"                        the runtime linked in, TRAIN_CUDART_LINKED, has none)\n"
 "  --step-ms X           simulated training step per training batch, in ms\n"
 "                        (default 0)\n"
 "  --val-step-ms X       simulated step per validation batch, in ms (default 0)\n"

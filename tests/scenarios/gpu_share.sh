@@ -16,7 +16,8 @@
 # allocations, and a producer that changes a batch in place once its
 # synchronous upload returned, consumers whose epochs must begin where
 # the stream's do (left early, joined late; verified --strict), and uploads
-# inside a CUDA graph capture, or beside one another thread holds open. Every job runs under `timeout`; no
+# inside a CUDA graph capture, or beside one another thread holds open,
+# and programs with the CUDA runtime linked in (nvcc's default). Every job runs under `timeout`; no
 # /dev/shm object of a case's
 # session may survive its jobs.
 set -u
@@ -28,7 +29,8 @@ VERIFY=$PWD/$BUILD/tsshim-verify
 MKDATA=$PWD/$BUILD/tsshim-mkdata
 EMU=$PWD/$BUILD/emu
 SEGTOOL=$PWD/$BUILD/tests/ts-segtool
-for f in "$TRAIN" "$VERIFY" "$MKDATA" "$INSPECT" "$SEGTOOL" "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$BUILD/libtsshim.so"; do
+LINKED=$PWD/$BUILD/tests/ts-train-linked # tsshim-train with the runtime linked in
+for f in "$TRAIN" "$VERIFY" "$MKDATA" "$INSPECT" "$SEGTOOL" "$LINKED" "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$BUILD/libtsshim.so"; do
 	[ -e "$f" ] || { echo "skip: $f not built"; exit 77; }
 done
 command -v python3 >/dev/null || { echo "skip: python3 missing"; exit 77; }
@@ -61,6 +63,7 @@ fi
 TR=$D/train VAL=$D/val # 100 training samples, 16 validation samples
 
 # job NAME SESSION|- [ENV=VALUE...] -- ARGS...: start tsshim-train --tsshim
+# (or the program JOB_TRAIN names)
 # --device cuda --readback in the background under the shim (SESSION) or
 # without it (-); record, stdout, stderr and tsemu stats in $T_TMP/NAME.*.
 job() {
@@ -70,7 +73,7 @@ job() {
 	shift
 	[ "$sess" = - ] || envs=(LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$sess" "${envs[@]}")
 	rm -f "$T_TMP/$name".*
-	env TSEMU_STATS="$T_TMP/$name.stats" "${envs[@]}" timeout "$JOB_TIMEOUT" "$TRAIN" --tsshim --device cuda \
+	env TSEMU_STATS="$T_TMP/$name.stats" "${envs[@]}" timeout "$JOB_TIMEOUT" "${JOB_TRAIN:-$TRAIN}" --tsshim --device cuda \
 		--readback --size 16 --record "$T_TMP/$name.rec" "$@" >"$T_TMP/$name.out" 2>"$T_TMP/$name.err" &
 	JPID[$name]=$!
 }
@@ -763,6 +766,39 @@ for way in consumer producer thread; do
 	esac
 done
 echo "# case 21: $((SECONDS - T1)) s"
+
+# === 22. the CUDA runtime linked into the program ==========================================
+# nvcc links libcudart statically unless told otherwise: such a program's
+# cudaMemcpy binds inside it, where no preloaded library can interpose it, and
+# the shim sees its copies only at the driver entry points the runtime took
+# from cuGetProcAddress. ts-train-linked is tsshim-train built that way (with
+# tsemu's runtime). Its producer must keep, and its consumers be served,
+# through the driver alone: pinned and pageable, forked workers, beside a
+# consumer that loads the runtime as a library.
+T1=$SECONDS
+S=$(session_name c22)
+JOB_TRAIN=$LINKED job c22p "$S" TSSHIM_LOG=debug -- --seed 1 --batch 16 --epochs 4 --step-ms 15 --pin --workers 2 "$TR"
+started c22p
+JOB_TRAIN=$LINKED job c22a "$S" TSSHIM_LOG=debug -- --seed 2 --batch 24 --epochs 3 "$TR"
+job c22b "$S" TSSHIM_LOG=debug -- --seed 3 --batch 8 --epochs 3 --pin "$TR"
+wait_jobs c22p c22a c22b
+case_end "22 (runtime linked in)" "$S" c22p c22a c22b
+# cudacount NAME FIELD: from the shim's exit line, "runtime", "driver" or "replaced"
+cudacount() {
+	sed -n 's/.*cuda: [0-9]* copies seen (runtime \([0-9]*\), driver \([0-9]*\)),.* batches replaced \([0-9]*\)$/\1 \2 \3/p' \
+		"$T_TMP/$1.err" | tail -n 1 | awk -v f="$2" '{print f == "runtime" ? $1 : f == "driver" ? $2 : $3}'
+}
+for n in c22p c22a; do
+	check "22: $n's copies were seen at the driver only (runtime $(cudacount $n runtime), driver $(cudacount $n driver))" \
+		cond '[ "$(cudacount $n runtime)" = 0 ] && [ "$(cudacount $n driver)" -gt 0 ]'
+done
+hp=$(stat c22p h2d_bytes)
+for n in c22a c22b; do
+	h=$(stat $n h2d_bytes)
+	check "22: $n was served from the linked producer's ring: $(cudacount $n replaced) uploads replaced, h2d_bytes $h <= 10% of the producer's $hp, d2d_bytes $(stat $n d2d_bytes)" \
+		cond '[ "$(cudacount $n replaced)" -gt 0 ] && [ "$hp" -gt 0 ] && [ $((h * 10)) -le "$hp" ]'
+done
+echo "# case 22: $((SECONDS - T1)) s"
 
 # Across every case: no producer freed a buffer a live consumer still had open
 # through IPC (undefined on CUDA; tsemu counts it and overwrites the memory).
