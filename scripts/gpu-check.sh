@@ -12,7 +12,8 @@
 # validation batches the job's own. The shim's own counters (TSSHIM_LOG=debug
 # exit line) must show consumer uploads replaced by device-to-device copies.
 # (To try the script itself without a GPU: a stand-in nvidia-smi on PATH,
-# CUDA_HOME with build/emu's libcudart in lib64, LD_LIBRARY_PATH=build/emu.)
+# CUDA_HOME with build/emu's libcudart in lib64, LD_LIBRARY_PATH=build/emu,
+# GPU_CHECK_STATIC=build/tests/ts-train-linked; 63 checks, 44 s here.)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
