@@ -121,9 +121,11 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/helpers/%.o $(CORE_LIB)
 # tsemu, the test device (tools/cudaemu/): a CPU emulation of the CUDA 13
 # runtime and driver subset tsshim uses, so the CUDA path is tested without
 # a GPU. Programs pick it up with LD_LIBRARY_PATH=$(BUILD)/emu. Compiled
-# against the CUDA headers; the runtime dlopen()s the driver. The driver binds
-# its own names at link time (-Bsymbolic-functions), as the real one does, so
-# what its cuGetProcAddress hands out is never a preloaded library's export.
+# against the CUDA headers; the runtime dlopen()s the driver. Both bind their
+# own names at link time (-Bsymbolic-functions), as the real ones do: what the
+# driver's cuGetProcAddress hands out is never a preloaded library's export,
+# and the runtime's calls into itself never reach another libcudart.so.13 in
+# the process (PyTorch 2's, from its nvidia-cuda-runtime wheel).
 EMU_DIR  := $(BUILD)/emu
 EMU_LIBS := $(EMU_DIR)/libcudart.so.13 $(EMU_DIR)/libcuda.so.1
 all: $(EMU_LIBS)
@@ -145,7 +147,7 @@ $(CUDAINTERP): $(BUILD)/obj/tools/cudaemu/driver.o tools/cudaemu/libcuda.map
 $(EMU_DIR)/libcudart.so.13: $(BUILD)/obj/tools/cudaemu/runtime.o tools/cudaemu/libcudart.map
 	@mkdir -p $(@D)
 	$(CC) -shared -o $@ $< $(LDFLAGS) -Wl,--version-script=tools/cudaemu/libcudart.map \
-	    -Wl,-soname,libcudart.so.13 -Wl,-z,defs -Wl,-z,now -ldl
+	    -Wl,-soname,libcudart.so.13 -Wl,-z,defs -Wl,-z,now -Wl,-Bsymbolic-functions -ldl
 
 # ts-cudaemu-check links nothing CUDA: it dlopen()s the emulated libraries.
 LIBS_ts-cudaemu-check := -ldl

@@ -17,6 +17,10 @@
  * cudaMemoryTypeUnregistered without error for memory CUDA does not know,
  * and cudaMalloc(&p, 0) giving NULL.
  *
+ * Linked with -Bsymbolic-functions, as the real one binds its calls into
+ * itself: beside another libcudart.so.13 in the process (PyTorch 2 loads
+ * one), cudaStreamCreate still calls this library's cudaStreamCreateWithFlags.
+ *
  * Built with __CUDA_API_VERSION_INTERNAL so that cuda_runtime_api.h declares
  * both the legacy names and the _ptds/_ptsz ones with their exact
  * prototypes. */
