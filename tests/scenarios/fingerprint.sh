@@ -8,7 +8,7 @@ set -u
 cd "$(dirname "$0")/../.."
 . tests/lib.sh
 
-PY=/usr/bin/python3
+PY=${TS_PYTHON:-/usr/bin/python3} # TS_PYTHON: another Python with torch (another torch version)
 [ -x "$PY" ] || { echo "needs $PY"; exit 77; }
 "$PY" -c 'import torch, torchvision, PIL' 2>/dev/null || { echo "python3-torch/torchvision/pil not installed"; exit 77; }
 

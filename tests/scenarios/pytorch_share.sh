@@ -43,7 +43,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib.sh
-PY=/usr/bin/python3
+PY=${TS_PYTHON:-/usr/bin/python3} # TS_PYTHON: another Python with torch (another torch version)
 "$PY" -c 'import torch, torchvision, PIL' 2>/dev/null || { echo "python3-torch/torchvision/pil not installed"; exit 77; }
 JOB="$PWD/tests/py/share_job.py"
 VERIFY="$PWD/tests/py/share_verify.py"
@@ -451,8 +451,8 @@ check "(s) a lone job breaking out of each epoch trains on the batches it trains
 	[ "$same" = same ]
 
 # --- t: a stream this torch cannot read; a fault in the layer ----------------------
-# Job 1's schema names a dtype this torch does not have (as a newer torch's uint16
-# would; the producer is patched to say so): job 2, a consumer, must take that data
+# Job 1's schema names a dtype no torch has (as a newer torch's new dtype would be
+# to an older one; the producer is patched to say so): job 2, a consumer, must take that data
 # from shared memory as unreadable, say so and run its own loader (it died of an
 # AttributeError in the layer). Job 3, a consumer whose layer is patched to fail
 # (RuntimeError) when it reads a batch, must do the same: a fault of the layer is
@@ -465,7 +465,7 @@ if os.environ["ODD"] == "schema":
     plain = tsshim_feed.describe_batch
     def odd(batch, torch):
         schema, leaves, n = plain(batch, torch)
-        return schema.replace(b'"dtype":"int64"', b'"dtype":"uint16"'), leaves, n
+        return schema.replace(b'"dtype":"int64"', b'"dtype":"uint256"'), leaves, n
     tsshim_feed.describe_batch = odd
 else:
     def fault(node, out):

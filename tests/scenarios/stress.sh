@@ -9,7 +9,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib.sh
-PY=/usr/bin/python3
+PY=${TS_PYTHON:-/usr/bin/python3} # TS_PYTHON: another Python with torch (another torch version)
 "$PY" -c 'import torch, torchvision, PIL' 2>/dev/null || { echo "python3-torch/torchvision/pil not installed"; exit 77; }
 MKDATA="$PWD/$BUILD/tsshim-mkdata"
 [ -x "$MKDATA" ] || { echo "needs $MKDATA"; exit 77; }
