@@ -268,7 +268,7 @@ bench: deps
 	@BUILD=$(BUILD) scripts/bench.sh
 
 # The GPU scenarios against real CUDA (exit 77, skipped, where there is no GPU).
-gpu-check: all
+gpu-check: all $(BUILD)/tests/ts-cudaemu-check
 	@BUILD=$(BUILD) scripts/gpu-check.sh
 
 # The short form (3 rounds) runs in make test as tests/scenarios/stress.sh.

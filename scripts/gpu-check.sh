@@ -11,15 +11,19 @@
 # equal the producer's stream at the right offsets, labels paired,
 # validation batches the job's own. The shim's own counters (TSSHIM_LOG=debug
 # exit line) must show consumer uploads replaced by device-to-device copies.
+# Case 0 runs tests/helpers/ts-cudaemu-check against the real libraries
+# first: each FAIL it prints is a place where tsemu, the test device, differs
+# from the real driver (fix tools/cudaemu there).
 # (To try the script itself without a GPU: a stand-in nvidia-smi on PATH,
 # CUDA_HOME with build/emu's libcudart in lib64, LD_LIBRARY_PATH=build/emu,
-# GPU_CHECK_STATIC=build/tests/ts-train-linked; 63 checks, 44 s here.)
+# GPU_CHECK_STATIC=build/tests/ts-train-linked, and TS_CUDAEMU_CHECK_REAL=1
+# for case 0's real mode on tsemu; 76 checks, about 70 s here.)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 TRAIN=$PWD/$BUILD/tsshim-train MKDATA=$PWD/$BUILD/tsshim-mkdata VERIFY=$PWD/$BUILD/tsshim-verify
-LIB=$PWD/$BUILD/libtsshim.so
+LIB=$PWD/$BUILD/libtsshim.so CHK=$PWD/$BUILD/tests/ts-cudaemu-check
 
 skip() { echo "gpu-check: skipped: $*"; exit 77; }
 for f in "$TRAIN" "$MKDATA" "$VERIFY" "$LIB"; do [ -x "$f" ] || [ -f "$f" ] || skip "$f not built (run make)"; done
@@ -38,6 +42,28 @@ not_ok() { failed=$((failed + 1)); echo "not ok - $*"; }
 check() { local d=$1; shift; if "$@"; then ok "$d"; else not_ok "$d"; fi; }
 
 echo "gpu-check: $ngpu GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+
+# 0. the test device's semantic checks on this GPU: ts-cudaemu-check in real
+# mode (the real libraries have no tsemu_stats), one command each. A FAIL
+# line names the check's source line and what the real driver answered;
+# 77 is a command with nothing to check here (peer on one GPU).
+if [ -x "$CHK" ]; then
+	for c in basics errors no-host-access getproc pinned fork fork-clean peer ipc-mem ipc-event \
+		stream-async stream-order capture; do
+		LD_LIBRARY_PATH=$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 120 "$CHK" "$c" \
+			>"$T/emu-$c.out" 2>&1
+		rc=$?
+		if [ $rc = 77 ]; then
+			echo "# skipped: ts-cudaemu-check $c: $(grep -m1 '^skip' "$T/emu-$c.out")"
+			continue
+		fi
+		count=$(sed -n "s/^$c: \(.*\) (test device only)$/\1/p" "$T/emu-$c.out")
+		check "tsemu's semantics on this GPU: ts-cudaemu-check $c (${count:-exit $rc})" [ $rc = 0 ]
+		[ $rc = 0 ] || { grep -E '^FAIL' "$T/emu-$c.out" || tail -n 5 "$T/emu-$c.out"; } | sed 's/^/#   /'
+	done
+else
+	echo "# no $CHK (make gpu-check builds it): case 0 not run"
+fi
 "$MKDATA" --classes 4 --train 80 --val 8 --seed 5 "$T/data" >/dev/null 2>&1 || { echo "tsshim-mkdata failed"; exit 1; }
 
 # job NAME SESSION ARGS...: one tsshim-train job in the background under the

@@ -3,7 +3,8 @@
 # semantics the shim relies on, checked by tests/helpers/ts-cudaemu-check
 # across processes (IPC memory and events, stream ordering and asynchrony,
 # stream capture and graphs, cuGetProcAddress, the runtime's route to the driver, pinned memory and
-# pointer attributes, fork, peers, the bandwidth model, counters), then the
+# pointer attributes, fork, peers, the bandwidth model, counters), its real
+# mode (the subset scripts/gpu-check.sh runs against real CUDA), then the
 # reference trainer on the emulated GPU, and memcheck.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -96,6 +97,40 @@ check "ordering: cudaStreamWaitEvent orders a copy after an earlier queued one (
 	run order -- stream-order
 check "stream capture: captured copies do not run, a graph launch replays H2D/D2D/D2H reading the sources then; a sync, query or pageable copy of a capturing stream, a wait on an event recorded outside the capture, a query of a captured event invalidate it; a global capture bars unsafe calls (cudaMalloc, cudaEventQuery) of other global-mode threads and invalidates, relaxed and thread-local threads may; thread-local bars its own thread; legacy stream never captured, unusable beside a blocking capture" \
 	run capture -- capture
+# Real mode, forced here (TS_CUDAEMU_CHECK_REAL=1): what scripts/gpu-check.sh
+# checks on a real GPU. tsemu claims those semantics, so they hold on it too,
+# without its knobs; what only tsemu shows (counters, delays) is skipped.
+REAL_CMDS="basics errors no-host-access getproc pinned fork fork-clean peer ipc-mem ipc-event stream-async stream-order capture"
+real_subset() {
+	local c rc=0
+	for c in $REAL_CMDS; do
+		run "real-$c" TS_CUDAEMU_CHECK_REAL=1 -- "$c" || rc=1
+		grep -q "^$c: real mode on tsemu: [1-9][0-9]* checks run, [0-9]* skipped" "$T_TMP/real-$c.out" ||
+			{ echo "#   $c: no count of the checks run"; rc=1; }
+	done
+	return $rc
+}
+check "real mode (TS_CUDAEMU_CHECK_REAL=1): $REAL_CMDS pass on tsemu, each counting its checks" real_subset
+skipped_in() { sed -n "s/^$1: real mode on tsemu: .* checks run, \([0-9]*\) skipped.*/\1/p" "$T_TMP/real-$1.out"; }
+skips_counted() { [ "$(skipped_in stream-async)" -gt 0 ] && [ "$(skipped_in capture)" = 2 ] && [ "$(skipped_in basics)" = 0 ]; }
+check "real mode skips what needs tsemu's counters or delays (skipped: stream-async $(skipped_in stream-async), capture $(skipped_in capture), basics $(skipped_in basics))" \
+	skips_counted
+real_skips() {
+	local c
+	for c in route deny stats nodevice "bandwidth h2d 0 5000"; do
+		# shellcheck disable=SC2086
+		TS_CUDAEMU_CHECK_REAL=1 timeout 60 "$CHK" $c >"$T_TMP/real-skip.out" 2>&1
+		if [ $? != 77 ] || ! grep -qx "skip: ${c%% *} needs the test device" "$T_TMP/real-skip.out"; then
+			echo "#   $c: $(head -1 "$T_TMP/real-skip.out")"
+			return 1
+		fi
+	done
+	TSEMU_DEVICES=1 TS_CUDAEMU_CHECK_REAL=1 timeout 60 "$CHK" peer >"$T_TMP/real-skip.out" 2>&1
+	[ $? = 77 ] && grep -q "^skip: peer needs 2 devices" "$T_TMP/real-skip.out"
+}
+check "real mode: route, deny, stats, nodevice, bandwidth (tsemu's own machinery) and peer on one device exit 77 with a line" \
+	real_skips
+
 # 64 MiB at 1 GB/s: 67 ms modelled on top of the copy itself. The copy's own
 # time varies between runs by tens of ms on a loaded machine or under ASan, so
 # the two settings are compared by their shortest of 5 rounds (each round
