@@ -212,5 +212,47 @@ else
 	echo "# no $STATIC (the toolkit has no lib64/libcudart_static.a): case 8 not run"
 fi
 
+# 9. PyTorch jobs, the DataLoader layer, uploading with torch's own CUDA
+# (share_job.py --torch-cuda: x.to("cuda"), read back): pytorch_share.sh
+# case m on a real GPU. One stream at batch sizes 64/48/100, every batch
+# right on the device, the consumers' uploads served from the producer's
+# ring (the shim's exit line). TS_PYTHON names the Python with torch.
+# (GPU_CHECK_TORCH_UPLOAD="--emu-cuda $PWD/build/emu/libcudart.so.13" tries
+# the case without a GPU, with Debian's torch.)
+PY=${TS_PYTHON:-python3}
+TORCH_UPLOAD=${GPU_CHECK_TORCH_UPLOAD:---torch-cuda}
+if [ -n "${GPU_CHECK_TORCH_UPLOAD:-}" ] ||
+	"$PY" -c 'import sys, torch, torchvision, PIL; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+	S=gc-$$-torch
+	bs=(0 64 48 100)
+	for i in 1 2 3; do
+		pin=()
+		[ "$i" = 2 ] && pin=(--pin-memory)
+		LD_PRELOAD=$LIB TSSHIM_SESSION=$S TSSHIM_LOG=debug timeout 300 "$PY" tests/py/share_job.py \
+			--root "$T/data" --record "$T/py$i.jsonl" --seed "$i" --model a --batch-size "${bs[$i]}" \
+			--workers 2 --epochs 2 --barrier "$T/py.go:3" $TORCH_UPLOAD "${pin[@]}" \
+			>"$T/py$i.out" 2>"$T/py$i.err" &
+	done
+	wait
+	done_lines() { local i; for i in 1 2 3; do grep -q '"done":true' "$T/py$i.jsonl" 2>/dev/null || return 1; done; }
+	check "torch: the 3 jobs finished" done_lines
+	check "torch: one stream, complete epochs, labels paired (share_verify)" \
+		"$PY" tests/py/share_verify.py --root "$T/data" --cache "$T/table.json" "$T/py1.jsonl" "$T/py2.jsonl" "$T/py3.jsonl"
+	wrong=$(cat "$T"/py?.jsonl | grep -c '"dev":0') right=$(cat "$T"/py?.jsonl | grep -c '"dev":1')
+	check "torch: every batch right on the device ($right right, $wrong wrong)" test "$wrong" = 0 -a "$right" -gt 0
+	served=
+	for i in 1 2 3; do
+		r=$(replaced py$i)
+		grep -q '"role":2' "$T/py$i.jsonl" && served="$served ${r:-0}"
+	done
+	all_positive() { local r; [ $# -gt 0 ] || return 1; for r; do [ "$r" -gt 0 ] 2>/dev/null || return 1; done; }
+	# shellcheck disable=SC2086 # one word per consumer
+	check "torch: the consumers' uploads served from the ring (uploads replaced:${served:- no consumer})" \
+		all_positive $served
+	check "torch: nothing left in /dev/shm" no_leftovers "$S"
+else
+	echo "# $PY has no torch with CUDA: case 9 not run (TS_PYTHON names another)"
+fi
+
 echo "gpu-check: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

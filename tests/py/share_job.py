@@ -58,6 +58,8 @@ loader's role in the layer at that batch: 1 producer, 2 consumer, null not
 shared); the done line carries "gpu": the runtime's h2d/d2d/peer byte counts
 of this process since its first upload (a model-sized tensor, as a GPU job
 moves its model before the loop: the shim serves batches only then).
+With --torch-cuda the uploads are torch's own, x.to("cuda") on a real GPU
+(scripts/gpu-check.sh): the same fields but "h2d", and "gpu" is null.
 
 Prints one line at the end (training loader only):
   job: batches=N samples=M epochs=E cpu_s=X wall_s=Y startup_cpu_s=Z
@@ -227,6 +229,32 @@ class EmuUploads:
         return out if raw else {k: v - self.base[k] for k, v in out.items()}
 
 
+class TorchUploads:
+    """--torch-cuda: batch uploads as a GPU job makes them, x.to("cuda", non_blocking=pinned)
+    through torch's own CUDA (a real GPU: scripts/gpu-check.sh), read back and
+    compared. No copy counters: the shim's exit line (TSSHIM_LOG=debug) says how
+    many uploads it served from the GPU ring."""
+
+    def __init__(self, device=0, non_blocking=False):
+        self.dev = torch.device("cuda", device)
+        self.non_blocking = non_blocking
+        self.call_ms = 0.0
+        torch.zeros(1024).to(self.dev)  # the model's parameters, as a GPU job moves them first
+        torch.cuda.synchronize(self.dev)
+
+    def upload(self, t):
+        """(device bytes == host bytes, bytes uploaded)"""
+        n = t.numel() * t.element_size()
+        t0 = time.monotonic()
+        d = t.to(self.dev, non_blocking=self.non_blocking)
+        self.call_ms += (time.monotonic() - t0) * 1000
+        back = d.cpu()  # waits for the upload
+        return back.numpy().tobytes() == t.numpy().tobytes(), n
+
+    def stats(self, raw=False):
+        return None
+
+
 def dict_collate(samples):
     """--dict-batch: the batch as {"y": labels, "x": images}, in that order (not
     sorted), unpacked by position as `y, x = batch.values()`."""
@@ -299,6 +327,9 @@ def main():
                          "what the job does with its batch must never reach another job")
     ap.add_argument("--emu-cuda", metavar="LIB", help="upload each training batch through this CUDA runtime "
                     "(ctypes) and check the device bytes (see above)")
+    ap.add_argument("--torch-cuda", action="store_true",
+                    help="upload each training batch with torch's own CUDA (x.to('cuda'), non_blocking with "
+                         "--pin-memory) instead, read it back and compare: a real GPU")
     ap.add_argument("--upload", choices=["all", "images"], default="all",
                     help="with --emu-cuda: upload images and labels, or the images only (labels stay on the host)")
     ap.add_argument("--mutate-before-upload", choices=["producer", "consumer"],
@@ -377,7 +408,8 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
-    gpu = EmuUploads(a.emu_cuda, a.default_stream, a.queue_mb, a.upload_device) if a.emu_cuda else None
+    gpu = EmuUploads(a.emu_cuda, a.default_stream, a.queue_mb, a.upload_device) if a.emu_cuda else \
+        TorchUploads(a.upload_device, a.pin_memory) if a.torch_cuda else None
     if a.barrier:
         wait_barrier(a.barrier)
     if a.start_delay > 0:
@@ -416,11 +448,12 @@ def main():
                 if mut:
                     h = [sample_hash(s) for s in x]  # the batch as the loader yielded it
                     x.neg_()
-                h2d0 = gpu.stats(raw=True)["h2d_bytes"]
+                st0 = gpu.stats(raw=True)
                 okx, nx = gpu.upload(x)
                 oky, ny = gpu.upload(y) if a.upload == "all" else (True, 0)
-                up = dict(dev=int(okx and oky), up=nx + ny, xb=nx, mut=int(mut), role=role,
-                          h2d=gpu.stats(raw=True)["h2d_bytes"] - h2d0)
+                up = dict(dev=int(okx and oky), up=nx + ny, xb=nx, mut=int(mut), role=role)
+                if st0 is not None:
+                    up["h2d"] = gpu.stats(raw=True)["h2d_bytes"] - st0["h2d_bytes"]
             opt.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
