@@ -13,11 +13,15 @@
 # exit line) must show consumer uploads replaced by device-to-device copies.
 # Case 0 runs tests/helpers/ts-cudaemu-check against the real libraries
 # first: each FAIL it prints is a place where tsemu, the test device, differs
-# from the real driver (fix tools/cudaemu there).
+# from the real driver (fix tools/cudaemu there). Case 8 runs tsshim-train
+# built with the static runtime, case 9 PyTorch jobs (TS_PYTHON, default
+# python3) uploading with torch's own CUDA.
 # (To try the script itself without a GPU: a stand-in nvidia-smi on PATH,
 # CUDA_HOME with build/emu's libcudart in lib64, LD_LIBRARY_PATH=build/emu,
-# GPU_CHECK_STATIC=build/tests/ts-train-linked, and TS_CUDAEMU_CHECK_REAL=1
-# for case 0's real mode on tsemu; 76 checks, about 70 s here.)
+# GPU_CHECK_STATIC=build/tests/ts-train-linked, TS_CUDAEMU_CHECK_REAL=1 for
+# case 0's real mode on tsemu, TS_PYTHON=/usr/bin/python3 and
+# GPU_CHECK_TORCH_UPLOAD="--emu-cuda $PWD/build/emu/libcudart.so.13";
+# 81 checks, about 60 s here.)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
