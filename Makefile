@@ -173,6 +173,12 @@ $(BUILD)/tests/ts-train-cudart-static: $(BUILD)/obj/tools/train-linked.o $(CORE_
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(LDFLAGS) $(LIBS_train) -lrt
 
+# For cudaemu.sh: another runtime's functions, failing, first in the global scope.
+CUDARTOTHER := $(BUILD)/tests/libts-cudartother.so
+$(CUDARTOTHER): tests/helpers/lib/ts-cudartother.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
+
 # For the CUDA hooks scenario: a library linked against (emulated) libcudart,
 # which ts-cudacalls loads RTLD_LOCAL.
 CUDALOCAL := $(BUILD)/tests/libts-cudalocal.so
@@ -222,7 +228,7 @@ $(JPEGPLUGINS): $(BUILD)/tests/libts-jpegplugin%.so: tests/helpers/lib/ts-jpegpl
 LIBS_ts-jpegplugins := -ljpeg -ldl
 
 check-build: all $(UNITS) $(HELPERS) $(CUDALOCAL) $(CUDAPLUGIN12) $(CUDAPLUGINNOV) $(JPEGPLUGINS) \
-	$(BUILD)/tests/ts-jpegedge-dlcrop $(BUILD)/tests/ts-train-linked $(CUDAINTERP)
+	$(BUILD)/tests/ts-jpegedge-dlcrop $(BUILD)/tests/ts-train-linked $(CUDAINTERP) $(CUDARTOTHER)
 
 deps:
 	@scripts/install-deps.sh

@@ -12,10 +12,11 @@ cd "$(dirname "$0")/../.." || exit 1
 
 EMU=$PWD/$BUILD/emu
 CHK=$PWD/$BUILD/tests/ts-cudaemu-check
+OTHER=$PWD/$BUILD/tests/libts-cudartother.so # another runtime's failing functions
 TRAIN=$PWD/$BUILD/tsshim-train
 MKDATA=$PWD/$BUILD/tsshim-mkdata
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-for f in "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$CHK"; do
+for f in "$EMU/libcudart.so.13" "$EMU/libcuda.so.1" "$CHK" "$OTHER"; do
 	[ -e "$f" ] || { echo "not ok - $f not built"; exit 1; }
 done
 export LD_LIBRARY_PATH=$EMU
@@ -95,6 +96,8 @@ check "asynchrony: pinned async copies run later on their stream, pageable ones 
 	run async -- stream-async
 check "ordering: cudaStreamWaitEvent orders a copy after an earlier queued one (and without it streams overlap); legacy default stream vs blocking/non-blocking streams; per-thread streams" \
 	run order -- stream-order
+check "beside another runtime first in the global scope (PyTorch 2 loads its libcudart.so.13 so), tsemu's runtime calls only itself: streams and events made" \
+	run other LD_PRELOAD="$OTHER" -- errors
 check "stream capture: captured copies do not run, a graph launch replays H2D/D2D/D2H reading the sources then; a sync, query or pageable copy of a capturing stream, a wait on an event recorded outside the capture, a query of a captured event invalidate it; a global capture bars unsafe calls (cudaMalloc, cudaEventQuery) of other global-mode threads and invalidates, relaxed and thread-local threads may; thread-local bars its own thread; legacy stream never captured, unusable beside a blocking capture" \
 	run capture -- capture
 # Real mode, forced here (TS_CUDAEMU_CHECK_REAL=1): what scripts/gpu-check.sh
