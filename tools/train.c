@@ -1064,7 +1064,7 @@ struct batch {
 
 static struct {
 	pthread_t th;
-	int running, stop;
+	int threaded, running, stop; /* threaded: start the thread at the first batch */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct batch *head, *tail;
@@ -1162,20 +1162,25 @@ static void *pin_thread(void *arg)
 	}
 }
 
-static int pin_start(size_t img_cap, size_t lbl_cap)
+/*
+ * With workers a thread pins, started at the first batch, once the workers
+ * of the first pass exist (as PyTorch starts its pin_memory thread after its
+ * workers): a worker forked while that thread was starting deadlocked in
+ * ASan's allocator (gcc 12's is not fork-safe in a threaded process).
+ */
+static void pin_start(size_t img_cap, size_t lbl_cap)
 {
 	pins.img_cap = img_cap;
 	pins.lbl_cap = lbl_cap;
-	if (opt.workers == 0)
-		return 0; /* like PyTorch: the main thread pins when it loads itself */
-	if (start_thread(&pins.th, pin_thread, "pinning"))
-		return -1;
-	pins.running = 1;
-	return 0;
+	pins.threaded = opt.workers > 0; /* else, like PyTorch, the main thread pins as it loads */
 }
 
 static void pin_submit(struct batch *b)
 {
+	if (!pins.running && pins.threaded) {
+		pins.threaded = 0; /* one try: on failure (said) the main thread pins */
+		pins.running = start_thread(&pins.th, pin_thread, "pinning") == 0;
+	}
 	if (!pins.running) {
 		pin_copy(b);
 		return;
@@ -2366,8 +2371,8 @@ int main(int argc, char **argv)
 	/* Like model.cuda(): the device is set up before any worker starts. */
 	if (device_init(maxb * per, maxb * sizeof(int64_t)) < 0)
 		goto out;
-	if (opt.pin && pin_start(maxb * per, maxb * sizeof(int64_t)) < 0)
-		goto out;
+	if (opt.pin)
+		pin_start(maxb * per, maxb * sizeof(int64_t));
 	if (opt.tsshim && share_setup() < 0)
 		goto out;
 	if (opt.record) {
