@@ -238,13 +238,16 @@ for c in a b c; do
 done
 
 # --- d: a late joiner ------------------------------------------------------------
-# Slow jobs (0.1 s a batch, 10 batches an epoch, 4 epochs): the joiner, started
-# after 4 batches, needs seconds to import torch and must still find the others
-# running for an epoch or two after its first.
-job d 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 4 --sleep 0.1
-job d 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 4 --sleep 0.1
+# Slow jobs (0.1 s a batch, 10 batches an epoch, 4 epochs): the joiner starts
+# with the others and, once all three have imported torch (the barrier), waits
+# 0.4 s more: it joins about 4 batches in, whatever an import costs (torch 2's
+# takes 5 s here; started only after the 4th batch, the joiner arrived when
+# the others had finished).
+job d 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 4 --sleep 0.1 --barrier "$T_TMP/d.go:3"
+job d 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 4 --sleep 0.1 --barrier "$T_TMP/d.go:3"
+job d 3 1 --seed 3 --model c --batch-size 24 --workers 2 --epochs 4 --sleep 0.1 --barrier "$T_TMP/d.go:3" \
+	--start-delay 0.4
 if wait_for "$T_TMP/d.1.jsonl" '"loader":"train","epoch":0,"batch":3,' 60; then
-	job d 3 1 --seed 3 --model c --batch-size 24 --workers 2 --epochs 4 --sleep 0.1
 	# While they run, tsshim-inspect shows the loader's feed: key, producer, consumers, service.
 	feed_seen=
 	for _ in $(seq 1 100); do
@@ -277,7 +280,7 @@ sys.exit(0 if ok else 1)' "$T_TMP/d.feed" >"$T_TMP/d.feedline" 2>&1; then
 	grep '^note: stream' "$T_TMP/d.verify" | sed 's/^note: /# (d) /'
 else
 	not_ok "(d) the first job recorded no 4th training batch within 60 s"
-	finished d 2
+	finished d 3
 fi
 
 # --- e: the producer dies mid-epoch ----------------------------------------------
@@ -343,11 +346,14 @@ cpu_line h 3
 # --- i: Ctrl-C in a waiting consumer; --break-after in a consumer ---------------
 # Job 1 produces slowly; job 2 breaks out of every epoch after 2 batches; job 3
 # gets SIGINT while it waits for data: KeyboardInterrupt within a moment, and
-# the others go on.
-job i 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 3 --sleep 0.1
-wait_for "$T_TMP/i.1.jsonl" '"loader":"train","epoch":0,"batch":0,' 60
-job i 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 3 --sleep 0.1 --break-after 2
-job i 3 1 --seed 3 --model c --batch-size 16 --workers 2 --epochs 3 --sleep 0.1
+# the others go on. Jobs 2 and 3 start 0.3 s after the barrier all three
+# reach once torch is imported (started after job 1's first batch instead,
+# they came after it had ended with torch 2, whose import takes 5 s here).
+job i 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 3 --sleep 0.1 --barrier "$T_TMP/i.go:3"
+job i 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 3 --sleep 0.1 --break-after 2 \
+	--barrier "$T_TMP/i.go:3" --start-delay 0.3
+job i 3 1 --seed 3 --model c --batch-size 16 --workers 2 --epochs 3 --sleep 0.1 --barrier "$T_TMP/i.go:3" \
+	--start-delay 0.3
 if wait_for "$T_TMP/i.3.jsonl" '"loader":"train","epoch":[0-9]+,"batch":1,' 60; then  # its first epoch may be a 1-batch suffix
 	kill -INT "$(job_pid i 3)"
 	t0=$(date +%s%N)
