@@ -9,6 +9,7 @@
 #   make demo     the main job on a built-in default
 #   make bench    the benchmarks (scripts/bench.sh: with vs without the shim)
 #   make gpu-check  the GPU scenarios against real CUDA (skips without a GPU)
+#   make torch-check  the PyTorch scenarios with torch 2.11 from PyPI (4.7 GB venv)
 #   make stress   fault injection: 30 rounds of PyTorch jobs hit by signals (tests/stress.py)
 #
 # CUDA_HOME points at the CUDA toolkit (headers only: nothing links CUDA).
@@ -51,7 +52,7 @@ UNITS    := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 HELPERS  := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/%)
 PY_OUT   := $(PY_SRC:shim/python/%=$(BUILD)/python/%)
 
-.PHONY: all test asan tsan tsan-run lint demo bench gpu-check deps clean check-build test-run
+.PHONY: all test asan tsan tsan-run lint demo bench gpu-check torch-check deps clean check-build test-run
 # Keep objects of tools and tests: they are not throw-away intermediates.
 .SECONDARY:
 all: $(SHIM_LIB) $(TOOLS) $(PY_OUT)
@@ -272,6 +273,12 @@ demo: deps
 
 bench: deps
 	@BUILD=$(BUILD) scripts/bench.sh
+
+# The PyTorch scenarios with torch 2.11 from PyPI (or TORCH=... VISION=...), in a
+# venv under $(BUILD) (4.7 GB); make test runs them with Debian's torch 1.13.
+torch-check: deps
+	@$(MAKE) --no-print-directory check-build
+	@BUILD=$(BUILD) scripts/torch-check.sh $(TORCH) $(VISION)
 
 # The GPU scenarios against real CUDA (exit 77, skipped, where there is no GPU).
 gpu-check: all $(BUILD)/tests/ts-cudaemu-check
