@@ -252,9 +252,14 @@ if "$PY" -c 'import torch, torchvision, PIL' 2>/dev/null; then
 		rm -f "/dev/shm/tsshim.0.$Q.$KEY"
 		# The ledger of the other user's live feed replaced by root's file, then
 		# by its own file with mode 0644: the job that joins next refuses it.
+		# Both start at once and meet once torch is imported; the joiner then
+		# waits 2 s, in which the ledger is replaced (started only after the
+		# replacement, an import slowed by ASan brought it after the producer's
+		# end: it made a feed of its own and said nothing).
 		for how in root 0644; do
 			Q=$(session_name "l$how")
-			pyjob other "lp$how" "$Q" --sleep 0.8 # 5 s: the next job joins it well before its end
+			pyjob other "lp$how" "$Q" --sleep 0.8 --barrier "$D/o/l$how:2" # 5 s: the joiner comes well before the end
+			pyjob other "lc$how" "$Q" --barrier "$D/o/l$how:2" --start-delay 2
 			for ((i = 0; i < 3000; i++)); do
 				L=$(ls /dev/shm/tsshim-feed.$OTHER."$Q".*.ledger 2>/dev/null) && [ -n "$L" ] && break
 				sleep 0.01
@@ -262,7 +267,6 @@ if "$PY" -c 'import torch, torchvision, PIL' 2>/dev/null; then
 			echo planted >"$T_TMP/ledger"
 			if [ "$how" = root ]; then chmod 600 "$T_TMP/ledger"; else chown $OTHER "$T_TMP/ledger"; chmod 644 "$T_TMP/ledger"; fi
 			mv "$T_TMP/ledger" "$L"
-			pyjob other "lc$how" "$Q"
 			refused_feed "the other user's feed ledger replaced by $([ $how = root ] && echo "a file of root's" || echo "its own file, mode 0644")" \
 				"cannot open feed $KEY: EACCES: $L refused: not a 0600 file owned by uid $OTHER" "lc$how"
 			check "... while its producer trained on" cond '[ "$(grep -c "\"end\":true" "$D/o/lp$how.jsonl")" = 2 ]'
