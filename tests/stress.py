@@ -182,11 +182,6 @@ def run_round(args, rnd, rng, tmp):
                "--seed", str(j + 1), "--model", "abc"[j % 3], "--batch-size", str(bs),
                "--workers", str(workers), "--epochs", "3", "--sleep", "0.1",
                "--barrier", "%s:%d" % (os.path.join(d, "go"), njobs)]
-        if workers and "libasan" in args.lib:
-            # gcc 12's ASan allocator is not fork-safe in a threaded process (a
-            # shimmed job has a heartbeat thread): a producer hung forking its
-            # second worker under make asan. As in pytorch_share.sh.
-            cmd += ["--start-method", "spawn"]
         err = open(os.path.join(d, "%d.err" % j), "w")
         jobs.append({"p": subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err),
                      "err": err, "desc": "bs=%d workers=%d" % (bs, workers), "fault": None})

@@ -367,6 +367,13 @@ def main():
                     help="before the first epoch, wait (up to 60 s) until N jobs reached DIR: "
                          "collocated jobs that start together, whatever their import times")
     a = ap.parse_args()
+    if a.workers > 0 and a.start_method == "default" and "libasan" in os.environ.get("LD_PRELOAD", ""):
+        # Under an ASan build of the shim the workers are spawned, not forked:
+        # gcc 12's ASan allocator is not fork-safe in a threaded process (every
+        # member has a heartbeat thread), and jobs hung in fork in make asan runs
+        # (pytorch_share case e, stress.py, isolation). spawn is fork+exec with
+        # nothing allocated between; the normal build forks, so forks stay tested.
+        a.start_method = "spawn"
     if a.val_batch_size is None:
         a.val_batch_size = a.batch_size
     t0 = time.monotonic()

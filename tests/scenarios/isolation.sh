@@ -183,10 +183,6 @@ if "$PY" -c 'import torch, torchvision, PIL' 2>/dev/null; then
 	pyjob() {
 		local who=$1 name=$2 sess=$3; shift 3
 		local run=(env); [ "$who" = other ] && run=(setpriv --reuid="$OTHER" --regid="$OTHER" --clear-groups env)
-		# gcc 12's ASan allocator is not fork-safe in a threaded process (a shimmed
-		# job has a heartbeat thread): under ASan the workers are spawned, as in
-		# pytorch_share.sh (one of the jobs of two users at once hung forking)
-		[[ "$PRE" == *libasan* ]] && set -- "$@" --start-method spawn
 		"${run[@]}" TSSHIM_SESSION="$sess" TSSHIM_LOG="${PYLOG:-warn}" LD_PRELOAD="$PRE" timeout -s ABRT 120 \
 			"$PY" "$D/share_job.py" --root "$D/data" --workers 2 --epochs 2 --batch-size 4 \
 			--record "$D/o/$name.jsonl" "$@" >/dev/null 2>"$T_TMP/$name.err" &

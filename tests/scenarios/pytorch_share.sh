@@ -77,21 +77,10 @@ check "verifier table: $NTRAIN train and 16 val images hashed without the shim" 
 # traceback to its stderr (timeout exits 124), which the failure report shows.
 JOB_LIMIT=(timeout -s ABRT -k 10 120)
 declare -A JPID
-# Under ASan, a shimmed job's DataLoader workers are spawned, not forked:
-# gcc 12's ASan allocator is not fork-safe in a threaded process (every
-# member has a heartbeat thread): case e's producer hung in fork Popen in a
-# make asan run (no tsshim frame). spawn is fork+exec with nothing allocated
-# in between. The normal build keeps the default (fork), so forked workers
-# stay tested.
-ASAN_SPAWN=0
-[[ "$TS_PRELOAD" == *libasan* ]] && ASAN_SPAWN=1
+# (Under an ASan preload share_job.py spawns its workers: see its main().)
 job() {
 	local c=$1 i=$2 shim=$3; shift 3
 	local base="$T_TMP/$c.$i"
-	if [ "$shim" = 1 ] && [ "$ASAN_SPAWN" = 1 ] && [[ " $* " != *" --start-method "* ]] &&
-		[[ " $* " == *" --workers "[1-9]* ]]; then
-		set -- "$@" --start-method spawn
-	fi
 	if [ "$shim" = 1 ]; then
 		LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name "$c")" \
 			PYTHONFAULTHANDLER=1 "${JOB_LIMIT[@]}" "$PY" "$JOB" --root "$DATA" --record "$base.jsonl" "$@" >"$base.out" 2>"$base.err" &
