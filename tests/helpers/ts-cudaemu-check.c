@@ -62,6 +62,7 @@
 	X(IpcGetEventHandle, cudaIpcGetEventHandle) X(IpcOpenEventHandle, cudaIpcOpenEventHandle)        \
 	X(DeviceSynchronize, cudaDeviceSynchronize) X(DeviceCanAccessPeer, cudaDeviceCanAccessPeer)      \
 	X(DeviceEnablePeerAccess, cudaDeviceEnablePeerAccess) X(GetLastError, cudaGetLastError)          \
+	X(DeviceDisablePeerAccess, cudaDeviceDisablePeerAccess)                                          \
 	X(PeekAtLastError, cudaPeekAtLastError) X(GetErrorString, cudaGetErrorString)                    \
 	X(GetErrorName, cudaGetErrorName) X(RuntimeGetVersion, cudaRuntimeGetVersion)                    \
 	X(DriverGetVersion, cudaDriverGetVersion) X(GetDriverEntryPoint, cudaGetDriverEntryPoint)        \
@@ -878,6 +879,20 @@ static int t_peer(void)
 		EXPECT(b.d2d_bytes - a.d2d_bytes, sz);
 	}
 	EXPECT(rt.MemcpyPeer(d1, n, d0, 0, sz), cudaErrorInvalidDevice); /* the first ordinal past the last */
+	if (!real || can10) {
+		/* another process opens d0 on device 1, with the lazy flag */
+		cudaIpcMemHandle_t hd;
+		char hx[2 * sizeof hd + 1], szs[32];
+		fill(h, sz, 40);
+		OK(rt.SetDevice(0));
+		OK(rt.Memcpy(d0, h, sz, cudaMemcpyHostToDevice));
+		OK(rt.IpcGetMemHandle(&hd, d0));
+		hex(&hd, sizeof hd, hx);
+		snprintf(szs, sizeof szs, "%zu", sz);
+		char *child[] = {"ts-cudaemu-check", "ipc-mem-child", hx, szs, "lazy-peer", NULL};
+		int st = reap(spawn(child));
+		CHECK(st == 0, "importer on device 1 of device 0's memory (lazy peer access): exit %d", st);
+	}
 	OK(rt.StreamDestroy(s));
 	OK(rt.Free(d0));
 	OK(rt.Free(d1));
@@ -993,6 +1008,9 @@ static void t_ipc_mem_child(int argc, char **argv)
 	const char *mode = argv[2];
 	char *g = xmalloc(sz), *h = xmalloc(sz);
 	void *p = NULL, *p2 = NULL;
+	int lazy = !strcmp(mode, "lazy-peer"); /* the handle is device 0's; we open it on device 1 */
+	if (lazy)
+		OK(rt.SetDevice(1));
 	cudaError_t e = rt.IpcOpenMemHandle(&p, hd, cudaIpcMemLazyEnablePeerAccess);
 	if (!strcmp(mode, "stale")) {
 		CHECK(e != cudaSuccess, "opened the handle of a freed allocation");
@@ -1005,7 +1023,29 @@ static void t_ipc_mem_child(int argc, char **argv)
 		exit(1);
 	}
 	ATTR(p, cudaMemoryTypeDevice, 0, p, NULL);
-	if (!strcmp(mode, "rw")) {
+	if (lazy) {
+		/*
+		 * "As if the user called cuCtxEnablePeerAccess" (cuda.h): the
+		 * program's own enable now answers AlreadyEnabled, a side effect the
+		 * shim hides from it (gpu_share.sh case 3). What a real GPU answers
+		 * is printed: cuda.h is all this rests on.
+		 */
+		void *d1;
+		cudaError_t en = rt.DeviceEnablePeerAccess(0, 0);
+		rt.GetLastError();
+		fprintf(stderr, "# lazy peer: cudaDeviceEnablePeerAccess(0) after a lazy open on device 1: %s\n",
+			rt.GetErrorName(en));
+		if (emu_only(2, "ipc-mem-child: a lazy open enables peer access as the program sees it")) {
+			EXPECT(en, cudaErrorPeerAccessAlreadyEnabled);
+			EXPECT(rt.DeviceDisablePeerAccess(0), cudaSuccess);
+		}
+		OK(rt.Malloc(&d1, sz));
+		OK(rt.Memcpy(d1, p, sz, cudaMemcpyDefault));
+		OK(rt.Memcpy(g, d1, sz, cudaMemcpyDeviceToHost));
+		CHECK(seed_of(g, sz) == 40, "copied from device 0's mapping to device 1 (seed %d)", seed_of(g, sz));
+		OK(rt.Free(d1));
+		OK(rt.IpcCloseMemHandle(p));
+	} else if (!strcmp(mode, "rw")) {
 		OK(rt.Memcpy(g, p, sz, cudaMemcpyDeviceToHost));
 		CHECK(seed_of(g, sz) == 1, "the importer reads the exporter's data (seed %d)", seed_of(g, sz));
 		OK(rt.IpcOpenMemHandle(&p2, hd, cudaIpcMemLazyEnablePeerAccess));

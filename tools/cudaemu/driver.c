@@ -3023,6 +3023,19 @@ static CUresult handle_check(const char *raw, char kind, struct ipc_handle *h)
 	return CUDA_SUCCESS;
 }
 
+/*
+ * CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS on another device's handle enables
+ * peer access "as if the user called cuCtxEnablePeerAccess" (cuda.h): the
+ * program sees it, its own enable then answers ALREADY_ENABLED. Done
+ * before the mapping (real CUDA enables access to map); a failed open
+ * leaves it, as a failed map may. Called with G.mu.
+ */
+static void lazy_peer_access(uint32_t dev, unsigned int Flags)
+{
+	if ((Flags & CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) && (int)dev != tls_ctx->dev && (int)dev < G.ndev)
+		tls_ctx->peers |= 1u << dev;
+}
+
 API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
 {
 	ENTER("cuIpcOpenMemHandle_v2");
@@ -3040,6 +3053,7 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, un
 		return CUDA_ERROR_INVALID_VALUE;
 	/* Already open in this context: one more reference, same pointer. */
 	pthread_mutex_lock(&G.mu);
+	lazy_peer_access(h.dev, Flags);
 	for (size_t i = 0; i < G.nmem; i++) {
 		struct mem *m = G.mems[i];
 		if (m->kind == M_IPC && m->ctx == tls_ctx && m->peer_pid == h.pid && m->peer_id == h.id &&
