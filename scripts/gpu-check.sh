@@ -64,6 +64,8 @@ if [ -x "$CHK" ]; then
 		count=$(sed -n "s/^$c: \(.*\) (test device only)$/\1/p" "$T/emu-$c.out")
 		check "tsemu's semantics on this GPU: ts-cudaemu-check $c (${count:-exit $rc})" [ $rc = 0 ]
 		[ $rc = 0 ] || { grep -E '^FAIL' "$T/emu-$c.out" || tail -n 5 "$T/emu-$c.out"; } | sed 's/^/#   /'
+		# what the driver answers after a lazy open of another GPU's handle (README, Limitations)
+		grep '^# lazy peer' "$T/emu-$c.out" | sed 's/^/#   /'
 	done
 else
 	echo "# no $CHK (make gpu-check builds it): case 0 not run"
@@ -94,7 +96,9 @@ for layout in same cross; do
 	job p-$layout "$S" --seed 1 --batch 64 --epochs 3 --step-ms 20 --gpu 0
 	for _ in $(seq 200); do grep -q '^seq=' "$T/p-$layout.rec" 2>/dev/null && break; sleep 0.05; done
 	job c1-$layout "$S" --seed 2 --batch 32 --epochs 3 --gpu $g1 --pin
-	job c2-$layout "$S" --seed 3 --batch 100 --epochs 3 --gpu $g2
+	probe=()
+	[ "$layout" = cross ] && probe=(--peer-probe 0)
+	job c2-$layout "$S" --seed 3 --batch 100 --epochs 3 --gpu $g2 "${probe[@]}"
 	wait
 	for n in p c1 c2; do check "$layout: $n finishes" finished $n-$layout; done
 	check "$layout: tsshim-verify proves every served batch (device bytes)" \
@@ -104,6 +108,14 @@ for layout in same cross; do
 	check "$layout: uploads replaced by device copies ($(replaced c1-$layout)/$(replaced c2-$layout))" \
 		test "$(( $(replaced c1-$layout || echo 0) + $(replaced c2-$layout || echo 0) ))" -gt 0
 	check "$layout: nothing left in /dev/shm" no_leftovers "$S"
+	if [ "$layout" = cross ]; then
+		# the consumer on GPU 1 mapped GPU 0's buffers: its own peer-access calls answer as without the shim
+		"$TRAIN" --device cuda --cudart "$CUDART" --size 64 --seed 3 --batch 100 --gpu 1 --peer-probe 0 \
+			"$T/data/train" >"$T/c2-alone.out" 2>&1
+		a=$(grep -o 'peer-probe .*' "$T/c2-cross.out") b=$(grep -o 'peer-probe .*' "$T/c2-alone.out")
+		check "cross: peer access as the consumer sees it ('$a') is as without the shim ('$b')" \
+			test -n "$b" -a "$a" = "$b"
+	fi
 done
 
 # 3. producer killed mid-run: the consumers finish, everything they trained is proven

@@ -98,6 +98,8 @@ enum kind {
 	K_DRV_MEMCPY_ASYNC_PT,
 	K_GETPROC,             /* cuGetProcAddress */
 	K_GETPROC_V2,          /* cuGetProcAddress_v2 */
+	K_DRV_PEER_ENABLE,     /* CUresult (CUcontext, unsigned int): cuCtxEnablePeerAccess */
+	K_DRV_PEER_DISABLE,    /* CUresult (CUcontext): cuCtxDisablePeerAccess */
 	K_COUNT
 };
 
@@ -123,6 +125,8 @@ typedef CUresult (*memcpy_fn)(CUdeviceptr, CUdeviceptr, size_t);
 typedef CUresult (*memcpy_async_fn)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 typedef CUresult (*getproc_fn)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*getproc2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*peer_enable_fn)(CUcontext, unsigned int);
+typedef CUresult (*peer_disable_fn)(CUcontext);
 
 /* Every symbol we export and hook by name; the index is the export's id. */
 #define HOOKED(X)                                                                     \
@@ -132,7 +136,8 @@ typedef CUresult (*getproc2_fn)(const char *, void **, int, cuuint64_t, CUdriver
 	X(cuMemcpyHtoDAsync_v2, K_DRV_HTOD_ASYNC) X(cuMemcpyHtoDAsync_v2_ptsz, K_DRV_HTOD_ASYNC_PT) \
 	X(cuMemcpy, K_DRV_MEMCPY) X(cuMemcpy_ptds, K_DRV_MEMCPY_PT)                   \
 	X(cuMemcpyAsync, K_DRV_MEMCPY_ASYNC) X(cuMemcpyAsync_ptsz, K_DRV_MEMCPY_ASYNC_PT) \
-	X(cuGetProcAddress, K_GETPROC) X(cuGetProcAddress_v2, K_GETPROC_V2)
+	X(cuGetProcAddress, K_GETPROC) X(cuGetProcAddress_v2, K_GETPROC_V2)               \
+	X(cuCtxEnablePeerAccess, K_DRV_PEER_ENABLE) X(cuCtxDisablePeerAccess, K_DRV_PEER_DISABLE)
 
 enum export_id {
 #define X(name, kind) E_##name,
@@ -397,6 +402,37 @@ static inline CUresult drv_memcpy_async(memcpy_async_fn real, int pt, CUdevicept
 static CUresult getproc_do(void *real, int v2, const char *symbol, void **pfn, int version, cuuint64_t flags,
 			   CUdriverProcAddressQueryResult *status);
 
+/*
+ * The program's own peer-access calls: our mappings of another device's
+ * ring buffers enable peer access as a side effect, which gpu.c keeps out
+ * of the answers these get. Passed straight through where copies are.
+ */
+static inline int peer_enter(void)
+{
+	return !cu_depth && !ts_in_hook && ts_shim_ready() &&
+	       !atomic_load_explicit(&ts_is_fork_child, memory_order_relaxed);
+}
+
+static inline CUresult drv_peer_enable(peer_enable_fn real, CUcontext peer, unsigned int flags)
+{
+	if (!peer_enter())
+		return real(peer, flags);
+	int saved = errno;
+	CUresult r = ts_gpu_peer_enable(real, peer, flags);
+	errno = saved;
+	return r;
+}
+
+static inline CUresult drv_peer_disable(peer_disable_fn real, CUcontext peer)
+{
+	if (!peer_enter())
+		return real(peer);
+	int saved = errno;
+	CUresult r = ts_gpu_peer_disable(real, peer);
+	errno = saved;
+	return r;
+}
+
 /* ---- wrapper slots: one static function per (kind, slot) ---------------------------------- */
 
 #define NSLOT 8
@@ -453,6 +489,16 @@ static void *_Atomic slot_real[K_COUNT][NSLOT];
 		return getproc_do(atomic_load_explicit(&slot_real[k][i], memory_order_acquire), 1, sym, pfn, \
 				  ver, fl, qs);                                                        \
 	}
+#define W_DRV_PEER_ENABLE(k, i)                                                  \
+	static CUresult w_##k##_##i(CUcontext peer, unsigned int fl)             \
+	{                                                                        \
+		return drv_peer_enable(REAL(peer_enable_fn, k, i), peer, fl);    \
+	}
+#define W_DRV_PEER_DISABLE(k, i)                                                 \
+	static CUresult w_##k##_##i(CUcontext peer)                              \
+	{                                                                        \
+		return drv_peer_disable(REAL(peer_disable_fn, k, i), peer);      \
+	}
 
 SLOTS(W_RT_MEMCPY, K_RT_MEMCPY)
 SLOTS(W_RT_MEMCPY_ASYNC, K_RT_MEMCPY_ASYNC)
@@ -468,6 +514,8 @@ SLOTS(W_DRV_MEMCPY, K_DRV_MEMCPY_PT)
 SLOTS(W_DRV_MEMCPY_ASYNC, K_DRV_MEMCPY_ASYNC_PT)
 SLOTS(W_GETPROC, K_GETPROC)
 SLOTS(W_GETPROC_V2, K_GETPROC_V2)
+SLOTS(W_DRV_PEER_ENABLE, K_DRV_PEER_ENABLE)
+SLOTS(W_DRV_PEER_DISABLE, K_DRV_PEER_DISABLE)
 
 #define PTR(k, i) (void *)w_##k##_##i,
 #define ROW(k) [k] = {SLOTS(PTR, k)}
@@ -475,7 +523,7 @@ static void *const wrappers[K_COUNT][NSLOT] = {
 	ROW(K_RT_MEMCPY),        ROW(K_RT_MEMCPY_ASYNC),    ROW(K_DRV_HTOD),      ROW(K_DRV_HTOD_ASYNC),
 	ROW(K_DRV_MEMCPY),       ROW(K_DRV_MEMCPY_ASYNC),   ROW(K_RT_MEMCPY_PT),  ROW(K_RT_MEMCPY_ASYNC_PT),
 	ROW(K_DRV_HTOD_PT),      ROW(K_DRV_HTOD_ASYNC_PT),  ROW(K_DRV_MEMCPY_PT), ROW(K_DRV_MEMCPY_ASYNC_PT),
-	ROW(K_GETPROC),          ROW(K_GETPROC_V2),
+	ROW(K_GETPROC),          ROW(K_GETPROC_V2),         ROW(K_DRV_PEER_ENABLE), ROW(K_DRV_PEER_DISABLE),
 };
 #undef ROW
 #undef PTR
@@ -880,6 +928,8 @@ static const struct {
 	{"cuMemcpyAsync", 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, K_DRV_MEMCPY_ASYNC_PT},
 	{"cuGetProcAddress", 11030, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_GETPROC},
 	{"cuGetProcAddress", 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_GETPROC_V2},
+	{"cuCtxEnablePeerAccess", 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_PEER_ENABLE},
+	{"cuCtxDisablePeerAccess", 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_PEER_DISABLE},
 };
 
 /* Per real cuGetProcAddress (one per driver and entry point): probed once. */
@@ -1093,6 +1143,20 @@ static CUresult ts_cuGetProcAddress_v2(const char *symbol, void **pfn, int versi
 	return getproc_do(export_real(E_cuGetProcAddress_v2, CALLER()), 1, symbol, pfn, version, flags, status);
 }
 EXPORT_AS(cuGetProcAddress_v2)
+
+static CUresult ts_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+	peer_enable_fn real = (peer_enable_fn)export_real(E_cuCtxEnablePeerAccess, CALLER());
+	return real ? drv_peer_enable(real, peer, flags) : NO_DRIVER;
+}
+EXPORT_AS(cuCtxEnablePeerAccess)
+
+static CUresult ts_cuCtxDisablePeerAccess(CUcontext peer)
+{
+	peer_disable_fn real = (peer_disable_fn)export_real(E_cuCtxDisablePeerAccess, CALLER());
+	return real ? drv_peer_disable(real, peer) : NO_DRIVER;
+}
+EXPORT_AS(cuCtxDisablePeerAccess)
 
 /* ---- dlsym ---------------------------------------------------------------------------------------- */
 

@@ -39,6 +39,7 @@ static struct {
 	CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 	CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
 	CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
+	CUresult (*CtxGetDeviceOf)(CUdevice *, CUcontext); /* cuCtxGetDevice_v2 (12.8); NULL before */
 } drv;
 
 /*
@@ -83,6 +84,8 @@ static void drv_resolve(void)
 		}
 		memcpy((char *)&drv + names[i].off, &p, sizeof(p));
 	}
+	/* optional: without it the program's peer-access calls are not looked at (below) */
+	drv.CtxGetDeviceOf = (CUresult(*)(CUdevice *, CUcontext))ts_real_dlsym(h, "cuCtxGetDevice_v2");
 	ts_real_dlclose(h); /* NOLOAD took a reference; the driver stays loaded */
 	atomic_store_explicit(&drv_state, 1, memory_order_release); /* after drv is filled in */
 }
@@ -102,6 +105,101 @@ static int drv_ready(void)
 int ts_gpu_driver_ready(void)
 {
 	return drv_ready();
+}
+
+/* ---- peer access our mappings enabled ------------------------------------------------ */
+
+/*
+ * peer_open maps a producer's buffer with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+ * (which the runtime documents as required). A buffer of another device
+ * then gets peer access enabled between the devices "as if the user called
+ * cuCtxEnablePeerAccess" (cuda.h): without a word from us, the program's
+ * own enable would answer CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED and a
+ * disable would succeed where it had enabled nothing. So, per (context,
+ * peer device): lazy, our mapping may have enabled access; prog, the
+ * program has (as far as it knows). The program's enable and disable
+ * (cuda.c's hooks, which every runtime reaches through cuGetProcAddress)
+ * get the answers they would get without us; access our mapping enabled
+ * stays enabled, for our copies (a kernel of the program that reads peer
+ * memory it disabled access to is not stopped).
+ */
+#define MAX_PEER_NOTES 32
+static struct peer_note {
+	CUcontext ctx;
+	CUdevice dev;
+	int lazy, prog;
+} peer_notes[MAX_PEER_NOTES];
+static unsigned npeer_notes;
+static pthread_mutex_t peer_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The note of (ctx, dev), added when `add`; NULL when absent or full. With peer_mu. */
+static struct peer_note *peer_note(CUcontext ctx, CUdevice dev, int add)
+{
+	for (unsigned i = 0; i < npeer_notes; i++)
+		if (peer_notes[i].ctx == ctx && peer_notes[i].dev == dev)
+			return &peer_notes[i];
+	if (!add || npeer_notes == MAX_PEER_NOTES)
+		return NULL;
+	peer_notes[npeer_notes] = (struct peer_note){ctx, dev, 0, 0};
+	return &peer_notes[npeer_notes++];
+}
+
+/* We mapped memory of device mdev in ctx (whose device is cdev). */
+static void peer_note_lazy(CUcontext ctx, CUdevice cdev, int mdev)
+{
+	if (mdev < 0 || mdev == cdev)
+		return;
+	pthread_mutex_lock(&peer_mu);
+	struct peer_note *n = peer_note(ctx, mdev, 1);
+	if (n && !n->lazy) {
+		n->lazy = 1;
+		ts_debug("gpu: mapping device %d's ring buffers in a context of device %d enables peer access; "
+			 "the program's own peer-access calls are answered as without the shim", mdev, cdev);
+	}
+	pthread_mutex_unlock(&peer_mu);
+}
+
+/* The current context and peer's device; 0 when either cannot be had. */
+static int peer_pair(CUcontext peer, CUcontext *ctx, CUdevice *dev)
+{
+	return drv_ready() && drv.CtxGetDeviceOf && drv.CtxGetCurrent(ctx) == CUDA_SUCCESS && *ctx &&
+	       drv.CtxGetDeviceOf(dev, peer) == CUDA_SUCCESS;
+}
+
+CUresult ts_gpu_peer_enable(CUresult (*real)(CUcontext, unsigned int), CUcontext peer, unsigned int flags)
+{
+	CUresult r = real(peer, flags);
+	CUcontext ctx;
+	CUdevice dev;
+	if ((r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) || !peer_pair(peer, &ctx, &dev))
+		return r;
+	pthread_mutex_lock(&peer_mu);
+	struct peer_note *n = peer_note(ctx, dev, r == CUDA_SUCCESS);
+	if (n && r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED && n->lazy && !n->prog)
+		r = CUDA_SUCCESS; /* enabled by our mapping, not by the program */
+	if (n && r == CUDA_SUCCESS)
+		n->prog = 1;
+	pthread_mutex_unlock(&peer_mu);
+	return r;
+}
+
+CUresult ts_gpu_peer_disable(CUresult (*real)(CUcontext), CUcontext peer)
+{
+	CUcontext ctx;
+	CUdevice dev;
+	if (!peer_pair(peer, &ctx, &dev))
+		return real(peer);
+	pthread_mutex_lock(&peer_mu);
+	struct peer_note *n = peer_note(ctx, dev, 0);
+	CUresult r;
+	if (n && n->lazy) /* our mapping needs the access: what the program asked for is taken back, not the device's */
+		r = n->prog ? CUDA_SUCCESS : CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+	else
+		r = real(peer);
+	if (n && r == CUDA_SUCCESS)
+		n->prog = 0;
+	pthread_mutex_unlock(&peer_mu);
+	return r;
 }
 
 /* ---- stream capture ----------------------------------------------------------------- */
@@ -792,6 +890,11 @@ static struct peer_buf *peer_open(struct ts_gpu *g, const struct ts_gpu_held *h)
 	memcpy(eh.reserved, h->event, sizeof(eh.reserved));
 	if (drv.IpcOpenMemHandle(&pb->ptr, mh, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS)
 		return NULL;
+	CUdevice cdev;
+	int mdev = -1;
+	if (drv.CtxGetDeviceOf && drv.CtxGetDevice(&cdev) == CUDA_SUCCESS &&
+	    drv.PointerGetAttribute(&mdev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pb->ptr) == CUDA_SUCCESS)
+		peer_note_lazy(ctx, cdev, mdev); /* another device's: peer access enabled, see peer_note */
 	/*
 	 * The record's size bounds every copy from it (the table checks each
 	 * range against it), but it is only what the table says: the opened

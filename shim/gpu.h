@@ -45,6 +45,14 @@ int ts_gpu_driver_ready(void);
  */
 int ts_gpu_in_capture(CUstream s);
 
+/*
+ * The program's cuCtxEnablePeerAccess / cuCtxDisablePeerAccess (real: the
+ * driver's), answered as without the shim: our mappings of another
+ * device's ring buffers enable peer access as a side effect (gpu.c).
+ */
+CUresult ts_gpu_peer_enable(CUresult (*real)(CUcontext, unsigned int), CUcontext peer, unsigned int flags);
+CUresult ts_gpu_peer_disable(CUresult (*real)(CUcontext), CUcontext peer);
+
 struct ts_gpu *ts_gpu_new(struct ts_feed *f);
 /*
  * Wait for our copies, let go of every hold, free what we allocated and

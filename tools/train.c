@@ -77,11 +77,11 @@ static struct options {
 	uint64_t limit, val_limit, seed, epochs, val_every, break_after;
 	unsigned batch, val_batch, size, prefetch;
 	int workers, start, shm, shuffle, persistent, pin, device, step_spin, readback, tsshim, gpu;
-	int labels_on_host, upload, graph, capture_thread;
+	int labels_on_host, upload, graph, capture_thread, peer_probe, peer_early;
 	double step_ms, val_step_ms, timeout_s;
 } opt = {
 	.seed = 0, .epochs = 1, .batch = 32, .size = 224, .prefetch = 2, .workers = 2,
-	.start = START_FORK, .shm = SHM_POSIX, .shuffle = 1, .device = DEV_CPU,
+	.start = START_FORK, .shm = SHM_POSIX, .shuffle = 1, .device = DEV_CPU, .peer_probe = -1,
 };
 
 static volatile sig_atomic_t g_signal;
@@ -632,6 +632,9 @@ static struct {
 	__typeof__(cudaGraphLaunch) *GraphLaunch;
 	__typeof__(cudaGraphExecDestroy) *GraphExecDestroy;
 	__typeof__(cudaGraphDestroy) *GraphDestroy;
+	/* --peer-probe */
+	__typeof__(cudaDeviceEnablePeerAccess) *DeviceEnablePeerAccess;
+	__typeof__(cudaDeviceDisablePeerAccess) *DeviceDisablePeerAccess;
 	cudaStream_t stream;
 	cudaStream_t side;         /* --upload-pattern side-stream: the labels' */
 	int have_stream;
@@ -674,6 +677,9 @@ static const struct rt_sym graph_syms[NGRAPH_SYMS] = {
 	RT_SYM(GraphInstantiate),      RT_SYM(GraphLaunch),        RT_SYM(GraphExecDestroy),
 	RT_SYM(GraphDestroy),
 };
+
+/* Resolved only for --peer-probe. */
+static const struct rt_sym peer_syms[] = {RT_SYM(DeviceEnablePeerAccess), RT_SYM(DeviceDisablePeerAccess)};
 
 static int cuda_open(void)
 {
@@ -721,7 +727,36 @@ static int cuda_open(void)
 			return -1;
 		}
 	}
+	for (size_t i = 0; opt.peer_probe >= 0 && i < sizeof peer_syms / sizeof peer_syms[0]; i++) {
+		const struct rt_sym *e = &peer_syms[i];
+		if (!(*e->p = e->linked ? e->linked : dlsym(cu.lib, e->name))) {
+			fprintf(stderr, PROG ": --peer-probe: the CUDA runtime lacks %s\n", e->name);
+			return -1;
+		}
+	}
 	return 0;
+}
+
+/*
+ * --peer-probe N, after training: what the program's own peer-access calls
+ * answer (the same with and without the shim, whose mappings of another
+ * device's memory enable peer access as a side effect): disable, enable,
+ * disable, disable again. Without the shim, on devices that are peers:
+ * 705 0 0 705; after --peer-early's enable (0): 0 0 0 705.
+ */
+static cudaError_t peer_early_rc; /* --peer-early: the enable before training */
+
+static void peer_probe(void)
+{
+	cudaError_t pre = cu.DeviceDisablePeerAccess(opt.peer_probe);
+	cudaError_t en = cu.DeviceEnablePeerAccess(opt.peer_probe, 0);
+	cudaError_t dis = cu.DeviceDisablePeerAccess(opt.peer_probe);
+	cudaError_t again = cu.DeviceDisablePeerAccess(opt.peer_probe);
+	cu.GetLastError();
+	printf(PROG ": peer-probe device %d:", opt.peer_probe);
+	if (opt.peer_early)
+		printf(" early=%d", (int)peer_early_rc);
+	printf(" pre=%d enable=%d disable=%d again=%d\n", (int)pre, (int)en, (int)dis, (int)again);
 }
 
 /* A helper thread with every signal blocked (the job's handlers run on the
@@ -908,6 +943,8 @@ static int device_init(size_t img_cap, size_t lbl_cap)
 		return -1;
 	if (opt.gpu && cuda_ok(cu.SetDevice(opt.gpu), "cudaSetDevice (--gpu)") < 0)
 		return -1;
+	if (opt.peer_early)
+		peer_early_rc = cu.DeviceEnablePeerAccess(opt.peer_probe, 0);
 	if (cuda_ok(cu.Malloc(&dev.img, img_cap), "cudaMalloc (images)") < 0)
 		return -1;
 	if (!opt.labels_on_host && cuda_ok(cu.Malloc(&dev.lbl, lbl_cap), "cudaMalloc (labels)") < 0)
@@ -2066,6 +2103,13 @@ static void usage(FILE *f)
 "                        stream of its own) while each batch is handed to the\n"
 "                        shim and its uploads are queued; the job fails when\n"
 "                        that capture ends invalidated\n"
+"  --peer-probe N        with --device cuda: after training, disable peer access\n"
+"                        to device N, enable it, disable it, disable it again,\n"
+"                        and print what each call answered (pre=705 enable=0\n"
+"                        disable=0 again=705 where the devices are peers: the\n"
+"                        shim must not change that)\n"
+"  --peer-early          with --peer-probe N: also enable peer access to device N\n"
+"                        before training (early=0; then pre=0)\n"
 "  --readback            copy each uploaded batch back from the device and record\n"
 "                        its checksums too (dimg=, dlbl=, device_checksum=)\n"
 "  --tsshim              hand every training batch to the shim right before its\n"
@@ -2193,7 +2237,7 @@ static void parse_args(int argc, char **argv)
 		O_VAL = 256, O_LIMIT, O_VAL_LIMIT, O_SIZE, O_BATCH, O_VAL_BATCH, O_WORKERS, O_START, O_PERSIST,
 		O_PREFETCH, O_SHM, O_TIMEOUT, O_PIN, O_SEED, O_SHUFFLE, O_EPOCHS, O_DEVICE, O_CUDART, O_STEP,
 		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_GPU, O_READBACK, O_LABELS_HOST, O_UPLOAD, O_TSSHIM, O_RECORD, O_HELP, O_WORKER_FD,
-		O_GRAPH, O_CAPTURE_THREAD,
+		O_GRAPH, O_CAPTURE_THREAD, O_PEER_PROBE, O_PEER_EARLY,
 	};
 	static const struct option lo[] = {
 		{"val", required_argument, 0, O_VAL},
@@ -2225,6 +2269,8 @@ static void parse_args(int argc, char **argv)
 		{"upload-pattern", required_argument, 0, O_UPLOAD},
 		{"graph", no_argument, 0, O_GRAPH},
 		{"capture-thread", no_argument, 0, O_CAPTURE_THREAD},
+		{"peer-probe", required_argument, 0, O_PEER_PROBE},
+		{"peer-early", no_argument, 0, O_PEER_EARLY},
 		{"tsshim", no_argument, 0, O_TSSHIM},
 		{"record", required_argument, 0, O_RECORD},
 		{"help", no_argument, 0, O_HELP},
@@ -2265,6 +2311,8 @@ static void parse_args(int argc, char **argv)
 		case O_UPLOAD: opt.upload = parse_pattern(a); break;
 		case O_GRAPH: opt.graph = 1; break;
 		case O_CAPTURE_THREAD: opt.capture_thread = 1; break;
+		case O_PEER_PROBE: opt.peer_probe = (int)parse_u64("peer-probe", a, 0, 63); break;
+		case O_PEER_EARLY: opt.peer_early = 1; break;
 		case O_TSSHIM: opt.tsshim = 1; break;
 		case O_RECORD: opt.record = a; break;
 		case O_HELP: usage(stdout); exit(0);
@@ -2288,6 +2336,10 @@ static void parse_args(int argc, char **argv)
 	/* pageable copies, and a pinning thread's cudaHostAlloc, are not allowed while a capture is open */
 	if ((opt.graph || opt.capture_thread) && (opt.device != DEV_CUDA || !opt.pin || opt.workers))
 		bad_usage("--graph and --capture-thread need --device cuda --pin --workers 0");
+	if (opt.peer_probe >= 0 && opt.device != DEV_CUDA)
+		bad_usage("--peer-probe needs --device cuda");
+	if (opt.peer_early && opt.peer_probe < 0)
+		bad_usage("--peer-early needs --peer-probe N");
 	if ((opt.graph || opt.capture_thread) && opt.upload == UP_SIDE_STREAM)
 		bad_usage("--graph and --capture-thread: not with --upload-pattern side-stream (it synchronises a "
 			  "stream while the capture is open)");
@@ -2400,6 +2452,8 @@ int main(int argc, char **argv)
 	t0 = now_s();
 	if (train() == 0)
 		rc = 0;
+	if (rc == 0 && opt.peer_probe >= 0)
+		peer_probe();
 out:
 	t1 = now_s();
 	/* Normal end: workers get 10 s to finish; on errors and signals 2 s

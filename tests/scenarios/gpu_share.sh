@@ -240,14 +240,29 @@ T1=$SECONDS
 S=$(session_name c3)
 job c3p "$S" TSEMU_DEVICES=2 -- --seed 1 --batch 32 --epochs 3 --step-ms 15 --gpu 0 "$TR"
 started c3p
-job c3a "$S" TSEMU_DEVICES=2 -- --seed 2 --batch 32 --epochs 3 --gpu 1 "$TR"
-job c3b "$S" TSEMU_DEVICES=2 -- --seed 3 --batch 16 --epochs 3 --gpu 0 "$TR"
-wait_jobs c3p c3a c3b
-case_end "3 (two devices)" "$S" c3p c3a c3b
+job c3a "$S" TSEMU_DEVICES=2 -- --seed 2 --batch 32 --epochs 3 --gpu 1 --peer-probe 0 "$TR"
+job c3b "$S" TSEMU_DEVICES=2 -- --seed 3 --batch 16 --epochs 3 --gpu 0 --peer-probe 1 "$TR"
+job c3c "$S" TSEMU_DEVICES=2 -- --seed 4 --batch 32 --epochs 3 --gpu 1 --peer-probe 0 --peer-early "$TR"
+wait_jobs c3p c3a c3b c3c
+case_end "3 (two devices)" "$S" c3p c3a c3b c3c
 check "3: the consumer on device 1 got peer copies (peer_bytes=$(stat c3a peer_bytes), h2d_bytes=$(stat c3a h2d_bytes))" \
 	cond '[ "$(stat c3a peer_bytes)" -gt 0 ] && [ "$(nlines c3a " share=served ")" -gt 0 ]'
 check "3: the consumer on device 0 got device-to-device copies (d2d_bytes=$(stat c3b d2d_bytes), peer_bytes=$(stat c3b peer_bytes))" \
 	cond '[ "$(stat c3b ipc_mem_opens)" -gt 0 ] && [ "$(nlines c3b " share=served ")" -gt 0 ]'
+# Mapping device 0's ring buffers in device 1's context enables peer access
+# as if the program had (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS): the program's
+# own peer-access calls must still answer what they answer without the shim
+# (--peer-probe: disable, enable, disable, disable again). Before, c3a's
+# enable answered 704 (already enabled).
+job c3n - TSEMU_DEVICES=2 -- --seed 2 --batch 32 --gpu 1 --peer-probe 0 "$TR"
+job c3ne - TSEMU_DEVICES=2 -- --seed 4 --batch 32 --gpu 1 --peer-probe 0 --peer-early "$TR"
+job c3n0 - TSEMU_DEVICES=2 -- --seed 3 --batch 16 --gpu 0 --peer-probe 1 "$TR"
+wait_jobs c3n c3ne c3n0
+probe() { grep -o 'peer-probe .*' "$T_TMP/$1.out" 2>/dev/null; }
+check "3: peer access as the consumers see it is as without the shim (device 1: '$(probe c3a)', without: '$(probe c3n)'; enabled before training: '$(probe c3c)', without: '$(probe c3ne)'; device 0: '$(probe c3b)', without: '$(probe c3n0)')" \
+	cond '[ -n "$(probe c3n)" ] && [ "$(probe c3a)" = "$(probe c3n)" ] && [ -n "$(probe c3ne)" ] &&
+	      [ "$(probe c3c)" = "$(probe c3ne)" ] && [ -n "$(probe c3n0)" ] && [ "$(probe c3b)" = "$(probe c3n0)" ] &&
+	      [ "$(stat c3c peer_bytes)" -gt 0 ]'
 echo "# case 3: $((SECONDS - T1)) s"
 
 # === 4. pinned/pageable, workers 0 / fork / spawn, persistent ===============================
