@@ -11,6 +11,9 @@
  *    dlsym, and handed out by cuGetProcAddress/_v2, which is how libcudart
  *    (since CUDA 11.3) and cudaGetDriverEntryPoint reach the driver. Both
  *    cuGetProcAddress entry points are hooked the same three ways.
+ *  - cuCtxEnablePeerAccess and cuCtxDisablePeerAccess, the same three ways,
+ *    only for what they answer: gpu.c's mappings of another device's ring
+ *    buffers enable peer access as a side effect the program must not see.
  *
  * Mapped by the real pointer. A wrapper is a fixed function bound to one
  * real function pointer: per signature ("kind") a static table of NSLOT
