@@ -166,22 +166,24 @@ CACHETOOL="$PWD/$BUILD/tests/ts-cachetool"
 if [ -x "$CACHETOOL" ]; then
 	lie_case() { # a holder keeps the cache; the liar; /dev/shm filled; a probe
 		local s=$1
-		sleep 120 | "$CACHETOOL" hold "$s" --budget-mb 3 >/dev/null 2>&1 & # until SIGTERM
-		local h=$! i
+		# hold stays until its stdin, our end of the coprocess pipe, is closed
+		coproc HOLD { "$CACHETOOL" hold "$s" --budget-mb 3 >/dev/null 2>&1; }
+		local h=$HOLD_PID i
 		for i in $(seq 50); do [ -e "/dev/shm/tsshim-cache.$(id -u).$s" ] && break; sleep 0.1; done
 		"$CACHETOOL" lie "$s" --budget-mb 3
 		dd if=/dev/zero of=/dev/shm/filler bs=64k 2>/dev/null
 		"$CACHETOOL" probe "$s" --budget-mb 3 --key 1
 		echo "probe rc $?"
-		kill "$h" 2>/dev/null
+		exec {HOLD[1]}>&-
 		wait "$h" 2>/dev/null
 		rm -f /dev/shm/filler
 	}
 	export -f lie_case
 	export CACHETOOL
 	in_small_shm 12m lie_case "$(session_name lie)" >"$T_TMP/lie.out" 2>&1
-	check "lie: a fill over the lied reservation on a full /dev/shm bypasses ($(grep -o 'result=[A-Z]*' "$T_TMP/lie.out"), $(grep -o 'probe rc [0-9]*' "$T_TMP/lie.out"))" \
-		cond "grep -q '^lied hwm=' '$T_TMP/lie.out' && grep -q 'result=BYPASS' '$T_TMP/lie.out' && grep -qx 'probe rc 0' '$T_TMP/lie.out'"
+	check "lie: a fill over the lied reservation on a full /dev/shm bypasses, the holder still a user ($(grep -o 'result=[A-Z]*' "$T_TMP/lie.out"), $(grep -o 'users=[0-9]*' "$T_TMP/lie.out"), $(grep -o 'probe rc [0-9]*' "$T_TMP/lie.out"))" \
+		cond "grep -q '^lied hwm=' '$T_TMP/lie.out' && grep -q 'result=BYPASS' '$T_TMP/lie.out' &&
+		      grep -q ' users=2 ' '$T_TMP/lie.out' && grep -qx 'probe rc 0' '$T_TMP/lie.out'"
 	check "lie: nothing left in that /dev/shm ($(grep '^left' "$T_TMP/lie.out"))" grep -qx 'left 0' "$T_TMP/lie.out"
 else
 	echo "# lie: skipped (no ts-cachetool)"
