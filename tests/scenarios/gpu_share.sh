@@ -715,14 +715,27 @@ echo "# case 19: $((SECONDS - T1)) s"
 #   b  joins past the middle of the producer's first epoch: it waits for
 #      the rest and is served from the next epoch's first sample
 #   c  joins early in it: that epoch of the job is its own; served later
+# a and c start with the producer stopped after its 6th batch, until both have
+# joined, and b with it stopped after its 16th: "early" and "late" must not
+# depend on how fast a job starts (under make asan, on 2 busy cores, c joined
+# with 52 of 100 samples to come, a hair from "late", and b 4 samples before
+# the epoch's end). The session's timeout (4 s, stall 40 s) outlasts the stops.
 T1=$SECONDS
 S=$(session_name c20)
-job c20p "$S" TSSHIM_DEPTH=4 -- --seed 1 --batch 4 --epochs 5 --step-ms 40 "$TR"
+job c20p "$S" TSSHIM_DEPTH=4 TSSHIM_TIMEOUT_MS=4000 -- --seed 1 --batch 4 --epochs 5 --step-ms 40 "$TR"
 wait_for "$T_TMP/c20p.rec" ' phase=train epoch=0 pass=[0-9]+ iter=5 ' 30
+p20=$(train_pid c20p) && kill -STOP "$p20"
 job c20c "$S" TSSHIM_DEPTH=4 TSSHIM_LOG=info -- --seed 3 --batch 8 --epochs 3 "$TR"
 job c20a "$S" TSSHIM_DEPTH=4 TSSHIM_LOG=info -- --seed 2 --batch 10 --epochs 6 --break-after 5 "$TR"
+wait_for "$T_TMP/c20c.err" 'joined the stream in mid-epoch' 30
+wait_for "$T_TMP/c20a.err" 'joined the stream in mid-epoch' 30
+[ -n "$p20" ] && kill -CONT "$p20"
 wait_for "$T_TMP/c20p.rec" ' phase=train epoch=0 pass=[0-9]+ iter=15 ' 30
+[ -n "$p20" ] && kill -STOP "$p20"
 job c20b "$S" TSSHIM_DEPTH=4 TSSHIM_LOG=info -- --seed 4 --batch 16 --epochs 3 "$TR"
+# its feed's role line comes right before its first read attaches (no wait between)
+wait_for "$T_TMP/c20b.err" 'consumer of feed' 30 && sleep 0.2
+[ -n "$p20" ] && kill -CONT "$p20"
 wait_jobs c20p c20a c20b c20c
 STRICT=1
 case_end "20 (epochs aligned)" "$S" c20p c20a c20b c20c
@@ -733,7 +746,7 @@ check "20a: it skipped to the next epoch ($(grep -c 'skipped [0-9]* samples to t
 	cond 'grep -q "skipped [0-9]* samples to the start of the stream.s next epoch" "$T_TMP/c20a.err" && [ "$(nlines c20a " share=served ")" -gt 0 ]'
 check "20b: joined past the middle, every batch served ($(shares c20b | tr ' ' '\n' | sort | uniq -c | xargs))" \
 	cond '[ "$(nlines c20b " share=(own|pub) ")" = 0 ] && [ "$(nlines c20b " share=served ")" -gt 0 ]'
-check "20c: joined early, its first epoch its own ($(grep ' phase=train epoch=0 ' "$T_TMP/c20c.rec" | grep -oE ' share=[a-z]+' | sort | uniq -c | xargs))" \
+check "20c: joined early ($(grep -o '[0-9]* of [0-9]* samples to come' "$T_TMP/c20c.err")), its first epoch its own ($(grep ' phase=train epoch=0 ' "$T_TMP/c20c.rec" | grep -oE ' share=[a-z]+' | sort | uniq -c | xargs))" \
 	cond 'grep -q "joined the stream in mid-epoch" "$T_TMP/c20c.err" && [ "$(grep " phase=train epoch=0 " "$T_TMP/c20c.rec" | grep -c " share=own ")" = 13 ]'
 echo "# case 20: $((SECONDS - T1)) s"
 
