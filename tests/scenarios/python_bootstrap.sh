@@ -145,7 +145,8 @@ else
 	echo "# torch not importable by $SYS_PY: torch checks skipped"
 fi
 
-# --- start-up cost: report medians, assert nothing (machines are noisy) -----------
+# --- start-up cost: report medians, assert nothing (machines are noisy; make bench
+# measures it, this is a glance: 5 runs each) --------------------------------------
 # PYTHONDONTWRITEBYTECODE (if set) makes Python compile our files at every
 # start; it is reported so the numbers can be read.
 # The real interpreter, not a pyenv shim (bash would dominate the numbers).
@@ -157,7 +158,7 @@ py, preload = sys.argv[1], sys.argv[2]
 def median_ms(args, extra):
     env = dict(os.environ, **extra)
     times = []
-    for _ in range(20):
+    for _ in range(5):
         t = time.perf_counter()
         subprocess.run([py] + args, env=env, check=True)
         times.append((time.perf_counter() - t) * 1e3)
@@ -168,7 +169,7 @@ for flag in ([], ["-S"], ["-I"]):
     a = flag + ["-c", "pass"]
     parts.append("%-3s plain %.1f, shim+TSSHIM_PYTHON=0 %.1f, shim %.1f" % (
         " ".join(flag) or "-", median_ms(a, {}), median_ms(a, off), median_ms(a, shim)))
-print("# start-up of %s -c pass, median of 20 (ms; -S/-I: no bootstrap, -I ignores PYTHONPATH; "
+print("# start-up of %s -c pass, median of 5 (ms; -S/-I: no bootstrap, -I ignores PYTHONPATH; "
       "PYTHONDONTWRITEBYTECODE=%s):" % (py, os.environ.get("PYTHONDONTWRITEBYTECODE", "")))
 for p in parts:
     print("#   " + p)
