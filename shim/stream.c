@@ -626,34 +626,50 @@ static int not_served(struct loader *L, int ret)
 	return TSSHIM_BATCH_OWN;
 }
 
+/* A job's epoch begins: aligned (0, attached), its own (0, own_epoch set), or an error. */
+static int begin_epoch(struct loader *L)
+{
+	int ret = align_epoch(L);
+	L->own_epoch = ret == ALIGN_OWN;
+	return ret == ALIGN_OWN ? 0 : ret;
+}
+
 static int consume(struct loader *L, unsigned npos, void *const *data, const size_t *bytes, size_t nsamples,
 		   unsigned flags, struct tsshim_where *where)
 {
 	struct ts_feed *f = L->f;
 	struct tsshim_where at;
-	int ret;
+	int first = (flags & TSSHIM_BATCH_FIRST) != 0, ret = 0;
 	if (stage_for(L, npos, bytes))
 		return TSSHIM_BATCH_OWN;
-	if (flags & TSSHIM_BATCH_FIRST) {
-		ret = align_epoch(L);
-		L->own_epoch = ret == ALIGN_OWN;
-		if (ret && ret != ALIGN_OWN)
-			return not_served(L, ret);
-	}
-	if (L->own_epoch)
-		return TSSHIM_BATCH_OWN;
-	for (int attempt = 0; attempt < 3; attempt++) {
-		/* attached by align_epoch(), or evicted (we were too slow): on from the head */
-		if (!f->attached && (ret = ts_feed_attach(f, 0)))
-			return ret == -EPERM ? -EAGAIN : TSSHIM_BATCH_OWN;
+	if (first && (ret = begin_epoch(L)))
+		return not_served(L, ret);
+	for (int attempt = 0; attempt < 3 && !L->own_epoch; attempt++) {
+		/*
+		 * Attached by begin_epoch(), or evicted (we were too slow). An
+		 * epoch's first batch begins it again where a stream epoch does
+		 * (nothing of the epoch was served yet, so it repeats nothing);
+		 * a later one reads on from the head.
+		 */
+		if (!f->attached) {
+			if (first && (ret = begin_epoch(L)))
+				return not_served(L, ret);
+			if (!first && (ret = ts_feed_attach(f, 0)))
+				return ret == -EPERM ? -EAGAIN : TSSHIM_BATCH_OWN;
+			if (L->own_epoch)
+				break;
+		}
 		f->on_range = ts_batch_ranges_on_range;
 		f->on_range_arg = &L->rg;
 		ret = read_batch(L, npos, bytes, nsamples, &at);
 		f->on_range = NULL;
 		if (ret != -ESTALE && ret != -ENOTCONN)
 			break;
-		ts_info("loader '%s': evicted from the stream; reading on from its head", L->key);
+		ts_info("loader '%s': evicted from the stream; %s", L->key,
+			first ? "beginning this epoch again, as at its start" : "reading on from its head");
 	}
+	if (L->own_epoch)
+		return TSSHIM_BATCH_OWN;
 	if (ret)
 		return not_served(L, ret);
 	uint64_t len[TS_MAX_POSITIONS];

@@ -15,11 +15,11 @@
 # ring's depth mid-run, buffer records that claim more than their
 # allocations, and a producer that changes a batch in place once its
 # synchronous upload returned, consumers whose epochs must begin where
-# the stream's do (left early, joined late; verified --strict), and uploads
+# the stream's do (left early, joined late; verified --strict), uploads
 # inside a CUDA graph capture, or beside one another thread holds open,
-# and programs with the CUDA runtime linked in (nvcc's default). Every job runs under `timeout`; no
-# /dev/shm object of a case's
-# session may survive its jobs.
+# programs with the CUDA runtime linked in (nvcc's default), and a consumer
+# evicted in its first batch (stopped past the stall time). Every job runs
+# under `timeout`; no /dev/shm object of a case's session may survive its jobs.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 . tests/lib.sh
@@ -830,6 +830,44 @@ for n in c22a c22b; do
 		cond '[ "$(cudacount $n replaced)" -gt 0 ] && [ "$hp" -gt 0 ] && [ $((h * 10)) -le "$hp" ]'
 done
 echo "# case 22: $((SECONDS - T1)) s"
+
+# === 23. a consumer evicted during its first batch ===========================================
+# A consumer whose batch is a whole epoch (the producer's 25 batches of 4: each
+# of its batches is an epoch's first) begins its epochs where stream epochs
+# begin, and is stopped (SIGSTOP) while it reads its second or third. The
+# producer fills the ring (depth 2), waits the stall time (5 s) for it, evicts
+# it and goes on. Woken, the
+# consumer finds itself evicted and begins its epoch again as it begins any
+# (nothing of it was served): its own batches when more than half of the
+# stream's epoch is still to come (once), else from the next stream epoch's
+# start. No sample twice in an epoch (tsshim-verify --strict). Before, it read
+# on from the ring's head: its batch spanned two stream epochs (repeats_epoch=26
+# in 2 of 2 runs); without the re-attach it gave up sharing.
+T1=$SECONDS
+S=$(session_name c23)
+job c23p "$S" TSSHIM_DEPTH=2 TSSHIM_TIMEOUT_MS=500 -- --seed 1 --batch 4 --epochs 7 --step-ms 40 "$TR"
+started c23p
+job c23c "$S" TSSHIM_DEPTH=2 TSSHIM_LOG=info -- --seed 2 --batch 100 --epochs 3 "$TR"
+wait_for "$T_TMP/c23c.rec" ' phase=train epoch=0 ' 30
+# a stream epoch the consumer will read from its start: the producer's next,
+# or the one after when the next is about to begin
+read -r e23 i23 < <(grep ' phase=train ' "$T_TMP/c23p.rec" | tail -n 1 | sed 's/.* epoch=\([0-9]*\) .* iter=\([0-9]*\) .*/\1 \2/')
+e23=$((${e23:-0} + (${i23:-0} >= 20 ? 2 : 1)))
+wait_for "$T_TMP/c23p.rec" " phase=train epoch=$e23 pass=[0-9]+ iter=2 " 30
+c23=$(train_pid c23c) && kill -STOP "$c23"
+before=$(nlines c23c " share=")
+# stopped, it holds the ring's slot of that epoch's 3rd batch: the producer waits 5 s, evicts it, goes on
+wait_for "$T_TMP/c23p.rec" " phase=train epoch=$e23 pass=[0-9]+ iter=8 " 30
+[ -n "$c23" ] && kill -CONT "$c23"
+wait_jobs c23p c23c
+STRICT=1
+case_end "23 (a consumer evicted in its first batch)" "$S" c23p c23c
+STRICT=
+check "23: evicted in the first batch of an epoch ($before of its 3 epochs done then), began that epoch again, said once ($(grep -c 'evicted from the stream; beginning this epoch again' "$T_TMP/c23c.err"))" \
+	cond '[ "$before" -ge 1 ] && [ "$before" -le 2 ] && [ "$(grep -c "evicted from the stream; beginning this epoch again" "$T_TMP/c23c.err")" = 1 ]'
+check "23: every epoch served but one of its own at most (shares: $(shares c23c))" \
+	cond '[[ "$(shares c23c)" =~ ^((served|own)\ ){3}$ ]] && [ "$(shares c23c | grep -o own | wc -l)" -le 1 ]'
+echo "# case 23: $((SECONDS - T1)) s"
 
 # Across every case: no producer freed a buffer a live consumer still had open
 # through IPC (undefined on CUDA; tsemu counts it and overwrites the memory).
