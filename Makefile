@@ -234,9 +234,10 @@ check-build: all $(UNITS) $(HELPERS) $(CUDALOCAL) $(CUDAPLUGIN12) $(CUDAPLUGINNO
 deps:
 	@scripts/install-deps.sh
 
-# The builds behind test, asan, tsan and demo use every CPU unless make was
-# given -j itself (evaluated in the recipe, where MAKEFLAGS has it): on CI's
-# 2 cores this halves their build time. The tests themselves run one at a time.
+# The builds behind test, asan, tsan, demo, stress and torch-check use every
+# CPU unless make was given -j itself (evaluated in the recipe, where
+# MAKEFLAGS has it): on CI's 2 cores this halves their build time. The tests
+# themselves run one at a time.
 BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 PAR = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(BUILD_JOBS))
 
