@@ -647,9 +647,9 @@ static int consume(struct loader *L, unsigned npos, void *const *data, const siz
 	for (int attempt = 0; attempt < 3 && !L->own_epoch; attempt++) {
 		/*
 		 * Attached by begin_epoch(), or evicted (we were too slow). An
-		 * epoch's first batch begins it again where a stream epoch does
-		 * (nothing of the epoch was served yet, so it repeats nothing);
-		 * a later one reads on from the head.
+		 * epoch's first batch begins the epoch again as at its start
+		 * (nothing of it was served yet, so it repeats nothing); a
+		 * later one reads on from the head.
 		 */
 		if (!f->attached) {
 			if (first && (ret = begin_epoch(L)))

@@ -842,7 +842,7 @@ echo "# case 22: $((SECONDS - T1)) s"
 # stream's epoch is still to come (once), else from the next stream epoch's
 # start. No sample twice in an epoch (tsshim-verify --strict). Before, it read
 # on from the ring's head: its batch spanned two stream epochs (repeats_epoch=26
-# in 2 of 2 runs); without the re-attach it gave up sharing.
+# in 2 of 2 runs); without the re-attach it gave up sharing (own own own).
 T1=$SECONDS
 S=$(session_name c23)
 job c23p "$S" TSSHIM_DEPTH=2 TSSHIM_TIMEOUT_MS=500 -- --seed 1 --batch 4 --epochs 7 --step-ms 40 "$TR"
