@@ -1021,6 +1021,19 @@ static int range_slot(struct ts_feed *f, const struct ts_read *rd, uint32_t k, c
 	return 0;
 }
 
+/* The dataset indices of range r of position 0 (copied to dst[0] + at) into f->read_index. */
+static void copy_index(struct ts_feed *f, const struct ts_feed_hdr *h, const char *base, const struct ts_range *r,
+		       uint64_t at)
+{
+	uint64_t sb = h->len[0] / h->nsamples; /* both validated: the sample size, > 0 */
+	const int64_t *idx = (const int64_t *)(base + h->index_off); /* 8-aligned, bounded by hdr_fits */
+	uint64_t from = r->off / sb, n = r->len / sb, to = at / sb;
+	for (uint64_t i = 0; i < n && from + i < h->nsamples; i++) {
+		int64_t x = __atomic_load_n(&idx[from + i], __ATOMIC_RELAXED); /* a peer's: checked */
+		f->read_index[to + i] = x >= 0 && (uint64_t)x < f->nindex ? x : -1;
+	}
+}
+
 static int copy_ranges(struct ts_feed *f, const struct ts_read *rd, void *const *dst, const uint64_t *got,
 		       uint64_t *last_epoch)
 {
@@ -1033,6 +1046,8 @@ static int copy_ranges(struct ts_feed *f, const struct ts_read *rd, void *const 
 		if (ret)
 			return ret;
 		*last_epoch = h->stream_epoch;
+		if (f->read_index)
+			copy_index(f, h, base, &rd->r[0][k], at[0]);
 		for (uint32_t p = 0; p < rd->npos; p++) {
 			const struct ts_range *r = &rd->r[p][k];
 			if (dst && dst[p])

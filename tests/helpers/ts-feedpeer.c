@@ -187,11 +187,14 @@ static int tail_reader(int at_epoch_start, int ready_fd)
 		return 201;
 	say(ready_fd, 'r');
 	uint64_t seen = 0, k = 0;
+	int64_t index[10];
+	f.read_index = index;
 	for (int eoe = 0; !eoe;) {
 		uint32_t p0[3 * 10];
 		uint64_t p1[10], got[2] = { 0, 0 }, want[2] = { 10 * 12, 10 * 8 };
 		void *dst[2] = { p0, p1 };
 		int ret;
+		memset(index, 0xee, sizeof(index));
 		while ((ret = ts_feed_read(&f, 2, want, dst, got, &eoe, 5 * SEC)) == -ETIMEDOUT)
 			;
 		if (ret)
@@ -202,6 +205,8 @@ static int tail_reader(int at_epoch_start, int ready_fd)
 					k++;
 			if (k + seen >= NINDEX || p1[j] != (uint64_t)perm(k + seen) * 1000)
 				return 203;
+			if (index[j] != (int64_t)(p1[j] / 1000)) /* read_index: each sample's dataset index */
+				return 207;
 		}
 	}
 	/* the feed says whether it attached where an epoch starts: the first sample of the permutation */

@@ -494,8 +494,9 @@ Test(feed, successor_fences_a_replaced_producers_open_claim)
 
 /* A reader (ts-feedpeer tail): attaches (at the epoch start or the head),
  * reads to the end of the epoch at batch size 10; exits with the number of
- * samples read, which must be the epoch's last ones in the stream's order
- * (else 200+). Returns once it is attached. */
+ * samples read, which must be the epoch's last ones in the stream's order,
+ * each with its dataset index in read_index (else 200+). Returns once it is
+ * attached. */
 static pid_t start_tail_reader(int at_epoch_start)
 {
 	int pfd[2];
