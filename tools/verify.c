@@ -195,7 +195,7 @@ static struct {
 	/* per loader: stream batches from this one on may lack their pub line
 	 * (a job named by --killed published them and died before recording) */
 	uint64_t unrecorded_from[MAX_LOADERS + 1];
-	uint64_t files, lines, pub, served, own, verified, unverifiable, problems, repeats_role, repeats_epoch;
+	uint64_t files, lines, pub, served, own, verified, unverifiable, problems, repeats_role, repeats_epoch, passed;
 	int rec; /* the record being read: its index */
 	struct hvec sh, dsh, id;
 } V;
@@ -511,9 +511,23 @@ static void unverifiable(uint64_t seq, uint64_t k, size_t left)
 			" on: no share=pub line records that stream batch", left, seq, k);
 }
 
+/*
+ * May a served line pass over stream position k of s? Only a sample this
+ * job already trained in the line's epoch (its id is known): a consumer
+ * that lost its place in the stream gathers the samples its epoch lacks and
+ * passes over the others. Any other gap is a sample lost: a mismatch.
+ */
+static int passed_over(const struct line *l, const struct slot *s, uint64_t k)
+{
+	if (!s->ids || strcmp(l->phase, "train") || !table_get(&V.ids, l->epoch_v, s->ids[k], 0, 0))
+		return 0;
+	V.passed++;
+	return 1;
+}
+
 /* (c): the served samples are the stream's from (fseq, fsamp) on, walking
- * into the next stream batches; positions no pub line defines are
- * unverifiable. */
+ * into the next stream batches (passing over samples trained already in
+ * the epoch); positions no pub line defines are unverifiable. */
 static void check_served(const struct line *l)
 {
 	uint64_t seq = l->fseq_v, k = l->fsamp_v, rseq = 0, rk = 0, mseq = 0, mk = 0;
@@ -538,6 +552,10 @@ static void check_served(const struct line *l)
 		}
 		if (!s)
 			break;
+		if (s->h[k] != V.sh.v[i] && passed_over(l, s, k)) {
+			i--; /* the same served sample against the next position */
+			continue;
+		}
 		if (s->h[k] == V.sh.v[i])
 			V.verified++;
 		else if (!bad++)
@@ -745,6 +763,9 @@ static void usage(FILE *f)
 "      lines of the same fseq must hold the same samples.\n"
 "  (c) a share=served line's n samples equal the stream's from (fseq, fsamp)\n"
 "      on, walking into fseq+1, ... as needed; its record names its loader.\n"
+"      The walk may pass over a position whose sample id the record trained\n"
+"      already in that epoch (a consumer that lost its place in the stream\n"
+"      serves only samples its epoch lacks); no other gap.\n"
 "      Positions of stream batches no pub line records are unverifiable. A\n"
 "      job named by --killed may have published batches after its last\n"
 "      recorded pub line and died before recording them: positions from\n"
@@ -781,9 +802,10 @@ static void usage(FILE *f)
 "Output (stdout): one line per problem, FILE:LINE: what was expected and what\n"
 "was found; then the summary:\n"
 "  " PROG ": files=F lines=L pub=P served=S own=O samples_verified=V\n"
-"  unverifiable=U repeats_role=R repeats_epoch=E problems=K: OK|FAILED\n"
+"  unverifiable=U repeats_role=R repeats_epoch=E passed=P problems=K: OK|FAILED\n"
 "(one line). samples_verified: served samples equal to the stream's;\n"
-"unverifiable: served samples of unknown stream batches.\n"
+"unverifiable: served samples of unknown stream batches; passed: stream\n"
+"positions passed over (c).\n"
 "\n"
 "Exit status: 0 every check holds, 1 problems, 2 bad usage or a record that\n"
 "cannot be read.\n");
@@ -873,9 +895,9 @@ int main(int argc, char **argv)
 	if (!opt.quiet)
 		printf(PROG ": files=%" PRIu64 " lines=%" PRIu64 " pub=%" PRIu64 " served=%" PRIu64 " own=%" PRIu64
 		       " samples_verified=%" PRIu64 " unverifiable=%" PRIu64 " repeats_role=%" PRIu64
-		       " repeats_epoch=%" PRIu64 " problems=%" PRIu64 ": %s\n",
+		       " repeats_epoch=%" PRIu64 " passed=%" PRIu64 " problems=%" PRIu64 ": %s\n",
 		       V.files, V.lines, V.pub, V.served, V.own, V.verified, V.unverifiable, V.repeats_role,
-		       V.repeats_epoch, V.problems, V.problems ? "FAILED" : "OK");
+		       V.repeats_epoch, V.passed, V.problems, V.problems ? "FAILED" : "OK");
 	table_free(&V.stream);
 	table_free(&V.seen);
 	table_free(&V.ids);

@@ -6,8 +6,9 @@
 # batch, a record without share=, a stream batch published twice with other
 # samples, a sample id twice in an epoch, a record cut short or with a line
 # missing) fails naming it; unverifiable positions pass only after a job
-# named by --killed, and then fail with --strict; a record read from a pipe
-# is checked; garbage input is reported, never a crash.
+# named by --killed, and then fail with --strict; a served line may pass over
+# stream samples its epoch trained already, no others; a record read from a
+# pipe is checked; garbage input is reported, never a crash.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 . tests/lib.sh
@@ -93,7 +94,7 @@ check "unknown option: exit 2" [ $RC = 2 ]
 verify good "${GOOD[@]}"
 check "good set: exit 0" [ $RC = 0 ] || show good
 check "good set: summary counts (3 pub, 5 served spanning stream batches, 21 samples verified)" \
-	says good 'files=3 lines=11 pub=3 served=5 own=3 samples_verified=21 unverifiable=0 repeats_role=0 repeats_epoch=0 problems=0: OK'
+	says good 'files=3 lines=11 pub=3 served=5 own=3 samples_verified=21 unverifiable=0 repeats_role=0 repeats_epoch=0 passed=0 problems=0: OK'
 verify pipe "$G/producer.rec" <(cat "$G/c3.rec") <(sed "2s/$(h 1 0)/0badc0de0badc0de/" "$G/c6.rec")
 check "records read from pipes are checked (each is read once)" \
 	cond '[ $RC = 1 ] && says pipe "/dev/fd/[0-9]*:2: served sample 4 differs" && says pipe "served=5 .*problems=1:"' ||
@@ -175,7 +176,7 @@ bline 4 train served 2 2 "$(stream 2 2 4)" >>"$U/c3.rec"
 end_line "$U/c3.rec"
 verify unver --killed "$U/producer.rec" "$U/c3.rec" "$U/c6.rec"
 check "unverifiable positions after a killed producer's last pub: exit 0, counted (2 verified, 2 unverifiable)" \
-	cond '[ $RC = 0 ] && says unver "served=6 own=3 samples_verified=23 unverifiable=2 repeats_role=0 repeats_epoch=0 problems=0: OK"' ||
+	cond '[ $RC = 0 ] && says unver "served=6 own=3 samples_verified=23 unverifiable=2 repeats_role=0 repeats_epoch=0 passed=0 problems=0: OK"' ||
 	show unver
 verify unver-strict --strict --killed "$U/producer.rec" "$U/c3.rec" "$U/c6.rec"
 check "--strict: unverifiable positions fail (exit 1)" \
@@ -190,6 +191,51 @@ verify alone "$G/c3.rec"
 check "a consumer's record alone (no producer's) fails: nothing publishes what it was served" \
 	cond '[ $RC = 1 ] && says alone "c3.rec:2: 3 served samples from stream batch 0 sample 0 on: no record publishes"' ||
 	show alone
+
+# --- passing over samples trained already ---------------------------------------------------
+# A dataset of 8 samples, two stream epochs (batches of 4): ids 0-7, then
+# 6,2,0,3 and 1,5,7,4. The consumer reads 2, is evicted (the producer
+# publishes 2,3,4,5 meanwhile), reads 6,7 (the rest of the stream's epoch)
+# and gathers what its epoch lacks (2,3,5,4) from the next, passing over the
+# four it trained already: its epoch holds each sample once.
+# gline SEQ EPOCH SHARE FSEQ FSAMP IDS SH: a batch line with the given ids.
+gline() {
+	local n=$(($(echo "$7" | tr -cd , | wc -c) + 1))
+	echo "seq=$1 phase=train epoch=$2 pass=0 iter=$1 n=$n ids=$6 labels=$6 img=0123456789abcdef" \
+		"lbl=fedcba9876543210 share=$3 fseq=$4 fsamp=$5 sh=$7"
+}
+P=$T_TMP/passing
+mkdir -p "$P"
+{
+	echo "$HDR"
+	gline 0 0 pub 0 0 0,1,2,3 "$(stream 0 0 4)"
+	gline 1 0 pub 1 0 4,5,6,7 "$(stream 1 0 4)"
+	gline 2 1 pub 2 0 6,2,0,3 "$(stream 2 0 4)"
+	gline 3 1 pub 3 0 1,5,7,4 "$(stream 3 0 4)"
+} >"$P/producer.rec"
+gather_rec() { # FILE LINE2...: the consumer's record with its third line given
+	{
+		echo "$HDR"
+		gline 0 0 served 0 0 0,1 "$(stream 0 0 2)"
+		gline 1 0 served 1 2 6,7 "$(stream 1 2 2)"
+		echo "$2"
+	} >"$1"
+	end_line "$1"
+}
+end_line "$P/producer.rec"
+gather_rec "$P/gather.rec" "$(gline 2 0 served 2 0 2,3,5,4 "$(h 2 1),$(h 2 3),$(h 3 1),$(h 3 3)")"
+verify passing --strict "$P/producer.rec" "$P/gather.rec"
+check "a served line passes over the stream's samples its epoch trained already (4 passed, 8 verified)" \
+	cond '[ $RC = 0 ] && says passing "served=3 own=0 samples_verified=8 unverifiable=0 repeats_role=0 repeats_epoch=0 passed=4 problems=0: OK"' ||
+	show passing
+gather_rec "$P/lost.rec" "$(gline 2 0 served 2 0 3,5,4 "$(h 2 3),$(h 3 1),$(h 3 3)")"
+verify lost "$P/producer.rec" "$P/lost.rec"
+check "... but no sample it did not train (stream batch 2 sample 1 skipped: a problem)" \
+	cond '[ $RC = 1 ] && says lost "lost.rec:4: served sample 0 differs from the stream"' || show lost
+gather_rec "$P/other-epoch.rec" "$(gline 2 1 served 2 0 2,3,5,4 "$(h 2 1),$(h 2 3),$(h 3 1),$(h 3 3)")"
+verify other-epoch "$P/producer.rec" "$P/other-epoch.rec"
+check "... and none trained in another epoch only (the line is of epoch 1: a problem)" \
+	cond '[ $RC = 1 ] && says other-epoch "other-epoch.rec:4: served sample 0 differs from the stream"' || show other-epoch
 
 # --- garbage -------------------------------------------------------------------------------
 J=$T_TMP/junk
@@ -216,7 +262,7 @@ check "garbage records: exit 1 with a report, no crash" cond '[ $RC = 1 ] && say
 verify junk-all --max-problems 1000 "$J/fields.rec"
 check "--max-problems: every malformed line listed with its line number" \
 	cond '[ $(grep -c "fields.rec:[0-9]*: malformed batch line" "$T_TMP/junk-all.out") = 7 ] &&
-		says junk-all "pub=1 served=1 own=1 samples_verified=0 unverifiable=0 repeats_role=0 repeats_epoch=0 problems=12:"' ||
+		says junk-all "pub=1 served=1 own=1 samples_verified=0 unverifiable=0 repeats_role=0 repeats_epoch=0 passed=0 problems=12:"' ||
 	show junk-all
 verify junk-cap --max-problems 2 "$J/random.rec" "$J/fields.rec"
 check "problems beyond --max-problems are counted, not listed" \
