@@ -50,6 +50,18 @@ struct loader {
 	int had_own_epoch;           /* once only: after it, the job waits for the next epoch */
 	void *stage[TS_MAX_POSITIONS];
 	size_t stage_cap[TS_MAX_POSITIONS];
+	int64_t *ids;                /* the dataset index of each sample in the stage */
+	size_t ids_cap;
+	/*
+	 * The job's epoch (from its TSSHIM_BATCH_FIRST call): the samples it
+	 * was served (a bitmap over the dataset), and whether it lost its
+	 * place in the stream (evicted in mid-epoch) and so passes over samples
+	 * it was already served (`gather`: at most a dataset's worth, `passed`).
+	 */
+	int epoch_known;
+	int gather;
+	uint64_t *served;
+	uint64_t nserved, passed;
 	struct ts_batch_ranges rg;
 	struct ts_feed_info info;
 };
@@ -450,8 +462,15 @@ static int waited_one(struct loader *L, uint64_t *waited)
 	return WAIT_ON;
 }
 
-static int stage_for(struct loader *L, unsigned npos, const size_t *bytes)
+static int stage_for(struct loader *L, unsigned npos, const size_t *bytes, size_t nsamples)
 {
+	if (L->ids_cap < nsamples) {
+		int64_t *m = realloc(L->ids, nsamples * sizeof(*m));
+		if (!m)
+			return -ENOMEM;
+		L->ids = m;
+		L->ids_cap = nsamples;
+	}
 	for (unsigned p = 0; p < npos; p++) {
 		if (L->stage_cap[p] >= bytes[p])
 			continue;
@@ -486,6 +505,83 @@ static int next_slot(struct loader *L, unsigned npos, const size_t *bytes, size_
 	}
 }
 
+/* ---- what the job's epoch was served ------------------------------------------------------- */
+
+static int was_served(const struct loader *L, int64_t id)
+{
+	return id >= 0 && (L->served[(uint64_t)id / 64] >> ((uint64_t)id % 64) & 1);
+}
+
+/* Mark (set) or unmark the stage's samples [0, n) as served in this epoch. */
+static void mark_served(struct loader *L, int set, uint64_t n)
+{
+	for (uint64_t j = 0; j < n; j++) {
+		int64_t id = L->ids[j];
+		if (id < 0 || was_served(L, id) == set)
+			continue; /* unknown (the producer gave none): never passed over */
+		L->served[(uint64_t)id / 64] ^= 1ull << ((uint64_t)id % 64);
+		L->nserved += set ? 1 : (uint64_t)-1;
+	}
+}
+
+/* A new epoch of the job: nothing served in it yet. 0, or -ENOMEM (then nothing is tracked). */
+static int forget_served(struct loader *L)
+{
+	size_t words = (L->f->nindex + 63) / 64;
+	if (!L->served && !(L->served = calloc(words, sizeof(*L->served))))
+		return -ENOMEM;
+	memset(L->served, 0, words * sizeof(*L->served));
+	L->nserved = L->passed = 0;
+	L->gather = 0;
+	L->epoch_known = 1;
+	return 0;
+}
+
+/* Stop gathering when nothing is left to gather: a dataset's worth passed over, or all of it served. */
+static void gather_check(struct loader *L)
+{
+	if (!L->gather || (L->passed <= L->f->nindex && L->nserved < L->f->nindex))
+		return;
+	L->gather = 0;
+	ts_info("loader '%s': the stream holds no sample this epoch of the job still lacks; reading on "
+		"(samples may repeat in this epoch)", L->key);
+}
+
+/*
+ * Gathering: of the samples the last read added to the stage, [from, got),
+ * those the job's epoch was already served are compacted away (got[]
+ * lowered), the others marked served as they are kept. Once nothing is left
+ * to gather, the rest is kept as read (and marked).
+ */
+static void keep_unserved(struct loader *L, unsigned npos, const size_t *bytes, size_t nsamples, uint64_t from,
+			  uint64_t *got)
+{
+	uint64_t n = got[0] / L->info.sample_bytes[0], kept = from;
+	for (uint64_t j = from; j < n; j++) {
+		gather_check(L);
+		int64_t id = L->ids[j];
+		if (L->gather && was_served(L, id)) {
+			L->passed++;
+			continue;
+		}
+		if (kept != j)
+			for (unsigned p = 0; p < npos; p++) {
+				size_t sb = bytes[p] / nsamples;
+				memcpy((char *)L->stage[p] + kept * sb, (char *)L->stage[p] + j * sb, sb);
+			}
+		L->ids[kept++] = id;
+		if (id >= 0 && !was_served(L, id)) {
+			L->served[(uint64_t)id / 64] |= 1ull << ((uint64_t)id % 64);
+			L->nserved++;
+		}
+	}
+	if (kept == n)
+		return;
+	L->rg.overflow = 1; /* its ranges no longer say where the stage's bytes came from: upload from the host */
+	for (unsigned p = 0; p < npos; p++)
+		got[p] = kept * (bytes[p] / nsamples);
+}
+
 /* Read the next nsamples of the stream into the stage. -EAGAIN: we are producer now. */
 static int read_batch(struct loader *L, unsigned npos, const size_t *bytes, size_t nsamples,
 		      struct tsshim_where *where)
@@ -500,17 +596,29 @@ static int read_batch(struct loader *L, unsigned npos, const size_t *bytes, size
 	for (unsigned p = 0; p < npos; p++)
 		want[p] = bytes[p];
 	ts_batch_ranges_reset(&L->rg);
+	f->read_index = L->ids;
+	uint64_t marked = 0; /* the stage's samples [0, marked) were marked served by keep_unserved */
 	while (got[0] < want[0]) {
+		uint64_t from = got[0] / L->info.sample_bytes[0];
 		ret = ts_feed_read(f, npos, want, L->stage, got, &eoe, SLICE_NS);
+		if (L->gather) {
+			keep_unserved(L, npos, bytes, nsamples, from, got);
+			marked = got[0] / L->info.sample_bytes[0];
+		}
 		if (ret == 0)
 			continue; /* complete, or an epoch mark: read on into the next epoch */
 		if (ret != -ETIMEDOUT)
-			return ret;
+			break;
 		int w = waited_one(L, &waited);
-		if (w)
-			return w == WAIT_PRODUCE ? -EAGAIN : -ETIMEDOUT;
+		if (w) {
+			ret = w == WAIT_PRODUCE ? -EAGAIN : -ETIMEDOUT;
+			break;
+		}
 	}
-	return 0;
+	f->read_index = NULL;
+	if (got[0] < want[0])
+		mark_served(L, 0, marked); /* dropped with the batch: not served after all */
+	return got[0] < want[0] ? ret : 0;
 }
 
 /* ---- epochs: the job's epoch is the stream's -------------------------------------------------- */
@@ -629,6 +737,8 @@ static int not_served(struct loader *L, int ret)
 /* A job's epoch begins: aligned (0, attached), its own (0, own_epoch set), or an error. */
 static int begin_epoch(struct loader *L)
 {
+	if (forget_served(L))
+		L->epoch_known = 0; /* no memory for the bitmap: an eviction reads on from the head */
 	int ret = align_epoch(L);
 	L->own_epoch = ret == ALIGN_OWN;
 	return ret == ALIGN_OWN ? 0 : ret;
@@ -640,7 +750,7 @@ static int consume(struct loader *L, unsigned npos, void *const *data, const siz
 	struct ts_feed *f = L->f;
 	struct tsshim_where at;
 	int first = (flags & TSSHIM_BATCH_FIRST) != 0, ret = 0;
-	if (stage_for(L, npos, bytes))
+	if (stage_for(L, npos, bytes, nsamples))
 		return TSSHIM_BATCH_OWN;
 	if (first && (ret = begin_epoch(L)))
 		return not_served(L, ret);
@@ -649,7 +759,9 @@ static int consume(struct loader *L, unsigned npos, void *const *data, const siz
 		 * Attached by begin_epoch(), or evicted (we were too slow). An
 		 * epoch's first batch begins the epoch again as at its start
 		 * (nothing of it was served yet, so it repeats nothing); a
-		 * later one reads on from the head.
+		 * later one reads on from the head, gathering the samples its
+		 * epoch lacks: the rest of the stream's epoch, then, from the
+		 * next, those it missed while away (passing over the others).
 		 */
 		if (!f->attached) {
 			if (first && (ret = begin_epoch(L)))
@@ -665,13 +777,18 @@ static int consume(struct loader *L, unsigned npos, void *const *data, const siz
 		f->on_range = NULL;
 		if (ret != -ESTALE && ret != -ENOTCONN)
 			break;
+		L->gather = !first && L->epoch_known;
 		ts_info("loader '%s': evicted from the stream; %s", L->key,
-			first ? "beginning this epoch again, as at its start" : "reading on from its head");
+			first ? "beginning this epoch again, as at its start"
+			: L->gather ? "reading on from its head, passing over samples this epoch was served"
+				    : "reading on from its head");
 	}
 	if (L->own_epoch)
 		return TSSHIM_BATCH_OWN;
 	if (ret)
 		return not_served(L, ret);
+	if (L->epoch_known)
+		mark_served(L, 1, nsamples);
 	uint64_t len[TS_MAX_POSITIONS];
 	for (unsigned p = 0; p < npos; p++) {
 		memcpy(data[p], L->stage[p], bytes[p]);

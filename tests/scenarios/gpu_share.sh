@@ -869,6 +869,43 @@ check "23: every epoch served but one of its own at most (shares: $(shares c23c)
 	cond '[[ "$(shares c23c)" =~ ^((served|own)\ ){3}$ ]] && [ "$(shares c23c | grep -o own | wc -l)" -le 1 ]'
 echo "# case 23: $((SECONDS - T1)) s"
 
+# === 24. a consumer evicted later in an epoch ================================================
+# The consumer (batch 10: ten per epoch of 100; its first epoch is its own
+# when it joins in mid-epoch) is stopped at its second epoch's third batch
+# or a little later; the producer (batch 4, depth 2)
+# evicts it after the stall time (5 s) and publishes on. Woken, the consumer
+# reads on from the ring's head: the rest of that stream epoch, then from the
+# next the samples it missed while away, passing over those its epoch was
+# served already (tsshim-verify counts them: passed). Each of its epochs then
+# trains every sample once: 100 samples, none twice (--strict). Before, it
+# read on from the head: it skipped the samples published while it was
+# stopped and trained samples of the next stream epoch again instead.
+T1=$SECONDS
+S=$(session_name c24)
+job c24p "$S" TSSHIM_DEPTH=2 TSSHIM_TIMEOUT_MS=500 -- --seed 1 --batch 4 --epochs 9 --step-ms 30 "$TR"
+started c24p
+job c24c "$S" TSSHIM_DEPTH=2 TSSHIM_LOG=info -- --seed 2 --batch 10 --epochs 3 "$TR"
+wait_for "$T_TMP/c24c.rec" ' phase=train epoch=1 pass=[0-9]+ iter=2 ' 30
+c24=$(train_pid c24c) && kill -STOP "$c24"
+p24=$(nlines c24p " share=pub ")
+# stopped, it holds a slot the producer needs two batches on: 5 s later it is evicted
+wait_for_lines() { local i; for ((i = 0; i < 300; i++)); do [ "$(nlines "$1" "$2")" -ge "$3" ] && return 0; sleep 0.1; done; return 1; }
+wait_for_lines c24p " share=pub " $((p24 + 12))
+[ -n "$c24" ] && kill -CONT "$c24"
+wait_jobs c24p c24c
+STRICT=1
+case_end "24 (a consumer evicted in mid-epoch)" "$S" c24p c24c
+STRICT=
+said24=$(grep -c 'evicted from the stream; reading on from its head, passing over samples this epoch was served' "$T_TMP/c24c.err")
+check "24: evicted in mid-epoch, said once that it passes over samples its epoch was served ($said24), and did ($(vsum passed) passed)" \
+	cond '[ "$said24" = 1 ] && [ "$(vsum passed)" -gt 0 ]'
+ep24=$(grep ' phase=train ' "$T_TMP/c24c.rec" | sed 's/.* epoch=\([0-9]*\) .* n=\([0-9]*\) .*/\1 \2/' |
+	awk '{ s[$1] += $2 } END { for (e = 0; e < 3; e++) printf "%d ", s[e] }')
+check "24: each of its 3 epochs trained 100 samples, served but the first at most ($ep24; shares: $(shares c24c))" \
+	cond '[ "$ep24" = "100 100 100 " ] && [[ "$(shares c24c)" =~ ^(own\ ){0,10}(served\ ){20,30}$ ]] &&
+		[ "$(shares c24c | wc -w)" = 30 ]'
+echo "# case 24: $((SECONDS - T1)) s"
+
 # Across every case: no producer freed a buffer a live consumer still had open
 # through IPC (undefined on CUDA; tsemu counts it and overwrites the memory).
 freed_open=$(cat "$T_TMP"/*.stats 2>/dev/null | python3 -c '
