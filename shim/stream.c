@@ -589,21 +589,22 @@ static int read_batch(struct loader *L, unsigned npos, const size_t *bytes, size
 	struct ts_feed *f = L->f;
 	uint64_t want[TS_MAX_POSITIONS], got[TS_MAX_POSITIONS] = {0}, waited = 0;
 	int ret = next_slot(L, npos, bytes, nsamples, &waited), eoe;
-	if (ret)
-		return ret;
+	uint64_t sb0 = L->info.sample_bytes[0]; /* next_slot: nsamples of it are bytes[0], not 0 */
+	if (ret || !sb0)
+		return ret ? ret : -EPROTO;
 	where->seq = f->r.seq;
-	where->sample = L->info.sample_bytes[0] ? f->r.off[0] / L->info.sample_bytes[0] : 0;
+	where->sample = f->r.off[0] / sb0;
 	for (unsigned p = 0; p < npos; p++)
 		want[p] = bytes[p];
 	ts_batch_ranges_reset(&L->rg);
 	f->read_index = L->ids;
 	uint64_t marked = 0; /* the stage's samples [0, marked) were marked served by keep_unserved */
 	while (got[0] < want[0]) {
-		uint64_t from = got[0] / L->info.sample_bytes[0];
+		uint64_t from = got[0] / sb0;
 		ret = ts_feed_read(f, npos, want, L->stage, got, &eoe, SLICE_NS);
 		if (L->gather) {
 			keep_unserved(L, npos, bytes, nsamples, from, got);
-			marked = got[0] / L->info.sample_bytes[0];
+			marked = got[0] / sb0;
 		}
 		if (ret == 0)
 			continue; /* complete, or an epoch mark: read on into the next epoch */
