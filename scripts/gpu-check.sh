@@ -21,7 +21,7 @@
 # GPU_CHECK_STATIC=build/tests/ts-train-linked, TS_CUDAEMU_CHECK_REAL=1 for
 # case 0's real mode on tsemu, TS_PYTHON=/usr/bin/python3 and
 # GPU_CHECK_TORCH_UPLOAD="--emu-cuda $PWD/build/emu/libcudart.so.13";
-# 81 checks, about 60 s here.)
+# 85 checks, about 80 s here.)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
@@ -172,6 +172,27 @@ wait
 check "slow: both finish" finished sp sc
 check "slow: tsshim-verify" "$VERIFY" "$T/sp.rec" "$T/sc.rec"
 check "slow: nothing left in /dev/shm" no_leftovers "$S"
+
+# 6b. a consumer evicted in mid-epoch (gpu_share case 24): stopped in its
+# second epoch past the stall time (5 s), it is evicted, then gathers what its
+# epoch lacks from the stream (those batches go up from the host): no sample
+# twice in an epoch (--strict), some passed over
+S=gc-$$-evict
+TSSHIM_DEPTH=2 TSSHIM_TIMEOUT_MS=500 job ep "$S" --seed 1 --batch 4 --epochs 6 --step-ms 10
+for _ in $(seq 200); do grep -q '^seq=' "$T/ep.rec" 2>/dev/null && break; sleep 0.05; done
+TSSHIM_DEPTH=2 job ec "$S" --seed 2 --batch 10 --epochs 3
+ect=$! ecp=
+for _ in $(seq 500); do ecp=$(pgrep -P $ect | head -n 1) && [ -n "$ecp" ] && break; sleep 0.01; done
+for _ in $(seq 600); do grep -qE ' phase=train epoch=1 pass=[0-9]+ iter=2 ' "$T/ec.rec" 2>/dev/null && break; sleep 0.05; done
+[ -n "$ecp" ] && kill -STOP "$ecp"
+pub=$(grep -c 'share=pub' "$T/ep.rec")
+for _ in $(seq 300); do [ "$(grep -c 'share=pub' "$T/ep.rec")" -ge $((pub + 12)) ] && break; sleep 0.1; done
+[ -n "$ecp" ] && kill -CONT "$ecp"
+wait
+check "evict: both finish" finished ep ec
+"$VERIFY" --strict "$T/ep.rec" "$T/ec.rec" >"$T/evict.verify" 2>&1
+check "evict: tsshim-verify --strict ($(tail -n 1 "$T/evict.verify"))" grep -q 'passed=[1-9][0-9]* problems=0: OK' "$T/evict.verify"
+check "evict: nothing left in /dev/shm" no_leftovers "$S"
 
 # 7. CUDA graph capture (gpu_share case 21): consumers that capture their uploads
 # (they pass through: from the host), a producer that does, and jobs with a
