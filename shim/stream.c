@@ -36,6 +36,7 @@
 #define MAX_LOADERS 8
 #define MAX_SPANS   192          /* host ranges registered at once, all loaders and feeds */
 #define SLICE_NS    100000000ull /* one wait: 100 ms */
+#define TERM_OURS   UINT64_MAX
 
 struct loader {
 	char key[TS_NAME_MAX];       /* what the program called it (hashed when long) */
@@ -54,14 +55,18 @@ struct loader {
 	size_t ids_cap;
 	/*
 	 * The job's epoch (from its TSSHIM_BATCH_FIRST call): the samples it
-	 * was served (a bitmap over the dataset), and whether it lost its
-	 * place in the stream (evicted in mid-epoch) and so passes over samples
-	 * it was already served (`gather`: at most a dataset's worth, `passed`).
+	 * was served (a bitmap over the dataset), and whether it passes over
+	 * samples it was served (`gather`: it lost its place in the stream, or
+	 * another producer took over, in mid-epoch; `passed`: how many).
 	 */
 	int epoch_known;
 	int gather;
 	uint64_t *served;
 	uint64_t nserved, passed;
+	/* the producer term (writer and election epoch, +1) of the last range read, or
+	 * TERM_OURS after we published; whether it changed */
+	uint64_t term;
+	int term_changed;
 	struct ts_batch_ranges rg;
 	struct ts_feed_info info;
 };
@@ -429,6 +434,7 @@ static int produce(struct loader *L, unsigned npos, void *const *data, const siz
 	}
 	L->published_any = 1;
 	L->last_was_end = (flags & TSSHIM_BATCH_LAST) != 0;
+	L->term = TERM_OURS; /* what we read next is another producer's */
 	/* the caller promises not to change the batch before its upload (tsshim.h) */
 	ts_stream_add_published(L, L->gpu, f->w.seq, npos, data, len, TS_CHECK_NONE);
 	if (where)
@@ -507,40 +513,53 @@ static int next_slot(struct loader *L, unsigned npos, const size_t *bytes, size_
 
 /* ---- what the job's epoch was served ------------------------------------------------------- */
 
-static int was_served(const struct loader *L, int64_t id)
+/* A sample index the bitmap covers (a call may name a longer dataset than the feed's). */
+static int known_id(const struct loader *L, int64_t id)
 {
-	return id >= 0 && (L->served[(uint64_t)id / 64] >> ((uint64_t)id % 64) & 1);
+	return id >= 0 && (uint64_t)id < L->f->nindex;
 }
 
-/* Mark (set) or unmark the stage's samples [0, n) as served in this epoch. */
-static void mark_served(struct loader *L, int set, uint64_t n)
+static int was_served(const struct loader *L, int64_t id)
 {
+	return known_id(L, id) && (L->served[(uint64_t)id / 64] >> ((uint64_t)id % 64) & 1);
+}
+
+/* Mark (set) or unmark samples ids[0, n) as trained in this epoch of the job. */
+static void mark_served(struct loader *L, const int64_t *ids, int set, uint64_t n)
+{
+	if (!L->epoch_known)
+		return;
 	for (uint64_t j = 0; j < n; j++) {
-		int64_t id = L->ids[j];
-		if (id < 0 || was_served(L, id) == set)
+		int64_t id = ids[j];
+		if (!known_id(L, id) || was_served(L, id) == set)
 			continue; /* unknown (the producer gave none): never passed over */
 		L->served[(uint64_t)id / 64] ^= 1ull << ((uint64_t)id % 64);
 		L->nserved += set ? 1 : (uint64_t)-1;
 	}
 }
 
-/* A new epoch of the job: nothing served in it yet. 0, or -ENOMEM (then nothing is tracked). */
-static int forget_served(struct loader *L)
+/* A new epoch of the job, whatever its role: nothing trained in it yet. */
+static void forget_served(struct loader *L)
 {
 	size_t words = (L->f->nindex + 63) / 64;
+	L->epoch_known = 0; /* no memory for the bitmap: nothing is tracked, a consumer reads on */
 	if (!L->served && !(L->served = calloc(words, sizeof(*L->served))))
-		return -ENOMEM;
+		return;
 	memset(L->served, 0, words * sizeof(*L->served));
 	L->nserved = L->passed = 0;
 	L->gather = 0;
 	L->epoch_known = 1;
-	return 0;
 }
 
-/* Stop gathering when nothing is left to gather: a dataset's worth passed over, or all of it served. */
+/*
+ * Stop gathering when nothing is left to gather: all of the dataset served,
+ * or two datasets' worth passed over. A stream of permutations holds what
+ * is lacking before that: the rest of the epoch read in (passing at most a
+ * dataset's worth) and the next whole epoch (less than another).
+ */
 static void gather_check(struct loader *L)
 {
-	if (!L->gather || (L->passed <= L->f->nindex && L->nserved < L->f->nindex))
+	if (!L->gather || (L->passed <= 2 * L->f->nindex && L->nserved < L->f->nindex))
 		return;
 	L->gather = 0;
 	ts_info("loader '%s': the stream holds no sample this epoch of the job still lacks; reading on "
@@ -570,7 +589,7 @@ static void keep_unserved(struct loader *L, unsigned npos, const size_t *bytes, 
 				memcpy((char *)L->stage[p] + kept * sb, (char *)L->stage[p] + j * sb, sb);
 			}
 		L->ids[kept++] = id;
-		if (id >= 0 && !was_served(L, id)) {
+		if (known_id(L, id) && !was_served(L, id)) {
 			L->served[(uint64_t)id / 64] |= 1ull << ((uint64_t)id % 64);
 			L->nserved++;
 		}
@@ -580,6 +599,34 @@ static void keep_unserved(struct loader *L, unsigned npos, const size_t *bytes, 
 	L->rg.overflow = 1; /* its ranges no longer say where the stage's bytes came from: upload from the host */
 	for (unsigned p = 0; p < npos; p++)
 		got[p] = kept * (bytes[p] / nsamples);
+}
+
+/* feed->on_range of a loader: notes whose batches it reads (a takeover changes that). */
+static void loader_on_range(void *arg, uint32_t p, const struct ts_range *r, uint64_t at)
+{
+	struct loader *L = arg;
+	uint64_t term = ((uint64_t)(uint32_t)r->tag << 8 | r->writer) + 1;
+	if (p == 0 && term != L->term) {
+		L->term_changed |= L->term != 0;
+		L->term = term;
+	}
+	ts_batch_ranges_on_range(&L->rg, p, r, at);
+}
+
+/*
+ * Another producer's batches in mid-epoch (the one we read finished or
+ * died, and a successor publishes its own): they may hold samples this
+ * epoch was served. Gather from here on, passing over those.
+ */
+static void gather_on_takeover(struct loader *L)
+{
+	int changed = L->term_changed;
+	L->term_changed = 0;
+	if (!changed || L->gather || !L->epoch_known || !L->nserved)
+		return;
+	L->gather = 1;
+	ts_info("loader '%s': another producer's batches in mid-epoch; passing over samples this epoch was served",
+		L->key);
 }
 
 /* Read the next nsamples of the stream into the stage. -EAGAIN: we are producer now. */
@@ -602,6 +649,7 @@ static int read_batch(struct loader *L, unsigned npos, const size_t *bytes, size
 	while (got[0] < want[0]) {
 		uint64_t from = got[0] / sb0;
 		ret = ts_feed_read(f, npos, want, L->stage, got, &eoe, SLICE_NS);
+		gather_on_takeover(L);
 		if (L->gather) {
 			keep_unserved(L, npos, bytes, nsamples, from, got);
 			marked = got[0] / sb0;
@@ -618,7 +666,7 @@ static int read_batch(struct loader *L, unsigned npos, const size_t *bytes, size
 	}
 	f->read_index = NULL;
 	if (got[0] < want[0])
-		mark_served(L, 0, marked); /* dropped with the batch: not served after all */
+		mark_served(L, L->ids, 0, marked); /* dropped with the batch: not served after all */
 	return got[0] < want[0] ? ret : 0;
 }
 
@@ -738,8 +786,6 @@ static int not_served(struct loader *L, int ret)
 /* A job's epoch begins: aligned (0, attached), its own (0, own_epoch set), or an error. */
 static int begin_epoch(struct loader *L)
 {
-	if (forget_served(L))
-		L->epoch_known = 0; /* no memory for the bitmap: an eviction reads on from the head */
 	int ret = align_epoch(L);
 	L->own_epoch = ret == ALIGN_OWN;
 	return ret == ALIGN_OWN ? 0 : ret;
@@ -772,8 +818,8 @@ static int consume(struct loader *L, unsigned npos, void *const *data, const siz
 			if (L->own_epoch)
 				break;
 		}
-		f->on_range = ts_batch_ranges_on_range;
-		f->on_range_arg = &L->rg;
+		f->on_range = loader_on_range;
+		f->on_range_arg = L;
 		ret = read_batch(L, npos, bytes, nsamples, &at);
 		f->on_range = NULL;
 		if (ret != -ESTALE && ret != -ENOTCONN)
@@ -788,8 +834,7 @@ static int consume(struct loader *L, unsigned npos, void *const *data, const siz
 		return TSSHIM_BATCH_OWN;
 	if (ret)
 		return not_served(L, ret);
-	if (L->epoch_known)
-		mark_served(L, 1, nsamples);
+	mark_served(L, L->ids, 1, nsamples);
 	uint64_t len[TS_MAX_POSITIONS];
 	for (unsigned p = 0; p < npos; p++) {
 		memcpy(data[p], L->stage[p], bytes[p]);
@@ -837,6 +882,8 @@ TS_EXPORT int tsshim_batch(const char *loader, unsigned npos, void *const *data,
 	if (L && !L->off && L->f) {
 		ts_stream_drop(L);
 		ts_gpu_keep_end(L->gpu);
+		if (flags & TSSHIM_BATCH_FIRST)
+			forget_served(L);
 		/* a role may change once: a consumer that becomes producer publishes its own batch */
 		for (int turn = 0; turn < 2; turn++) {
 			if (ts_feed_role(L->f) == TS_ROLE_PRODUCER)
@@ -847,6 +894,8 @@ TS_EXPORT int tsshim_batch(const char *loader, unsigned npos, void *const *data,
 				break;
 			ret = TSSHIM_BATCH_OWN;
 		}
+		if (ret != TSSHIM_BATCH_SERVED) /* the job trains its own batch (published or not) */
+			mark_served(L, ids, 1, nsamples);
 	}
 	pthread_mutex_unlock(&mu);
 	ts_in_hook = prev;
