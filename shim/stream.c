@@ -649,9 +649,11 @@ static int read_batch(struct loader *L, unsigned npos, const size_t *bytes, size
 	while (got[0] < want[0]) {
 		uint64_t from = got[0] / sb0;
 		ret = ts_feed_read(f, npos, want, L->stage, got, &eoe, SLICE_NS);
+		int was = L->gather;
 		gather_on_takeover(L);
 		if (L->gather) {
-			keep_unserved(L, npos, bytes, nsamples, from, got);
+			/* from the batch's start when it begins now: what we read of it before counts too */
+			keep_unserved(L, npos, bytes, nsamples, was ? from : 0, got);
 			marked = got[0] / sb0;
 		}
 		if (ret == 0)

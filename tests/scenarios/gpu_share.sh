@@ -112,6 +112,12 @@ train_pid() {
 started() { wait_for "$T_TMP/$1.rec" ' share=' 20; }
 # nlines NAME PATTERN: batch lines of the record matching PATTERN
 nlines() { grep -v '^#' "$T_TMP/$1.rec" 2>/dev/null | grep -cE -- "$2"; }
+# wait_for_lines NAME PATTERN N: wait (30 s at most) until N batch lines of the record match
+wait_for_lines() {
+	local i
+	for ((i = 0; i < 300; i++)); do [ "$(nlines "$1" "$2")" -ge "$3" ] && return 0; sleep 0.1; done
+	return 1
+}
 # shares NAME: the share= values of the training lines, one word each
 shares() { grep ' phase=train ' "$T_TMP/$1.rec" | grep -oE ' share=[a-z]+' | cut -d= -f2 | tr '\n' ' '; }
 # stat NAME KEY: the tsemu counter of the job's main process (most API calls)
@@ -889,7 +895,6 @@ wait_for "$T_TMP/c24c.rec" ' phase=train epoch=1 pass=[0-9]+ iter=2 ' 30
 c24=$(train_pid c24c) && kill -STOP "$c24"
 p24=$(nlines c24p " share=pub ")
 # stopped, it holds a slot the producer needs two batches on: 5 s later it is evicted
-wait_for_lines() { local i; for ((i = 0; i < 300; i++)); do [ "$(nlines "$1" "$2")" -ge "$3" ] && return 0; sleep 0.1; done; return 1; }
 wait_for_lines c24p " share=pub " $((p24 + 12))
 [ -n "$c24" ] && kill -CONT "$c24"
 wait_jobs c24p c24c
