@@ -1229,6 +1229,8 @@ int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, vo
 		ptr[p] = (char *)base + h->off[p] + rd->r[p][0].off;
 		got[p] = rd->got[p];
 	}
+	if (f->read_index) /* from our private mapping: the bytes the view holds */
+		copy_index(f, h, base, &rd->r[0][0], 0);
 	if (f->on_range) {
 		uint64_t at[TS_MAX_POSITIONS] = {0};
 		report_ranges(f, rd, at);

@@ -101,10 +101,11 @@ struct ts_feed {
 	void (*on_range)(void *arg, uint32_t p, const struct ts_range *r, uint64_t at);
 	void *on_range_arg;
 	/*
-	 * Optional: ts_feed_read stores the dataset index of each sample of
-	 * position 0 it copies at read_index[j], j its sample number in dst[0]
-	 * (the caller sizes it for want[0]); -1 where the producer gave none or
-	 * one outside [0, nindex). Valid where the bytes are (the same advance).
+	 * Optional: ts_feed_read (ts_feed_read_view) stores the dataset index
+	 * of each sample of position 0 it copies (hands out) at read_index[j],
+	 * j its sample number in dst[0] (ptr[0]); the caller sizes it for
+	 * want[0]. -1 where the producer gave none or one outside [0, nindex).
+	 * Valid where the bytes are (the same advance).
 	 */
 	int64_t *read_index;
 };

@@ -247,15 +247,21 @@ static int view_keeper(int ready_fd)
 		return 10;
 	say(ready_fd, 'r');
 	uint64_t want[2] = { 120, 80 }, got[2], id;
+	int64_t index[10] = {0};
 	void *ptr[2];
 	int eoe, ret;
 	f.on_range = note_range;
 	f.on_range_arg = &seen;
+	f.read_index = index;
 	while ((ret = ts_feed_read_view(&f, 2, want, ptr, got, &eoe, &id, 5 * SEC)) == -ETIMEDOUT)
 		;
 	f.on_range = NULL;
+	f.read_index = NULL;
 	if (ret || got[0] != 120 || got[1] != 80 || !id || !batch_is(ptr, 10, 0))
 		return 11;
+	for (int j = 0; j < 10; j++)
+		if (index[j] != perm((uint64_t)j))
+			return 17; /* read_index: each viewed sample's dataset index */
 	for (int p = 0; p < 2; p++)
 		if (seen.n[p] != 1 || seen.r[p].seq != 0 || seen.r[p].off != 0 || seen.r[p].len != got[p] ||
 		    seen.at[p] != 0)

@@ -562,7 +562,7 @@ Test(feed, a_view_keeps_its_bytes_while_the_producer_writes_on)
 	publish_batches(&f, 1, 0, 5);
 	publish_batches(&f, 2, 0, 5); /* slot 0 again at batches 4 and 8: a fresh file each time it is held */
 	cr_expect_eq(wait_exit(pid), 0, "the viewed batch stayed intact (exit 11 view, 12 reads, 13 overwritten, "
-					"14 ranges reported, 15 pages written before, 16 not written after)");
+					"14 ranges reported, 15 pages written before, 16 not written after, 17 read_index)");
 	cr_expect_geq(f.gen[0], 1u, "slot 0's held file was replaced, not written");
 	ts_feed_close(&f);
 	cr_expect_eq(count_feed_files(name), 0, "replaced files leave nothing behind");
