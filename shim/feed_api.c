@@ -80,6 +80,74 @@ static int orphan_release(uint64_t id)
 }
 static struct ts_feed *feeds[MAX_FEEDS];
 static struct feed_gpu *feed_gpus[MAX_FEEDS];
+
+/*
+ * What a reader's epoch trained (the samples it read or published: a bitmap
+ * over the dataset), and, once it lost its place in the stream (evicted in
+ * mid-epoch), what the stream had published of that epoch by then. At the
+ * epoch's end, what was published then and not read was lost: the layer
+ * makes it privately (tsshim_feed_lost). Made by tsshim_feed_epoch_begin();
+ * used by the thread that iterates the feed.
+ */
+struct feed_track {
+	uint64_t *trained;
+	uint64_t *published;         /* a loss noted: the stream's epoch as published then */
+	uint64_t loss_epoch;
+	uint64_t sample0;            /* bytes per sample of position 0 (tsshim_feed_next) */
+	int64_t *ids;                /* read_index of the read under way */
+	size_t ids_cap;
+};
+static struct feed_track *feed_tracks[MAX_FEEDS];
+
+static void track_free(int h)
+{
+	struct feed_track *t = feed_tracks[h];
+	feed_tracks[h] = NULL;
+	if (!t)
+		return;
+	free(t->trained);
+	free(t->published);
+	free(t->ids);
+	free(t);
+}
+
+static inline void bit_set(uint64_t *bits, uint64_t i)
+{
+	bits[i / 64] |= 1ull << (i % 64);
+}
+
+static inline int bit_get(const uint64_t *bits, uint64_t i)
+{
+	return (int)(bits[i / 64] >> (i % 64) & 1);
+}
+
+/* Samples [from, to) of the read under way (their ids in t->ids) were trained. */
+static void track_read(struct ts_feed *f, struct feed_track *t, uint64_t from, uint64_t to)
+{
+	for (uint64_t j = from; j < to && j < t->ids_cap; j++)
+		if (t->ids[j] >= 0 && (uint64_t)t->ids[j] < f->nindex)
+			bit_set(t->trained, (uint64_t)t->ids[j]);
+}
+
+/* Point f->read_index at room for want0 bytes of samples; the track, or NULL (nothing noted). */
+static struct feed_track *track_room(int h, struct ts_feed *f, uint64_t want0)
+{
+	struct feed_track *t = feed_tracks[h];
+	if (!t || !t->sample0)
+		return NULL;
+	size_t n = (size_t)(want0 / t->sample0) + 1;
+	if (n > t->ids_cap) {
+		int64_t *m = realloc(t->ids, n * sizeof(*m));
+		if (!m)
+			return NULL;
+		t->ids = m;
+		t->ids_cap = n;
+	}
+	for (size_t j = 0; j < n; j++)
+		t->ids[j] = -1;
+	f->read_index = t->ids;
+	return t;
+}
 /*
  * Every feed session this process has been in (under feeds_lock), swept once
  * more at exit: the PyTorch layer closes its feeds in an atexit handler, and
@@ -223,6 +291,7 @@ TS_EXPORT void tsshim_feed_close(int h)
 	if (f) {
 		ts_in_hook = 1;
 		gpu_close(h, f, 0);
+		track_free(h);
 		ts_feed_close(f);
 		ts_in_hook = prev;
 		free(f);
@@ -249,6 +318,7 @@ void ts_feed_api_fini(void)
 			continue;
 		feeds[i] = NULL;
 		gpu_close(i, f, 1);
+		track_free(i);
 		ts_feed_close(f);
 		free(f);
 	}
@@ -307,7 +377,11 @@ TS_EXPORT int tsshim_feed_publish(int h, uint32_t npos, uint32_t flags, uint64_t
 	};
 	if (!len || !src || (!schema && schema_len))
 		return -EINVAL;
-	return FEED_CALL(h, f, ts_feed_publish(f, &b, ms_ns(timeout_ms)));
+	int ret = FEED_CALL(h, f, ts_feed_publish(f, &b, ms_ns(timeout_ms)));
+	struct feed_track *t = ret == 0 && index && h >= 0 && h < MAX_FEEDS ? feed_tracks[h] : NULL;
+	for (uint64_t i = 0; t && i < nsamples; i++)
+		bit_set(t->trained, (uint64_t)index[i]); /* in [0, nindex): ts_feed_publish checked */
+	return ret;
 }
 
 TS_EXPORT int tsshim_feed_evict_laggards(int h)
@@ -326,6 +400,108 @@ TS_EXPORT int tsshim_feed_stream_state(int h, uint64_t *epoch, int *ended, int64
 TS_EXPORT int tsshim_feed_attach(int h, int at_epoch_start)
 {
 	return FEED_CALL(h, f, ts_feed_attach(f, at_epoch_start));
+}
+
+/* ---- what an epoch trained, and what it lost ------------------------------------------------ */
+
+static int epoch_begin(int h, struct ts_feed *f)
+{
+	struct feed_track *t = feed_tracks[h];
+	size_t words = (f->nindex + 63) / 64;
+	if (!t) {
+		if (!(t = calloc(1, sizeof(*t))) || !(t->trained = calloc(words, sizeof(*t->trained)))) {
+			free(t);
+			return -ENOMEM;
+		}
+		feed_tracks[h] = t;
+	}
+	memset(t->trained, 0, words * sizeof(*t->trained));
+	free(t->published);
+	t->published = NULL;
+	return 0;
+}
+
+/* The layer's epoch begins on this feed: nothing trained in it yet, nothing lost. */
+TS_EXPORT int tsshim_feed_epoch_begin(int h)
+{
+	return FEED_CALL(h, f, epoch_begin(h, f));
+}
+
+/*
+ * Just re-attached at the head after an eviction: note what the stream has
+ * published of the epoch we were reading (the ledger's, while that epoch is
+ * not over). Samples of it behind our new place that we never read are
+ * lost; those ahead we read as usual. 1 noted; 0 not (the epoch ended
+ * meanwhile, or nothing of it was read); -errno.
+ */
+static int note_loss(int h, struct ts_feed *f)
+{
+	struct feed_track *t = feed_tracks[h];
+	uint64_t epoch, nrest, npub, words = (f->nindex + 63) / 64;
+	int ended, ret;
+	if (!t)
+		return -ENOENT;
+	if (ts_feed_role(f) == TS_ROLE_PRODUCER)
+		return 0; /* its stream_state would claim a slot; a producer makes the rest of its epoch anyway */
+	int64_t *rest = malloc(f->nindex * sizeof(*rest));
+	uint64_t *pub = calloc(words, sizeof(*pub));
+	if (!rest || !pub) {
+		free(rest);
+		free(pub);
+		return -ENOMEM;
+	}
+	ret = ts_feed_stream_state(f, &epoch, &ended, rest, &nrest, &npub, 0);
+	if (ret == 0 && !ended && epoch == f->read_epoch && npub && nrest <= f->nindex) {
+		memset(pub, 0xff, words * sizeof(*pub));
+		for (uint64_t i = 0; i < nrest; i++)
+			if (rest[i] >= 0 && (uint64_t)rest[i] < f->nindex)
+				pub[(uint64_t)rest[i] / 64] &= ~(1ull << ((uint64_t)rest[i] % 64));
+		if (t->published && t->loss_epoch == epoch) /* evicted again: both losses count */
+			for (uint64_t i = 0; i < words; i++)
+				pub[i] |= t->published[i];
+		free(t->published);
+		t->published = pub;
+		t->loss_epoch = epoch;
+		pub = NULL;
+		ret = 1;
+	}
+	free(rest);
+	free(pub);
+	return ret;
+}
+
+TS_EXPORT int tsshim_feed_note_loss(int h)
+{
+	return FEED_CALL(h, f, note_loss(h, f));
+}
+
+/*
+ * At the end of an epoch that lost its place: the samples published when it
+ * did and not trained since, ascending, into out (cap entries); *n their
+ * count (0 when no loss was noted). The loss is forgotten.
+ */
+static int lost(int h, struct ts_feed *f, int64_t *out, uint64_t cap, uint64_t *n)
+{
+	struct feed_track *t = feed_tracks[h];
+	*n = 0;
+	if (!t || !t->published)
+		return 0;
+	for (uint64_t i = 0; i < f->nindex; i++)
+		if (bit_get(t->published, i) && !bit_get(t->trained, i)) {
+			if (*n < cap)
+				out[*n] = (int64_t)i;
+			++*n;
+		}
+	free(t->published);
+	t->published = NULL;
+	return *n > cap ? -ENOSPC : 0;
+}
+
+TS_EXPORT int tsshim_feed_lost(int h, int64_t *out, uint64_t cap, uint64_t *n)
+{
+	if (!out || !n)
+		return -EINVAL;
+	return FEED_CALL(h, f, lost(h, f, out, cap, n));
 }
 
 TS_EXPORT int tsshim_feed_detach(int h)
@@ -356,6 +532,8 @@ TS_EXPORT int tsshim_feed_next(int h, uint32_t timeout_ms, uint32_t *npos, uint6
 	*npos = info.npos;
 	*nsamples = info.nsamples;
 	*stream_epoch = info.stream_epoch;
+	if (h >= 0 && h < MAX_FEEDS && feed_tracks[h])
+		feed_tracks[h]->sample0 = info.sample_bytes[0];
 	memcpy(sample_bytes, info.sample_bytes, sizeof(info.sample_bytes));
 	memcpy(schema, info.schema, info.schema_len);
 	*schema_len = info.schema_len;
@@ -381,8 +559,13 @@ static int read_noted(int h, struct ts_feed *f, uint32_t npos, const uint64_t *w
 	for (uint32_t p = 0; p < npos && p < TS_MAX_POSITIONS; p++)
 		fresh &= got[p] == 0;
 	ranges_on(h, f, fresh);
+	struct feed_track *t = track_room(h, f, want[0]);
+	uint64_t from = t ? got[0] / t->sample0 : 0;
 	int ret = ts_feed_read(f, npos, want, dst, got, eoe, timeout_ns);
 	f->on_range = NULL;
+	f->read_index = NULL;
+	if (t)
+		track_read(f, t, from, got[0] / t->sample0);
 	return ret;
 }
 
@@ -390,8 +573,12 @@ static int read_view_noted(int h, struct ts_feed *f, uint32_t npos, const uint64
 			   int *eoe, uint64_t *id, uint64_t timeout_ns)
 {
 	ranges_on(h, f, 1);
+	struct feed_track *t = track_room(h, f, want[0]);
 	int ret = ts_feed_read_view(f, npos, want, ptr, got, eoe, id, timeout_ns);
 	f->on_range = NULL;
+	f->read_index = NULL;
+	if (t && ret == 0)
+		track_read(f, t, 0, got[0] / t->sample0);
 	return ret;
 }
 

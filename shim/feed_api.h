@@ -26,6 +26,9 @@ int tsshim_feed_evict_laggards(int h);
 int tsshim_feed_stream_state(int h, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
 	uint64_t *npublished, uint32_t timeout_ms);
 int tsshim_feed_attach(int h, int at_epoch_start);
+int tsshim_feed_epoch_begin(int h);
+int tsshim_feed_note_loss(int h);
+int tsshim_feed_lost(int h, int64_t *out, uint64_t cap, uint64_t *n);
 int tsshim_feed_detach(int h);
 int tsshim_feed_at_head(int h);
 int tsshim_feed_others(int h);

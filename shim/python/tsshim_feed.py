@@ -130,6 +130,7 @@ def _bind():
         "others": (i32, [i32]),
         "gpu_published": (i32, [i32, u32, ctypes.POINTER(vp), pu64]),
         "gpu_read": (i32, [i32, u32, ctypes.POINTER(vp), pu64, i32]),
+        "epoch_begin": (i32, [i32]), "note_loss": (i32, [i32]), "lost": (i32, [i32, vp, u64, pu64]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, "tsshim_feed_" + name)
@@ -378,9 +379,10 @@ class _Epoch:
         self.made = 0             # batches made as successor
         self.self_waits = 0       # slices spent waiting for data while we had batches to make
         self.gpu = False          # the process uses CUDA: yielded batches are registered for upload
-        self.rest_plan = None     # (indices not published, samples published, carried batch part)
+        self.rest_plan = None     # (indices to make, samples published, carried batch part, what they are)
         self.pending = None       # (got, bytes per sample of position 0) of a copying read under way
         self.drawn = False        # this epoch drew what the job's own iterator would (own_draws)
+        self.loss_noted = False   # evicted in mid-epoch: what we missed is made privately at its end
 
     # -- helpers --
     def role(self):
@@ -541,6 +543,7 @@ class _Epoch:
     def batches(self):
         # a CUDA job (the driver is loaded by now when the model is on the GPU)
         self.gpu = self.lib.tsshim_feed_gpu(self.h) == 1
+        self.lib.tsshim_feed_epoch_begin(self.h)  # what this epoch reads or publishes is noted
         if not self.feed.attached:
             self.attach(at_epoch_start=not self.feed.broke_off)
         if self.role() == ROLE_PRODUCER:
@@ -681,6 +684,14 @@ class _Epoch:
                 # whole before its last batch goes out: a loop that takes exactly
                 # len(loader) batches closes us on that yield (produce_real)
                 self.done_clean = True
+                lost = self.take_lost() if self.loss_noted else None
+                if lost is not None and len(lost) and n < bs:
+                    # the epoch's last, partial batch is the first of what we make privately
+                    self.finish_lost(lost, (node, leaves) if n else None)
+                    yield from self.private_rest()
+                    return
+            else:
+                lost = None
             if n and (n == bs or not loader.drop_last):
                 self.register_upload(leaves, list(got), view=viewed)
                 self.yielded += 1
@@ -693,7 +704,28 @@ class _Epoch:
                 yield _build(node, leaves)
             del leaves
             if eoe.value:
+                if lost is not None and len(lost):
+                    self.finish_lost(lost, None)
+                    yield from self.private_rest()
                 return
+
+    def take_lost(self):
+        """At the end of an epoch that lost its place: the samples published while
+        we were away that we never read (an index tensor), or None."""
+        self.loss_noted = False
+        out = self.torch.empty(self.st.nindex, dtype=self.torch.int64)
+        n = ctypes.c_uint64()
+        if self.lib.tsshim_feed_lost(self.h, out.data_ptr(), self.st.nindex, ctypes.byref(n)):
+            return None
+        return out[:n.value]
+
+    def finish_lost(self, lost, carry):
+        """Make the lost samples privately (private_rest), detached from the feed:
+        the producer goes on meanwhile, and our next epoch starts where the
+        stream's does while the ring holds it."""
+        self.lib.tsshim_feed_detach(self.h)
+        self.feed.attached = False
+        self.rest_plan = (lost, self.st.epoch_samples - len(lost), carry, "published while it was away")
 
     def retry(self, call):
         """A feed call made in slices of up to SLICE_MS (call(ms)): waits serve
@@ -707,8 +739,13 @@ class _Epoch:
             if ret == -errno.ETIMEDOUT:
                 self.on_wait(ms)
             elif ret == -errno.ESTALE:  # evicted while we were away: on from the head
-                hook.log("info", "feed %s: evicted (too slow); continuing at the head" % self.feed.key)
                 self.attach()
+                if self.lib.tsshim_feed_note_loss(self.h) == 1:
+                    self.loss_noted = True
+                    hook.log("info", "feed %s: evicted (too slow); continuing at the head, and what was "
+                             "published meanwhile is made privately at the epoch's end" % self.feed.key)
+                else:
+                    hook.log("info", "feed %s: evicted (too slow); continuing at the head" % self.feed.key)
             elif ret == -errno.ENOTCONN:
                 self.attach()
             elif ret in (0, -errno.EXDEV):
@@ -801,12 +838,12 @@ class _Epoch:
         except (Fallback, NotProducer):
             return
         if not ended:
-            self.rest_plan = (rest, npub, carry)
+            self.rest_plan = (rest, npub, carry, "nobody published")
 
     def private_rest(self):
         """The rest of the stream's epoch from a private DataLoader (nothing published),
         cut at our batch size after the part of a batch we carry."""
-        rest, npub, carry = self.rest_plan
+        rest, npub, carry, which = self.rest_plan
         torch, bs = self.torch, self.loader.batch_size
         self.own_draws()  # the private loader draws from a generator of its own
         n0 = carry[1][0].shape[0] if carry else 0
@@ -817,8 +854,8 @@ class _Epoch:
             if carry:
                 yield _build(*carry)
             return
-        hook.log("info", "feed %s: finishing the epoch privately (%d samples nobody published)"
-                 % (self.feed.key, max(0, self.st.epoch_samples - npub)))
+        hook.log("info", "feed %s: finishing the epoch privately (%d samples %s)"
+                 % (self.feed.key, max(0, self.st.epoch_samples - npub), which))
         while True:
             try:
                 batch, _, _ = _user(next, src)

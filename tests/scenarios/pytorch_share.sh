@@ -25,6 +25,8 @@
 #          elected again behind the stream, it reads on (no hang, no fallback)
 #   l      the same with the ring at its default depth: the successor evicts
 #          the stopped job, which, woken, ends that epoch short (no exception)
+#   ev     a consumer stopped past the stall time in mid-epoch: evicted, it reads
+#          on from the head and makes what it missed privately (whole epochs)
 #   m-p    GPU jobs on tsemu: consumers' uploads served from the producer's
 #          GPU ring; a batch changed before its upload never is
 #   q      GPU jobs, the producer killed: the successor's batches fill the
@@ -423,6 +425,34 @@ if stopped_producer l; then
 	check "(l) plain checks ran and pass but for job 1's short epoch 0 ($(tail -n 1 "$T_TMP/l.verify"))" \
 		cond "grep -q '^verify: ' '$T_TMP/l.verify' && [ -z \"\$other\" ]"
 	[ -z "$other" ] || echo "$other" | head -n 5 | sed 's/^/#   /'
+fi
+
+# --- ev: a consumer evicted in mid-epoch makes what it missed privately -----------
+# Job 2 (a consumer) is SIGSTOPped at its third batch; the producer fills the
+# ring (depth 4), waits the stall time (5 s here) for it, evicts it and goes
+# on. Job 2 is woken while the stream's epoch is still under way: it reads on
+# from the head, then makes privately the samples published while it was
+# away, so its epoch is whole (plain checks: every sample once in every
+# epoch). Before, its epoch lacked them (a consumer checkpointing or
+# validating for longer than the stall time lost them the same way).
+TSSHIM_TIMEOUT_MS=500 job ev 1 1 --barrier "$T_TMP/ev.go:2" --seed 1 --model a --batch-size 8 --workers 2 --epochs 2 --sleep 0.25
+TSSHIM_TIMEOUT_MS=500 job ev 2 1 --barrier "$T_TMP/ev.go:2" --seed 2 --model b --batch-size 16 --workers 2 --epochs 2 --start-delay 0.3
+if wait_for "$T_TMP/ev.2.jsonl" '"loader":"train","epoch":0,"batch":2,' 60; then
+	pid=$(job_pid ev 2)
+	kill -STOP "$pid"
+	# the ring fills, 5 s of stall, the eviction, and more batches of the epoch (20 of 8)
+	wait_for "$T_TMP/ev.1.jsonl" '"loader":"train","epoch":0,"batch":14,' 60
+	kill -CONT "$pid"
+	finished ev 2
+	check "(ev) job 2 lost its place in epoch 0 and made what it missed privately ($(grep -o 'finishing the epoch privately ([0-9]* samples published while it was away)' "$T_TMP/ev.2.err"))" \
+		grep -q 'finishing the epoch privately ([0-9]* samples published while it was away)' "$T_TMP/ev.2.err"
+	timeout 120 "$PY" "$VERIFY" --mode plain --root "$DATA" --cache "$CACHE" $(recs ev 2) >"$T_TMP/ev.verify" 2>&1
+	check "(ev) every epoch of both jobs whole, each sample once ($(tail -n 1 "$T_TMP/ev.verify"))" \
+		cond "grep -q '^verify: ' '$T_TMP/ev.verify' && ! grep -q '^FAIL' '$T_TMP/ev.verify'" ||
+		grep '^FAIL' "$T_TMP/ev.verify" | head -n 5 | sed 's/^/#   /'
+else
+	not_ok "(ev) job 2 recorded no third batch within 60 s"
+	finished ev 2
 fi
 
 # --- s: a job alone that breaks out of every epoch ----------------------------------
