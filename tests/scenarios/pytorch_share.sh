@@ -435,13 +435,13 @@ fi
 # away, so its epoch is whole (plain checks: every sample once in every
 # epoch). Before, its epoch lacked them (a consumer checkpointing or
 # validating for longer than the stall time lost them the same way).
-TSSHIM_TIMEOUT_MS=500 job ev 1 1 --barrier "$T_TMP/ev.go:2" --seed 1 --model a --batch-size 8 --workers 2 --epochs 2 --sleep 0.25
+TSSHIM_TIMEOUT_MS=500 job ev 1 1 --barrier "$T_TMP/ev.go:2" --seed 1 --model a --batch-size 8 --workers 2 --epochs 2 --sleep 0.35
 TSSHIM_TIMEOUT_MS=500 job ev 2 1 --barrier "$T_TMP/ev.go:2" --seed 2 --model b --batch-size 16 --workers 2 --epochs 2 --start-delay 0.3
 if wait_for "$T_TMP/ev.2.jsonl" '"loader":"train","epoch":0,"batch":2,' 60; then
 	pid=$(job_pid ev 2)
 	kill -STOP "$pid"
-	# the ring fills, 5 s of stall, the eviction, and more batches of the epoch (20 of 8)
-	wait_for "$T_TMP/ev.1.jsonl" '"loader":"train","epoch":0,"batch":14,' 60
+	# the ring fills, 5 s of stall, the eviction, more batches; woken 6 batches (2 s) before the epoch (20 of 8) ends
+	wait_for "$T_TMP/ev.1.jsonl" '"loader":"train","epoch":0,"batch":13,' 60
 	kill -CONT "$pid"
 	finished ev 2
 	check "(ev) job 2 lost its place in epoch 0 and made what it missed privately ($(grep -o 'finishing the epoch privately ([0-9]* samples published while it was away)' "$T_TMP/ev.2.err"))" \
