@@ -427,12 +427,27 @@ TS_EXPORT int tsshim_feed_epoch_begin(int h)
 	return FEED_CALL(h, f, epoch_begin(h, f));
 }
 
+/* Was anything of this epoch read or published yet? */
+static int any_trained(const struct ts_feed *f, const struct feed_track *t)
+{
+	for (uint64_t i = 0; i < (f->nindex + 63) / 64; i++)
+		if (t->trained[i])
+			return 1;
+	return 0;
+}
+
 /*
  * Just re-attached at the head after an eviction: note what the stream has
- * published of the epoch we were reading (the ledger's, while that epoch is
- * not over). Samples of it behind our new place that we never read are
- * lost; those ahead we read as usual. 1 noted; 0 not (the epoch ended
- * meanwhile, or nothing of it was read); -errno.
+ * published of the epoch we were reading (ours: that of the last sample we
+ * read, or the stream's current one when we read nothing of it yet).
+ *  1: it is under way; what its ledger says published is noted. Samples of
+ *     it behind our new place that we never read are lost; those ahead we
+ *     read as usual.
+ *  2: it is over (ended, or the stream is past it): all of it was
+ *     published, and what is ahead of us is not ours. Every sample is noted
+ *     as published: the layer, which knows the epoch's samples, ends the
+ *     epoch here and makes those it lacks.
+ *  0: nothing noted (a producer); -errno.
  */
 static int note_loss(int h, struct ts_feed *f)
 {
@@ -450,20 +465,26 @@ static int note_loss(int h, struct ts_feed *f)
 		free(pub);
 		return -ENOMEM;
 	}
-	ret = ts_feed_stream_state(f, &epoch, &ended, rest, &nrest, &npub, 0);
-	if (ret == 0 && !ended && epoch == f->read_epoch && npub && nrest <= f->nindex) {
+	if ((ret = ts_feed_stream_state(f, &epoch, &ended, rest, &nrest, &npub, 0)) == 0) {
+		uint64_t ours = any_trained(f, t) ? f->read_epoch : epoch;
 		memset(pub, 0xff, words * sizeof(*pub));
-		for (uint64_t i = 0; i < nrest; i++)
-			if (rest[i] >= 0 && (uint64_t)rest[i] < f->nindex)
-				pub[(uint64_t)rest[i] / 64] &= ~(1ull << ((uint64_t)rest[i] % 64));
-		if (t->published && t->loss_epoch == epoch) /* evicted again: both losses count */
+		if (!ended && epoch == ours && nrest <= f->nindex) {
+			for (uint64_t i = 0; i < nrest; i++)
+				if (rest[i] >= 0 && (uint64_t)rest[i] < f->nindex)
+					pub[(uint64_t)rest[i] / 64] &= ~(1ull << ((uint64_t)rest[i] % 64));
+			ret = 1;
+		} else if (epoch > ours || (ended && epoch == ours)) {
+			ret = 2;
+		}
+		if (ret && t->published && t->loss_epoch == ours) /* evicted again: both losses count */
 			for (uint64_t i = 0; i < words; i++)
 				pub[i] |= t->published[i];
-		free(t->published);
-		t->published = pub;
-		t->loss_epoch = epoch;
-		pub = NULL;
-		ret = 1;
+		if (ret) {
+			free(t->published);
+			t->published = pub;
+			t->loss_epoch = ours;
+			pub = NULL;
+		}
 	}
 	free(rest);
 	free(pub);

@@ -60,6 +60,11 @@ class _Unshareable(Fallback):
     """The producer gave up publishing (it found its batches cannot be shared)."""
 
 
+class _EpochGone(Exception):
+    """Evicted, and the stream's epoch we were reading is over: what is ahead
+    of us in the feed belongs to a later one."""
+
+
 class _UserError(Exception):
     """What the job's own code (its dataset, collate function, sampler, workers)
     raised inside the layer: it reaches the job as it is (_run), and is never
@@ -641,7 +646,11 @@ class _Epoch:
         torch, loader = self.torch, self.loader
         bs = loader.batch_size
         pin = bool(loader.pin_memory) and torch.cuda.is_available()
-        node, sample_bytes = self.next_info()
+        try:
+            node, sample_bytes = self.next_info()
+        except _EpochGone:
+            yield from self.epoch_gone(None)
+            return
         nodes = _tensor_nodes(node, [])
         nodes.sort(key=lambda n: n["t"])
         npos = len(nodes)
@@ -661,7 +670,11 @@ class _Epoch:
             got = (ctypes.c_uint64 * npos)()
             eoe = ctypes.c_int()
             # no copy when the batch lies in one slot of the feed (pinned batches are copied)
-            leaves = None if pin else self.read_view(npos, want, got, eoe, nodes, dtypes, sample_bytes)
+            try:
+                leaves = None if pin else self.read_view(npos, want, got, eoe, nodes, dtypes, sample_bytes)
+            except _EpochGone:  # a view is all or nothing: nothing was read
+                yield from self.epoch_gone(None)
+                return
             viewed = leaves is not None
             if not viewed:
                 outs = [torch.empty([bs] + n["shape"], dtype=dt, pin_memory=pin) for n, dt in zip(nodes, dtypes)]
@@ -674,6 +687,11 @@ class _Epoch:
                     n = got[0] // sample_bytes[0]
                     self.plan_rest((node, [t[:n] for t in outs]) if n else None)
                     raise
+                except _EpochGone:
+                    n = got[0] // sample_bytes[0]
+                    self.pending = None
+                    yield from self.epoch_gone((node, [t[:n] for t in outs]) if n else None)
+                    return
                 finally:
                     self.pending = None
                 n = got[0] // sample_bytes[0]
@@ -719,12 +737,37 @@ class _Epoch:
             return None
         return out[:n.value]
 
+    def epoch_gone(self, carry):
+        """Evicted, and the stream's epoch we were reading ended while we were away:
+        the epoch ends here. Its samples we never read are made privately (the part
+        of a batch we hold first) when the layer knows them: every sample of the
+        dataset, or of the subset, once. Otherwise the epoch ends short."""
+        torch = self.torch
+        self.done_clean = True
+        lost = self.take_lost()
+        st = self.st
+        known = st.epoch_samples == (len(st.subset) if st.kind == "subset" else st.nindex)
+        if lost is not None and st.kind == "subset":
+            lost = lost[torch.isin(lost, st.subset)]
+        if lost is None or not known or not len(lost):
+            hook.log("info", "feed %s: the stream's epoch ended while we were away; this epoch ends short"
+                     % self.feed.key)
+            self.lib.tsshim_feed_detach(self.h)
+            self.feed.attached = False
+            if carry and (carry[1][0].shape[0] == self.loader.batch_size or not self.loader.drop_last):
+                yield _build(*carry)
+            return
+        hook.log("info", "feed %s: the stream's epoch ended while we were away; this epoch ends here, "
+                 "and what we never read of it is made privately" % self.feed.key)
+        self.attach(at_epoch_start=True)  # the stream's newest epoch's start, while the ring holds it
+        self.finish_lost(lost, carry)
+        yield from self.private_rest()
+
     def finish_lost(self, lost, carry):
-        """Make the lost samples privately (private_rest), detached from the feed:
-        the producer goes on meanwhile, and our next epoch starts where the
-        stream's does while the ring holds it."""
-        self.lib.tsshim_feed_detach(self.h)
-        self.feed.attached = False
+        """Make the lost samples privately (private_rest). We stay attached where
+        our next epoch begins (the stream's next epoch's start): the producer
+        waits on us meanwhile as on any slow reader, the stall time at most (an
+        eviction then is noted like this one)."""
         self.rest_plan = (lost, self.st.epoch_samples - len(lost), carry, "published while it was away")
 
     def retry(self, call):
@@ -740,7 +783,10 @@ class _Epoch:
                 self.on_wait(ms)
             elif ret == -errno.ESTALE:  # evicted while we were away: on from the head
                 self.attach()
-                if self.lib.tsshim_feed_note_loss(self.h) == 1:
+                noted = self.lib.tsshim_feed_note_loss(self.h)
+                if noted == 2:
+                    raise _EpochGone()
+                if noted == 1:
                     self.loss_noted = True
                     hook.log("info", "feed %s: evicted (too slow); continuing at the head, and what was "
                              "published meanwhile is made privately at the epoch's end" % self.feed.key)
