@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "bitmap.h"
 #include "cuda_hooks.h"
 #include "feed.h"
 #include "feed_api.h"
@@ -111,22 +112,12 @@ static void track_free(int h)
 	free(t);
 }
 
-static inline void bit_set(uint64_t *bits, uint64_t i)
-{
-	bits[i / 64] |= 1ull << (i % 64);
-}
-
-static inline int bit_get(const uint64_t *bits, uint64_t i)
-{
-	return (int)(bits[i / 64] >> (i % 64) & 1);
-}
-
 /* Samples [from, to) of the read under way (their ids in t->ids) were trained. */
 static void track_read(struct ts_feed *f, struct feed_track *t, uint64_t from, uint64_t to)
 {
 	for (uint64_t j = from; j < to && j < t->ids_cap; j++)
 		if (t->ids[j] >= 0 && (uint64_t)t->ids[j] < f->nindex)
-			bit_set(t->trained, (uint64_t)t->ids[j]);
+			ts_bit_set(t->trained, (uint64_t)t->ids[j]);
 }
 
 /* Point f->read_index at room for want0 bytes of samples; the track, or NULL (nothing noted). */
@@ -380,7 +371,7 @@ TS_EXPORT int tsshim_feed_publish(int h, uint32_t npos, uint32_t flags, uint64_t
 	int ret = FEED_CALL(h, f, ts_feed_publish(f, &b, ms_ns(timeout_ms)));
 	struct feed_track *t = ret == 0 && index && h >= 0 && h < MAX_FEEDS ? feed_tracks[h] : NULL;
 	for (uint64_t i = 0; t && i < nsamples; i++)
-		bit_set(t->trained, (uint64_t)index[i]); /* in [0, nindex): ts_feed_publish checked */
+		ts_bit_set(t->trained, (uint64_t)index[i]); /* in [0, nindex): ts_feed_publish checked */
 	return ret;
 }
 
@@ -407,7 +398,7 @@ TS_EXPORT int tsshim_feed_attach(int h, int at_epoch_start)
 static int epoch_begin(int h, struct ts_feed *f)
 {
 	struct feed_track *t = feed_tracks[h];
-	size_t words = (f->nindex + 63) / 64;
+	size_t words = ts_bitmap_words(f->nindex);
 	if (!t) {
 		if (!(t = calloc(1, sizeof(*t))) || !(t->trained = calloc(words, sizeof(*t->trained)))) {
 			free(t);
@@ -430,7 +421,7 @@ TS_EXPORT int tsshim_feed_epoch_begin(int h)
 /* Was anything of this epoch read or published yet? */
 static int any_trained(const struct ts_feed *f, const struct feed_track *t)
 {
-	for (uint64_t i = 0; i < (f->nindex + 63) / 64; i++)
+	for (uint64_t i = 0; i < ts_bitmap_words(f->nindex); i++)
 		if (t->trained[i])
 			return 1;
 	return 0;
@@ -452,7 +443,7 @@ static int any_trained(const struct ts_feed *f, const struct feed_track *t)
 static int note_loss(int h, struct ts_feed *f)
 {
 	struct feed_track *t = feed_tracks[h];
-	uint64_t epoch, nrest, npub, words = (f->nindex + 63) / 64;
+	uint64_t epoch, nrest, npub, words = ts_bitmap_words(f->nindex);
 	int ended, ret;
 	if (!t)
 		return -ENOENT;
@@ -471,7 +462,7 @@ static int note_loss(int h, struct ts_feed *f)
 		if (!ended && epoch == ours && nrest <= f->nindex) {
 			for (uint64_t i = 0; i < nrest; i++)
 				if (rest[i] >= 0 && (uint64_t)rest[i] < f->nindex)
-					pub[(uint64_t)rest[i] / 64] &= ~(1ull << ((uint64_t)rest[i] % 64));
+					ts_bit_clear(pub, (uint64_t)rest[i]);
 			ret = 1;
 		} else if (epoch > ours || (ended && epoch == ours)) {
 			ret = 2;
@@ -508,7 +499,7 @@ static int lost(int h, struct ts_feed *f, int64_t *out, uint64_t cap, uint64_t *
 	if (!t || !t->published)
 		return 0;
 	for (uint64_t i = 0; i < f->nindex; i++)
-		if (bit_get(t->published, i) && !bit_get(t->trained, i)) {
+		if (ts_bit_get(t->published, i) && !ts_bit_get(t->trained, i)) {
 			if (*n < cap)
 				out[*n] = (int64_t)i;
 			++*n;

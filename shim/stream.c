@@ -24,6 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bitmap.h"
 #include "feed.h"
 #include "hash.h"
 #include "log.h"
@@ -521,7 +522,7 @@ static int known_id(const struct loader *L, int64_t id)
 
 static int was_served(const struct loader *L, int64_t id)
 {
-	return known_id(L, id) && (L->served[(uint64_t)id / 64] >> ((uint64_t)id % 64) & 1);
+	return known_id(L, id) && ts_bit_get(L->served, (uint64_t)id);
 }
 
 /* Mark (set) or unmark samples ids[0, n) as trained in this epoch of the job. */
@@ -533,7 +534,10 @@ static void mark_served(struct loader *L, const int64_t *ids, int set, uint64_t 
 		int64_t id = ids[j];
 		if (!known_id(L, id) || was_served(L, id) == set)
 			continue; /* unknown (the producer gave none): never passed over */
-		L->served[(uint64_t)id / 64] ^= 1ull << ((uint64_t)id % 64);
+		if (set)
+			ts_bit_set(L->served, (uint64_t)id);
+		else
+			ts_bit_clear(L->served, (uint64_t)id);
 		L->nserved += set ? 1 : (uint64_t)-1;
 	}
 }
@@ -541,7 +545,7 @@ static void mark_served(struct loader *L, const int64_t *ids, int set, uint64_t 
 /* A new epoch of the job, whatever its role: nothing trained in it yet. */
 static void forget_served(struct loader *L)
 {
-	size_t words = (L->f->nindex + 63) / 64;
+	size_t words = ts_bitmap_words(L->f->nindex);
 	L->epoch_known = 0; /* no memory for the bitmap: nothing is tracked, a consumer reads on */
 	if (!L->served && !(L->served = calloc(words, sizeof(*L->served))))
 		return;
@@ -590,7 +594,7 @@ static void keep_unserved(struct loader *L, unsigned npos, const size_t *bytes, 
 			}
 		L->ids[kept++] = id;
 		if (known_id(L, id) && !was_served(L, id)) {
-			L->served[(uint64_t)id / 64] |= 1ull << ((uint64_t)id % 64);
+			ts_bit_set(L->served, (uint64_t)id);
 			L->nserved++;
 		}
 	}
