@@ -68,6 +68,17 @@ struct loader {
 	 * TERM_OURS after we published; whether it changed */
 	uint64_t term;
 	int term_changed;
+	/*
+	 * Epochs longer than the stream's. `sep`: the stream epoch this epoch
+	 * of the job reads; `took_over`: another producer's batches came in
+	 * it. Begun at a stream epoch's start, undisturbed (no eviction, no
+	 * takeover), it read on past that epoch's end (`crossed`): its
+	 * producer leaves its epochs early, or drops their last batch. The
+	 * job's epochs are then its own (`own_epochs`) while that producer
+	 * (`short_producer`, the session's producer word) produces.
+	 */
+	int sep_valid, took_over, crossed, last_crossed, own_epochs;
+	uint64_t sep, short_producer;
 	struct ts_batch_ranges rg;
 	struct ts_feed_info info;
 };
@@ -552,6 +563,8 @@ static void forget_served(struct loader *L)
 	memset(L->served, 0, words * sizeof(*L->served));
 	L->nserved = L->passed = 0;
 	L->gather = 0;
+	L->last_crossed = L->crossed;
+	L->crossed = L->sep_valid = L->took_over = 0;
 	L->epoch_known = 1;
 }
 
@@ -626,11 +639,40 @@ static void gather_on_takeover(struct loader *L)
 {
 	int changed = L->term_changed;
 	L->term_changed = 0;
+	L->took_over |= changed;
 	if (!changed || L->gather || !L->epoch_known || !L->nserved)
 		return;
 	L->gather = 1;
 	ts_info("loader '%s': another producer's batches in mid-epoch; passing over samples this epoch was served",
 		L->key);
+}
+
+/*
+ * The stream epoch of what we read. This epoch of the job began at a stream
+ * epoch's start (align_epoch); reading past that epoch's end, it gathers
+ * from there (the next stream epoch, a fresh draw, holds samples it was
+ * served). Undisturbed until then, the stream's epochs are shorter than the
+ * job's: noted (`crossed`) for its next epoch (epochs_own).
+ */
+static void note_stream_epoch(struct loader *L)
+{
+	struct ts_feed *f = L->f;
+	if (!f->read_any || !L->epoch_known)
+		return;
+	if (!L->sep_valid) {
+		L->sep = f->read_epoch;
+		L->sep_valid = 1;
+		return;
+	}
+	if (f->read_epoch == L->sep)
+		return;
+	L->sep = f->read_epoch;
+	if (L->gather)
+		return; /* evicted, or another producer's batches: gathering already */
+	L->gather = 1;
+	L->crossed = !L->took_over;
+	ts_info("loader '%s': the stream's epoch ended before this epoch of the job (%llu samples served); "
+		"passing over samples it was served", L->key, (unsigned long long)L->nserved);
 }
 
 /* Read the next nsamples of the stream into the stage. -EAGAIN: we are producer now. */
@@ -655,6 +697,7 @@ static int read_batch(struct loader *L, unsigned npos, const size_t *bytes, size
 		ret = ts_feed_read(f, npos, want, L->stage, got, &eoe, SLICE_NS);
 		int was = L->gather;
 		gather_on_takeover(L);
+		note_stream_epoch(L);
 		if (L->gather) {
 			/* from the batch's start when it begins now: what we read of it before counts too */
 			keep_unserved(L, npos, bytes, nsamples, was ? from : 0, got);
@@ -789,9 +832,41 @@ static int not_served(struct loader *L, int ret)
 	return TSSHIM_BATCH_OWN;
 }
 
+/*
+ * A consumer's new epoch: did the last one outlast the stream's epoch it
+ * began at? Then the stream cannot give the job's epochs every sample once
+ * (gathering it from later epochs, each a fresh draw, takes several and may
+ * still miss some; a native program cannot be told which samples to make):
+ * the job trains its own batches while that producer produces. Another
+ * producer: shared again. 1: this epoch is the job's own.
+ */
+static int epochs_own(struct loader *L)
+{
+	uint64_t w = atomic_load_explicit(&L->f->s.seg->producer, memory_order_relaxed);
+	if (L->last_crossed && !L->own_epochs) {
+		L->own_epochs = 1;
+		L->short_producer = w;
+		ts_warn("loader '%s': the stream's epochs hold fewer samples than this job's (its producer leaves "
+			"them early, or drops their last batch): the job trains its own batches while that producer "
+			"produces", L->key);
+	} else if (L->own_epochs && w != L->short_producer) {
+		L->own_epochs = 0;
+		ts_info("loader '%s': another producer; its epochs are shared again", L->key);
+	}
+	L->last_crossed = 0;
+	return L->own_epochs;
+}
+
 /* A job's epoch begins: aligned (0, attached), its own (0, own_epoch set), or an error. */
 static int begin_epoch(struct loader *L)
 {
+	L->sep_valid = 0; /* begun again after an eviction in its first batch: at another stream epoch */
+	if (epochs_own(L)) {
+		if (L->f->attached)
+			ts_feed_detach(L->f); /* nobody waits on a reader that reads nothing */
+		L->own_epoch = 1;
+		return 0;
+	}
 	int ret = align_epoch(L);
 	L->own_epoch = ret == ALIGN_OWN;
 	return ret == ALIGN_OWN ? 0 : ret;
