@@ -21,7 +21,7 @@
 # GPU_CHECK_STATIC=build/tests/ts-train-linked, TS_CUDAEMU_CHECK_REAL=1 for
 # case 0's real mode on tsemu, TS_PYTHON=/usr/bin/python3 and
 # GPU_CHECK_TORCH_UPLOAD="--emu-cuda $PWD/build/emu/libcudart.so.13";
-# 85 checks, about 80 s here.)
+# 89 checks, about 80 s here.)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
@@ -193,6 +193,24 @@ check "evict: both finish" finished ep ec
 "$VERIFY" --strict "$T/ep.rec" "$T/ec.rec" >"$T/evict.verify" 2>&1
 check "evict: tsshim-verify --strict ($(tail -n 1 "$T/evict.verify"))" grep -q 'passed=[1-9][0-9]* problems=0: OK' "$T/evict.verify"
 check "evict: nothing left in /dev/shm" no_leftovers "$S"
+
+# 6c. a producer that leaves its epochs early (gpu_share case 26: 304 of the
+# 320 samples an epoch here, as 96 of 100 there): the consumer gathers the rest of its first shared epoch (from the host), then
+# trains its own batches while that producer produces: no sample twice in an
+# epoch (--strict), some passed over, its later lines its own
+S=gc-$$-short
+job shp "$S" --seed 1 --batch 16 --epochs 12 --break-after 19 --step-ms 10
+for _ in $(seq 200); do grep -q '^seq=' "$T/shp.rec" 2>/dev/null && break; sleep 0.05; done
+job shc "$S" --seed 2 --batch 10 --epochs 3
+wait
+check "short epochs: both finish" finished shp shc
+"$VERIFY" --strict "$T/shp.rec" "$T/shc.rec" >"$T/short.verify" 2>&1
+check "short epochs: tsshim-verify --strict ($(tail -n 1 "$T/short.verify"))" \
+	grep -q 'passed=[1-9][0-9]* problems=0: OK' "$T/short.verify"
+own=$(grep -c 'share=own' "$T/shc.rec") said=$(grep -c "the stream's epochs hold fewer samples than this job's" "$T/shc.err")
+check "short epochs: the consumer said once that its epochs are its own ($said), and they were ($own own lines)" \
+	test "$said" = 1 -a "$own" -gt 0
+check "short epochs: nothing left in /dev/shm" no_leftovers "$S"
 
 # 7. CUDA graph capture (gpu_share case 21): consumers that capture their uploads
 # (they pass through: from the host), a producer that does, and jobs with a
