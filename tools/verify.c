@@ -119,6 +119,7 @@ struct slot {
 	uint64_t k[3]; /* loader, stream batch, sample (0 for batches) */
 	int used;
 	int kind; /* ids: how it was trained (id_kind); stream: the publishing record */
+	uint64_t epoch; /* stream: the publishing line's epoch */
 	const char *file; /* where it was defined; NULL: just added */
 	unsigned long line;
 	uint64_t *h;   /* a stream batch's per-sample hashes */
@@ -191,6 +192,7 @@ static struct {
 	struct table seen;   /* this file's (loader, fseq, sample) -> line */
 	struct table ids;    /* this file's (epoch, sample id) -> line, kind */
 	struct table unknown; /* this file's (epoch): served samples of unknown ids (n) */
+	struct table unknown_passed; /* this file's (epoch, publishing record, its epoch): passes they explained (n) */
 	char *loaders[MAX_LOADERS];
 	int nloaders;
 	/* per loader: stream batches from this one on may lack their pub line
@@ -354,6 +356,7 @@ static void stream_add(const struct line *l)
 	s->file = F.name;
 	s->line = F.line;
 	s->kind = V.rec;
+	s->epoch = l->epoch_v;
 	s->n = V.sh.n;
 	s->h = xcalloc(s->n, sizeof *s->h);
 	memcpy(s->h, V.sh.v, s->n * sizeof *s->h);
@@ -526,11 +529,14 @@ static int passed_over(const struct line *l, const struct slot *s, uint64_t k)
 		return 0;
 	if (!s->ids || !table_get(&V.ids, l->epoch_v, s->ids[k], 0, 0)) {
 		/* it may be one of the epoch's unverifiable samples (a killed
-		 * producer's unrecorded batch): each explains one pass */
+		 * producer's unrecorded batch): each explains one pass in each
+		 * epoch of a publishing job (which holds a sample once), and a
+		 * job gathering what its epoch lacks may read two of them */
 		struct slot *u = table_get(&V.unknown, l->epoch_v, 0, 0, 0);
-		if (!u || !u->n)
+		struct slot *p = table_get(&V.unknown_passed, l->epoch_v, (uint64_t)s->kind, s->epoch, 1);
+		if (!u || p->n >= u->n)
 			return 0;
-		u->n--;
+		p->n++;
 	}
 	V.passed++;
 	return 1;
@@ -777,7 +783,8 @@ static void usage(FILE *f)
 "      The walk may pass over a position whose sample id the record trained\n"
 "      already in that epoch (a consumer that lost its place in the stream\n"
 "      serves only samples its epoch lacks), or else one per unverifiable\n"
-"      sample the record trained before in that epoch (its id is unknown);\n"
+"      sample the record trained before in that epoch (its id is unknown)\n"
+"      in each epoch of a publishing record (which holds a sample once);\n"
 "      no other gap.\n"
 "      Positions of stream batches no pub line records are unverifiable. A\n"
 "      job named by --killed may have published batches after its last\n"
@@ -900,6 +907,7 @@ int main(int argc, char **argv)
 		table_free(&V.seen); /* (d) and (g) are per job */
 		table_free(&V.ids);
 		table_free(&V.unknown);
+		table_free(&V.unknown_passed);
 		V.rec = i;
 		rec_pass(&recs[i], 2, &buf, &cap);
 	}
@@ -916,6 +924,7 @@ int main(int argc, char **argv)
 	table_free(&V.seen);
 	table_free(&V.ids);
 	table_free(&V.unknown);
+	table_free(&V.unknown_passed);
 	free(V.sh.v);
 	free(V.dsh.v);
 	free(V.id.v);
