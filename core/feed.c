@@ -951,6 +951,22 @@ int ts_feed_at_head(struct ts_feed *f)
 	return f->r.seq == atomic_load_explicit(&f->s.seg->ring.pub_seq, memory_order_acquire);
 }
 
+int ts_feed_holds_producer(struct ts_feed *f)
+{
+	uint32_t d;
+	if (!f->attached)
+		return 0;
+	if (!(d = ts_ring_depth(f->s.seg)))
+		return -EBADMSG;
+	/*
+	 * The producer raises claim_seq to n + 1 before it waits for seq n's
+	 * slot, which last held n - d: we hold it while our place is below that
+	 * (acquire: pairs with its seq_cst raise; a stale value only delays us).
+	 */
+	uint64_t claim = atomic_load_explicit(&f->s.seg->ring.claim_seq, memory_order_acquire);
+	return f->r.seq + d < claim;
+}
+
 /* -ESTALE: evicted (or fallen a whole turn behind): detached, attach again. */
 int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *out)
 {

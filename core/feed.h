@@ -178,6 +178,13 @@ int ts_feed_attach(struct ts_feed *f, int at_epoch_start);
 int ts_feed_detach(struct ts_feed *f);
 /* Is the reader at the head, between two batches? */
 int ts_feed_at_head(struct ts_feed *f);
+/*
+ * Does the producer wait on us? 1 when it has claimed (or is waiting to
+ * claim) the slot our place still holds: a reader that will not read for a
+ * while (it makes part of its epoch privately) should detach instead of
+ * holding the stream up. 0 otherwise or when detached; -EBADMSG.
+ */
+int ts_feed_holds_producer(struct ts_feed *f);
 /* Wait for the slot the reader is in and describe it; sets the expected schema. */
 int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *out);
 /*

@@ -532,6 +532,11 @@ TS_EXPORT int tsshim_feed_at_head(int h)
 	return FEED_CALL(h, f, ts_feed_at_head(f));
 }
 
+TS_EXPORT int tsshim_feed_holds_producer(int h)
+{
+	return FEED_CALL(h, f, ts_feed_holds_producer(f));
+}
+
 TS_EXPORT int tsshim_feed_next(int h, uint32_t timeout_ms, uint32_t *npos, uint64_t *nsamples, uint64_t *stream_epoch,
 			       uint64_t *sample_bytes, char *schema, uint32_t *schema_len)
 {

@@ -31,6 +31,7 @@ int tsshim_feed_note_loss(int h);
 int tsshim_feed_lost(int h, int64_t *out, uint64_t cap, uint64_t *n);
 int tsshim_feed_detach(int h);
 int tsshim_feed_at_head(int h);
+int tsshim_feed_holds_producer(int h);
 int tsshim_feed_others(int h);
 int tsshim_feed_next(int h, uint32_t timeout_ms, uint32_t *npos, uint64_t *nsamples, uint64_t *stream_epoch,
 	uint64_t *sample_bytes, char *schema, uint32_t *schema_len);

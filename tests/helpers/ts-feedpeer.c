@@ -156,6 +156,32 @@ static int stall(int ready_fd, int go_fd)
 	return ts_feed_attach(&g, 0) == 0 ? 0 : 22;
 }
 
+/* holding READY GO: attach at the head; not holding the producer yet. Told
+ * that its publish timed out on us: holding it. Read the first batch (2
+ * samples): free again, and so it must say. Exit 0 iff all three hold. */
+static int holding(int ready_fd, int go_fd)
+{
+	struct ts_feed g;
+	if (open_attached(&g, 0))
+		return 10;
+	if (ts_feed_holds_producer(&g) != 0)
+		return 11;
+	say(ready_fd, 'r');
+	hear(go_fd);
+	if (ts_feed_holds_producer(&g) != 1)
+		return 12;
+	uint32_t p0[6];
+	uint64_t p1[2], got[2] = { 0, 0 }, want[2] = { 24, 16 };
+	void *dst[2] = { p0, p1 };
+	int eoe;
+	if (ts_feed_read(&g, 2, want, dst, got, &eoe, 5 * SEC) || got[0] != 24)
+		return 13;
+	if (ts_feed_holds_producer(&g) != 0)
+		return 14;
+	ts_feed_detach(&g);
+	return ts_feed_holds_producer(&g) == 0 ? 0 : 15;
+}
+
 /* fence GO DONE: take the producer role over from a producer that holds an
  * open claim, count the stream (4 samples of epoch 1 published), tell the
  * test, wait until it tried to publish. */
@@ -336,7 +362,7 @@ static int fd_arg(const char *s)
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: ts-feedpeer consumer|schema|corrupt|stall|fence|tail|view-keeper|across|outlive FEED ARGS...\n"
+		fprintf(stderr, "usage: ts-feedpeer consumer|schema|corrupt|stall|holding|fence|tail|view-keeper|across|outlive FEED ARGS...\n"
 				"(started by tests/unit/test_feed.c; see there)\n");
 		return 2;
 	}
@@ -356,6 +382,8 @@ int main(int argc, char **argv)
 		_exit(corrupt(a[0], a[1]));
 	if (!strcmp(role, "stall") && n == 2)
 		_exit(stall(a[0], a[1]));
+	if (!strcmp(role, "holding") && n == 2)
+		_exit(holding(a[0], a[1]));
 	if (!strcmp(role, "fence") && n == 2)
 		_exit(fence(a[0], a[1]));
 	if (!strcmp(role, "tail") && n == 2)

@@ -367,6 +367,30 @@ Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
 	ts_feed_close(&f);
 }
 
+/* A reader that is about to stop reading (it makes part of its epoch
+ * privately) asks whether the producer waits on it, to detach if so. */
+Test(feed, a_reader_knows_when_the_producer_waits_on_it)
+{
+	struct ts_feed f;
+	int64_t idx[2] = { 0, 1 };
+	int go;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	pid_t pid = start_held_peer("holding", &go);
+	for (int k = 0; k < 4; k++)
+		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
+	uint64_t len[2] = { 24, 16 };
+	uint32_t p0[6];
+	uint64_t p1[2];
+	const void *src[2] = { p0, p1 };
+	struct ts_feed_batch b = { .npos = 2, .nsamples = 2, .len = len, .src = src, .index = idx, .stream_epoch = 1,
+				   .schema = schema, .schema_len = (uint32_t)strlen(schema) };
+	cr_expect_eq(ts_feed_publish(&f, &b, SEC / 10), -ETIMEDOUT, "held back by the reader");
+	say(go);
+	cr_expect_eq(wait_exit(pid), 0, "the reader saw itself holding the producer, then free once it read");
+	close(go);
+	ts_feed_close(&f);
+}
+
 Test(feed, stale_files_of_an_ended_session_are_removed)
 {
 	char path[512];
