@@ -904,18 +904,21 @@ static uint64_t epoch_start(struct ts_segment *seg)
 
 	if (pub == 0)
 		return 0;
+	/*
+	 * Ended, and its start gone: the next one starts at the head. Asked
+	 * first: a batch of the next epoch in flight reuses the oldest slot,
+	 * whose meta row cannot be read meanwhile (seen as overwritten below).
+	 */
+	bool ended = ts_ring_slot_meta(seg, pub - 1, &m, &writer) == 0 && (m.flags & TS_BATCH_END_OF_EPOCH);
 	for (s = pub - 1; s > 0 && pub - s < d; s--) {
 		if (ts_ring_slot_meta(seg, s - 1, &m, &writer))
-			return UINT64_MAX; /* overwritten (or odd): not ours to read */
+			return ended ? pub : UINT64_MAX; /* overwritten (or odd): not ours to read */
 		if (m.flags & TS_BATCH_END_OF_EPOCH)
 			return s;
 	}
 	if (s == 0)
 		return 0;
-	/* that epoch's start is gone; if it has ended, the next one starts at the head */
-	if (ts_ring_slot_meta(seg, pub - 1, &m, &writer) == 0 && (m.flags & TS_BATCH_END_OF_EPOCH))
-		return pub;
-	return UINT64_MAX;
+	return ended ? pub : UINT64_MAX;
 }
 
 int ts_feed_attach(struct ts_feed *f, int at_epoch_start)
@@ -924,11 +927,18 @@ int ts_feed_attach(struct ts_feed *f, int at_epoch_start)
 		ts_ring_detach(f->s.seg, &f->r);
 	f->attached = 0;
 	f->schema_hash = 0;
-	uint64_t from = at_epoch_start ? epoch_start(f->s.seg) : UINT64_MAX;
+	uint64_t start = at_epoch_start ? epoch_start(f->s.seg) : UINT64_MAX;
+	/*
+	 * The head is the next seq to be published, not the next to be claimed:
+	 * a batch in flight is the stream's next, and ours to read (a joiner
+	 * notes what was published before its place as what it lacks).
+	 */
+	uint64_t from = start != UINT64_MAX ? start
+					    : atomic_load_explicit(&f->s.seg->ring.pub_seq, memory_order_acquire);
 	int ret = ts_ring_attach_at(f->s.seg, f->s.self, &f->r, from);
 	f->attached = ret == 0;
 	/* attach_at moves a `from` the ring no longer holds to the head */
-	f->at_epoch_start = f->attached && from != UINT64_MAX && f->r.seq == from;
+	f->at_epoch_start = f->attached && start != UINT64_MAX && f->r.seq == start;
 	f->read_any = 0;
 	return ret;
 }

@@ -565,6 +565,23 @@ Test(feed, a_joiner_reads_the_current_epoch_from_its_start_while_the_ring_holds_
 	publish_epoch(&f, 5, 25);      /* 2 batches: an ended epoch the ring holds whole */
 	pid_t ended = start_tail_reader(1);
 	cr_expect_eq(wait_exit(ended), NINDEX, "just after an epoch ended: that epoch, whole, at once");
+
+	/*
+	 * Between epochs with the next one's first batch claimed, not yet
+	 * published (the producer's fence, or a publish under way): that claim
+	 * reuses the oldest slot. Before, its meta row failing to read made the
+	 * epoch start look overwritten, and the head was past the batch in
+	 * flight: both joiners lost the next epoch's first batch.
+	 */
+	publish_epoch(&f, 6, 10);
+	uint64_t epoch, nrest, npub;
+	int was_ended;
+	cr_assert_eq(ts_feed_stream_state(&f, &epoch, &was_ended, NULL, &nrest, &npub, SEC), 0, "claims the next slot");
+	cr_expect(was_ended);
+	pid_t next = start_tail_reader(1), at_head = start_tail_reader(0);
+	publish_batches(&f, 7, 0, 5);
+	cr_expect_eq(wait_exit(next), NINDEX, "a batch in flight at the epoch start: the next epoch, whole");
+	cr_expect_eq(wait_exit(at_head), NINDEX, "at the head: the batch in flight is ours to read");
 	ts_feed_close(&f);
 }
 
