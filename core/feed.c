@@ -973,8 +973,8 @@ int ts_feed_holds_producer(struct ts_feed *f)
 	 * slot, which last held n - d: we hold it while our place is below that
 	 * (acquire: pairs with its seq_cst raise; a stale value only delays us).
 	 */
-	uint64_t claim = atomic_load_explicit(&f->s.seg->ring.claim_seq, memory_order_acquire);
-	return f->r.seq + d < claim;
+	uint64_t claimed = atomic_load_explicit(&f->s.seg->ring.claim_seq, memory_order_acquire);
+	return f->r.seq + d < claimed;
 }
 
 /* -ESTALE: evicted (or fallen a whole turn behind): detached, attach again. */
