@@ -15,6 +15,10 @@ leaves at most a partial last line):
   {"loader": "train"|"val", "epoch": e, "batch": i, "n": len,
    "h": [16 hex digits of sha1(float32 contiguous bytes of each sample)],
    "y": [labels], "loss": x, "t": monotonic seconds}       per yielded batch
+    (with tsshim's PyTorch layer, train batches also carry "pv": how many of
+    the batch's samples the layer made privately, the last ones, as for a
+    late joiner's head; and "role": the layer's role then, 1 producer,
+    2 consumer)
   {"loader": ..., "epoch": e, "end": true, "batches": k, "len": len(loader)}
                                                            after each epoch
                                                            (+ "rng": torch.rand() with --rng-probe)
@@ -305,6 +309,12 @@ def layer_role():
     return None
 
 
+def layer_private(dl):
+    """Samples of dl's shared epochs the layer made privately so far, or None."""
+    st = dl.__dict__.get("_tsshim_state")
+    return getattr(st, "private_samples", None)
+
+
 class Recorder:
     def __init__(self, path):
         self.f = open(path, "w", buffering=1) if path else None
@@ -361,7 +371,8 @@ def main():
                     help="leave each training epoch after N batches")
     ap.add_argument("--exact-len", action="store_true",
                     help="take exactly len(loader) training batches with next() and never ask for the "
-                         "StopIteration after them, as range(len(dl)), zip and islice loops do")
+                         "StopIteration after them, as range(len(dl)), zip and islice loops do (a loader that "
+                         "ends sooner fails the job, as it fails such a loop)")
     ap.add_argument("--sleep", type=float, default=0.0, metavar="S", help="sleep S seconds per training batch")
     ap.add_argument("--sleep-epochs", type=int, default=0, metavar="N",
                     help="--sleep only in the first N epochs (default 0: in all)")
@@ -458,23 +469,33 @@ def main():
             it = fetch_ahead(it)
         data_cpu += time.process_time() - c
         i = 0
+        pv_seen = layer_private(train_dl) or 0
         while True:
+            up = {}
             if (a.break_after and i >= a.break_after) or (a.exact_len and i >= len(train_dl)):
                 break
             c = time.process_time()
-            try:
+            if a.exact_len:  # no try: a loader that ends before len(loader) fails the job, as it would such a loop
                 batch = next(it)
-            except StopIteration:
-                data_cpu += time.process_time() - c
-                break
+            else:
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    data_cpu += time.process_time() - c
+                    break
             data_cpu += time.process_time() - c
+            pv_now = layer_private(train_dl)
+            if pv_now is not None:  # samples of this batch the layer made privately
+                up["pv"], pv_seen = pv_now - pv_seen, pv_now
+            role = layer_role()
+            if role is not None:
+                up["role"] = role
             if a.dict_batch:
                 y, x = batch.values()
             else:
                 x, y = batch
-            up, h = {}, None
+            h = None
             if gpu:  # right after next(), as a training loop uploads (a producer's upload fills the ring)
-                role = layer_role()
                 mut = a.mutate_before_upload == {1: "producer", 2: "consumer"}.get(role)
                 if mut:
                     h = [sample_hash(s) for s in x]  # the batch as the loader yielded it
@@ -482,7 +503,7 @@ def main():
                 st0 = gpu.stats(raw=True)
                 okx, nx = gpu.upload(x)
                 oky, ny = gpu.upload(y) if a.upload == "all" else (True, 0)
-                up = dict(dev=int(okx and oky), up=nx + ny, xb=nx, mut=int(mut), role=role)
+                up.update(dev=int(okx and oky), up=nx + ny, xb=nx, mut=int(mut), role=role)
                 if st0 is not None:
                     up["h2d"] = gpu.stats(raw=True)["h2d_bytes"] - st0["h2d_bytes"]
             opt.zero_grad()

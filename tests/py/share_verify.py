@@ -13,7 +13,8 @@ to (split, transform, index, label). Then, per record (one job) and loader:
             (drop_last: len(loader)*batch distinct ones; --break-after N:
             exactly min(N, len(loader)) batches; in --mode shared a job's
             FIRST training epoch may be short: a late joiner's, which must be
-            a suffix of the stream's epoch, see below); epochs numbered
+            a suffix of the stream's epoch, see below; the shim makes it whole
+            now, with the head made privately); epochs numbered
             0, 1, ... in order, batches 0, 1, ... in order; a job with its
             "done" line completed all its --epochs;
   batches   n == the job's batch size (--val-batch-size for val) except the
@@ -35,6 +36,15 @@ epochs at the same stream epoch must agree sample by sample wherever both
 cover the same position; so complete epochs are identical, a late joiner's
 first epoch equals a suffix of the others' epoch (and must be compared with
 at least one other job's), a killed job's partial epoch equals a prefix.
+An epoch whose record says the layer made samples of it privately (the
+batches' "pv" fields: a job that began it where the ring no longer held
+the stream epoch's start reads that epoch's rest, then makes its head) is
+compared by the part read from the stream, placed at the stream epoch's
+end; complete, it must hold exactly as many private samples as that part
+lacks. The stream may have moved on meanwhile: the job's later epochs are
+placed anew (runs of a job follow one another in the stream). Such a later
+run that the job produced itself (every batch "role" 1: the others had left)
+may have been read by no other job: it is then noted, not compared.
 --mode plain: only the per-job checks.
 
 --expect-workers-zero RECORD (repeatable): that job started no DataLoader
@@ -416,6 +426,18 @@ class View:
         else:
             self.start = None  # both ends may be cut: placed by content
         self.N = N
+        self.private = 0  # samples of the epoch's head, made privately after its suffix (rotate)
+
+    def rotate(self, at):
+        """The epoch's first N - at samples are stream positions at..N-1, the
+        rest made privately (find_rotated): compare the stream part only."""
+        self.private = len(self.seq) - (self.N - at)
+        self.seq = self.seq[:self.N - at]
+        self.batch = self.batch[:self.N - at]
+        self.pos = {}
+        for i, h in enumerate(self.seq):
+            self.pos.setdefault(h, i)
+        self.start = at
 
 
 def compare(a, b):
@@ -496,8 +518,28 @@ def check_shared(recs, table, rep):
             views.append(View(rec, k, ep, N, k == 0, tail_cut))
         if views:
             jobs.append((rec, views))
+    find_rotated(jobs, N, rep)
     check_breakers(breakers, jobs, rep)
-    if len(jobs) < 2:
+    # A job that made an epoch's head privately may find the stream epochs
+    # after it gone by meanwhile: its epochs are aligned in runs, each run
+    # after such an epoch placed on its own (never against its own job).
+    runs = []
+    for rec, views in jobs:
+        run = []
+        for v in views:
+            run.append(v)
+            if v.private:
+                runs.append((rec, run))
+                run = []
+        if run:
+            runs.append((rec, run))
+    # a later run that the job produced itself, batch by batch: only an
+    # alignment under which its epochs agree places it (none: noted below)
+    alone = {j for j, (rec, views) in enumerate(runs)
+             if any(r is rec for r, _ in runs[:j])
+             and all(b.get("role") == 1 for v in views for b in v.ep.batches)}
+    jobs = runs
+    if len({id(rec) for rec, _ in jobs}) < 2:
         for rec, views in jobs:
             if getattr(views[0].ep, "short_first", False):
                 rep.fail(rec.name, "short first epoch (%d samples) and no other job to confirm it is a late join"
@@ -542,13 +584,24 @@ def check_shared(recs, table, rep):
             if j in placed:
                 continue
             for k, ak in placed.items():
+                if jobs[k][0] is jobs[j][0]:
+                    continue
                 r = alignment(jobs[j][1], jobs[k][1])
+                if r and j in alone and not (r[0][0] and r[0][1]):
+                    continue
                 if r and (best is None or r[0] > best[0]):
                     best = (r[0], j, ak + r[1])
         if best is None:
             for j in range(len(jobs)):
-                if j not in placed:
-                    rep.fail(jobs[j][0].name, "its training epochs have no sample in common with any other job's "
+                if j in placed:
+                    continue
+                rec, views = jobs[j]
+                if any(jobs[k][0] is rec for k in placed):  # a later run of a placed job
+                    rep.note("%s epochs %d..%d: no other job read these stream epochs%s; not compared"
+                             % (rec.name, views[0].ep.epoch, views[-1].ep.epoch,
+                                " (it produced them)" if j in alone else ""))
+                else:
+                    rep.fail(rec.name, "its training epochs have no sample in common with any other job's "
                              "epochs: not in the shared stream", "train")
             break
         placed[best[1]] = best[2]
@@ -558,6 +611,8 @@ def check_shared(recs, table, rep):
     for x in range(len(items)):
         for y in range(x + 1, len(items)):
             (j, aj), (k, ak) = items[x], items[y]
+            if jobs[j][0] is jobs[k][0]:
+                continue
             ij, ik = index(jobs[j][1]), index(jobs[k][1])
             for e, v in ij.items():
                 w = ik.get(e + aj - ak)
@@ -579,8 +634,48 @@ def check_shared(recs, table, rep):
     if placed:
         lo = min(placed.values())
         rep.note("stream epochs per job: " + ", ".join(
-            "%s %d..%d" % (jobs[j][0].name, a - lo, a - lo + max(v.k for v in jobs[j][1])) for j, a in sorted(
-                placed.items())))
+            "%s %d..%d" % (jobs[j][0].name, a - lo + min(v.k for v in jobs[j][1]),
+                           a - lo + max(v.k for v in jobs[j][1])) for j, a in sorted(placed.items())))
+    last = {}  # a job's runs follow one another in the stream
+    for j in range(len(jobs)):
+        if j not in placed:
+            continue
+        rec, views = jobs[j]
+        first = placed[j] + min(v.k for v in views)
+        if id(rec) in last and first <= last[id(rec)]:
+            rep.fail(rec.name, "epoch %d is stream epoch %d, not after its previous epoch's %d"
+                     % (views[0].ep.epoch, first - min(placed.values()), last[id(rec)] - min(placed.values())),
+                     "train", views[0].ep.epoch, kind="stream")
+        last[id(rec)] = placed[j] + max(v.k for v in views)
+
+
+def find_rotated(jobs, N, rep):
+    """A job that begins an epoch where the ring no longer holds the stream
+    epoch's start (a late joiner) reads the rest of that stream epoch, then
+    makes its head privately. Its record says which samples the layer made
+    privately (the batches' "pv" fields: the last pv samples of the batch,
+    and all of every batch after it). Such an epoch is compared by its
+    stream part only, placed at the stream epoch's end; when complete, its
+    private samples must be exactly as many as the stream part lacks (the
+    per-job check saw every sample once, so they are that head). An epoch
+    rotated without such a record is a consumer off by some samples."""
+    for _, views in jobs:
+        for v in views:
+            pv = sum(b.get("pv", 0) for b in v.ep.batches)
+            if not pv:
+                continue
+            stream = 0
+            for b in v.ep.batches:
+                n, p = len(b.get("h", [])), b.get("pv", 0)
+                stream += n - min(p, n)
+                if p:
+                    break
+            complete = v.ep.end is not None and len(v.seq) == N
+            if stream == 0 or stream >= len(v.seq) or (complete and pv != N - stream):
+                continue
+            rep.note("%s epoch %d: stream positions %d..%d, then %d samples made privately"
+                     % (v.rec.name, v.ep.epoch, N - stream, N - 1, len(v.seq) - stream))
+            v.rotate(N - stream)
 
 
 def check_breakers(breakers, jobs, rep):
