@@ -126,6 +126,7 @@ def _bind():
         "evict_laggards": (i32, [i32]),
         "stream_state": (i32, [i32, pu64, pi32, vp, pu64, pu64, u32]),
         "attach": (i32, [i32, i32]), "detach": (i32, [i32]), "at_head": (i32, [i32]),
+        "holds_producer": (i32, [i32]),
         "next": (i32, [i32, u32, pu32, pu64, pu64, pu64, ctypes.c_char_p, pu32]),
         "read": (i32, [i32, u32, pu64, ctypes.POINTER(vp), pu64, pi32, u32]),
         "read_view": (i32, [i32, u32, pu64, ctypes.POINTER(vp), pu64, pi32, pu64, u32]),
@@ -164,6 +165,7 @@ class _Feed:
         self.busy = False   # an iterator of ours is running on it
         self.attached = False
         self.broke_off = False  # we left an epoch half-way: next time, on from the head
+        self.reattach = False   # our place may be past the start of our next epoch (epoch_gone)
 
     def role(self):
         return self.lib.tsshim_feed_role(self.h)
@@ -388,6 +390,7 @@ class _Epoch:
         self.pending = None       # (got, bytes per sample of position 0) of a copying read under way
         self.drawn = False        # this epoch drew what the job's own iterator would (own_draws)
         self.loss_noted = False   # evicted in mid-epoch: what we missed is made privately at its end
+        self.loss_why = "published while it was away"
 
     # -- helpers --
     def role(self):
@@ -549,8 +552,15 @@ class _Epoch:
         # a CUDA job (the driver is loaded by now when the model is on the GPU)
         self.gpu = self.lib.tsshim_feed_gpu(self.h) == 1
         self.lib.tsshim_feed_epoch_begin(self.h)  # what this epoch reads or publishes is noted
+        if self.feed.attached and self.feed.reattach:
+            # our place was taken where the stream was when our last epoch found its
+            # stream epoch over (epoch_gone): not necessarily an epoch's start
+            self.lib.tsshim_feed_detach(self.h)
+            self.feed.attached = False
+        self.feed.reattach = False
         if not self.feed.attached:
             self.attach(at_epoch_start=not self.feed.broke_off)
+            self.note_head()
         if self.role() == ROLE_PRODUCER:
             self.lib.tsshim_feed_set_idle(self.h, 0)
             try:
@@ -727,6 +737,22 @@ class _Epoch:
                     yield from self.private_rest()
                 return
 
+    def note_head(self):
+        """Just attached to begin an epoch: where the ring no longer held the stream
+        epoch's start (a late joiner, a job that broke out of its last epoch or left
+        it to make part of it privately), note what the stream had published of it.
+        The samples of that head we do not read are made privately at the stream
+        epoch's end, as an evicted reader's are: the job's epoch holds every sample
+        once, len(loader) batches, as without the shim (a loop of range(len(dl))
+        next() calls never meets a StopIteration)."""
+        noted = self.lib.tsshim_feed_note_loss(self.h)
+        if noted == 1:
+            self.loss_noted = True
+            self.loss_why = "published before it joined"
+        elif noted == 2:
+            # the stream is between epochs: what is ahead of us is the next one, whole
+            self.lib.tsshim_feed_epoch_begin(self.h)
+
     def take_lost(self):
         """At the end of an epoch that lost its place: the samples published while
         we were away that we never read (an index tensor), or None."""
@@ -760,6 +786,7 @@ class _Epoch:
         hook.log("info", "feed %s: the stream's epoch ended while we were away; this epoch ends here, "
                  "and what we never read of it is made privately" % self.feed.key)
         self.attach(at_epoch_start=True)  # the stream's newest epoch's start, while the ring holds it
+        self.feed.reattach = True  # else the head: our next epoch notes what it lacks (batches)
         self.finish_lost(lost, carry)
         yield from self.private_rest()
 
@@ -768,7 +795,7 @@ class _Epoch:
         our next epoch begins (the stream's next epoch's start): the producer
         waits on us meanwhile as on any slow reader, the stall time at most (an
         eviction then is noted like this one)."""
-        self.rest_plan = (lost, self.st.epoch_samples - len(lost), carry, "published while it was away")
+        self.rest_plan = (lost, self.st.epoch_samples - len(lost), carry, self.loss_why)
 
     def retry(self, call):
         """A feed call made in slices of up to SLICE_MS (call(ms)): waits serve
@@ -784,6 +811,8 @@ class _Epoch:
             elif ret == -errno.ESTALE:  # evicted while we were away: on from the head
                 self.attach()
                 noted = self.lib.tsshim_feed_note_loss(self.h)
+                if noted in (1, 2):
+                    self.loss_why = "published while it was away"
                 if noted == 2:
                     raise _EpochGone()
                 if noted == 1:
@@ -903,10 +932,13 @@ class _Epoch:
         hook.log("info", "feed %s: finishing the epoch privately (%d samples %s)"
                  % (self.feed.key, max(0, self.st.epoch_samples - npub), which))
         while True:
+            self.let_producer_go()
             try:
-                batch, _, _ = _user(next, src)
+                batch, cut, _ = _user(next, src)
             except StopIteration:
                 break
+            if type(batch) is not _Raised:
+                self.st.private_samples += len(cut)
             if type(batch) is _Raised:  # the job sees it at this next(), and goes on
                 if carry:
                     yield _build(*carry)
@@ -927,6 +959,20 @@ class _Epoch:
                     batch = joined
                 carry = None
             yield batch
+
+    def let_producer_go(self):
+        """Making part of our epoch privately, we keep our place at the stream's
+        next epoch start, so that the next epoch is shared whole. Once the
+        producer waits on that place, we leave it: nobody waits on a job that
+        is not reading (its next epoch begins where the stream is then, and
+        what it lacks of it is made privately the same way)."""
+        if not self.feed.attached or self.feed.h != self.h:
+            return
+        if self.lib.tsshim_feed_holds_producer(self.h) == 1:
+            self.lib.tsshim_feed_detach(self.h)
+            self.feed.attached = False
+            hook.log("debug", "feed %s: the producer waits on our place while we make part of the epoch "
+                     "privately: leaving it" % self.feed.key)
 
     def start_source(self):
         try:
@@ -993,6 +1039,7 @@ class LoaderState:
         self.rec = None
         self.own_iter_made = False  # an iterator of the loader's own was made (really, or its draws)
         self.base_gen = None        # persistent workers: the generator as own_draws found it (own_iter)
+        self.private_samples = 0    # samples of shared epochs made privately (private_rest), for tests
         if key:
             data = sys.modules["torch.utils.data"]
             self.nindex = len(loader.dataset)

@@ -11,8 +11,9 @@
 #          64/32/96, 64/48/100: one stream, exactly one job started workers;
 #          job 2 overwrites every batch after use (consumers' batches are
 #          copy-on-write views of the feed: nobody else may see that)
-#   d      a late joiner: its first epoch is the stream's epoch, whole when
-#          the ring still held its start, else a suffix
+#   d      a late joiner: its first epoch is whole, len(loader) batches: the
+#          stream's epoch from its start when the ring still holds it, else
+#          its rest, then the head made privately
 #   e      the producer SIGKILLed mid-epoch: a consumer takes over, the others'
 #          epochs stay complete permutations
 #   f      different transforms: no sharing (both start workers), plain checks
@@ -230,15 +231,19 @@ for c in a b c; do
 done
 
 # --- d: a late joiner ------------------------------------------------------------
-# Slow jobs (0.1 s a batch, 10 batches an epoch, 4 epochs): the joiner starts
-# with the others and, once all three have imported torch (the barrier), waits
-# 0.4 s more: it joins about 4 batches in, whatever an import costs (torch 2's
-# takes 5 s here; started only after the 4th batch, the joiner arrived when
-# the others had finished).
-job d 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 4 --sleep 0.1 --barrier "$T_TMP/d.go:3"
-job d 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 4 --sleep 0.1 --barrier "$T_TMP/d.go:3"
-job d 3 1 --seed 3 --model c --batch-size 24 --workers 2 --epochs 4 --sleep 0.1 --barrier "$T_TMP/d.go:3" \
-	--start-delay 0.4
+# Slow jobs (0.2 s a batch, 10 batches an epoch, 4 epochs). The joiner starts
+# with the others but waits at a barrier of its own until job 1 has trained 5
+# batches: it joins in the middle of epoch 0, where the ring (depth 4) no
+# longer holds the epoch's start, whatever an import costs (torch 2's takes
+# 5 s here). It reads the rest of the stream's epoch, then makes the head
+# privately: its first epoch is whole, len(loader) batches taken with next()
+# and no try (--exact-len). Before, it was the suffix (64 of 160 samples)
+# and the job died of StopIteration.
+job d 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 4 --sleep 0.2 --barrier "$T_TMP/d.go:3"
+job d 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 4 --sleep 0.2 --barrier "$T_TMP/d.go:3"
+job d 3 1 --seed 3 --model c --batch-size 24 --workers 2 --epochs 4 --sleep 0.2 --barrier "$T_TMP/d.go:4" --exact-len
+wait_for "$T_TMP/d.1.jsonl" '"loader":"train","epoch":0,"batch":4,' 60
+mkdir -p "$T_TMP/d.go" && touch "$T_TMP/d.go/joiner-go"
 if wait_for "$T_TMP/d.1.jsonl" '"loader":"train","epoch":0,"batch":3,' 60; then
 	# While they run, tsshim-inspect shows the loader's feed: key, producer, consumers, service.
 	feed_seen=
@@ -267,12 +272,52 @@ sys.exit(0 if ok else 1)' "$T_TMP/d.feed" >"$T_TMP/d.feedline" 2>&1; then
 	check "(d) tsshim-inspect shows the running feed: $(cat "$T_TMP/d.feedline" 2>/dev/null)" [ -n "$feed_seen" ]
 	finished d 3
 	first=$(grep '"loader":"train","epoch":0,"batch"' "$T_TMP/d.3.jsonl" | grep -o '"n":[0-9]*' | cut -d: -f2 | total)
-	echo "# (d) the late joiner's first epoch: $first of the $NTRAIN samples of an epoch"
-	verify d "late joiner: its first epoch the stream's whole (start still in the ring) or a suffix, then the same epochs" $(recs d 3)
-	grep '^note: stream' "$T_TMP/d.verify" | sed 's/^note: /# (d) /'
+	check "(d) the late joiner's first epoch holds all $NTRAIN samples ($first), in len(loader) batches taken with next() (no StopIteration)" \
+		[ "$first" = "$NTRAIN" ]
+	verify d "late joiner: each epoch the stream's (whole, or its suffix then its head made privately)" $(recs d 3)
+	grep '^note: stream\|^note: .*made privately' "$T_TMP/d.verify" | sed 's/^note: /# (d) /'
+	check "(d) the joiner's first epoch was the rest of the stream's, then its head made privately" \
+		grep -q '^note: d\.3\.jsonl epoch 0: stream positions [0-9]*\.\.[0-9]*, then [0-9]* samples made privately' \
+		"$T_TMP/d.verify"
 else
 	not_ok "(d) the first job recorded no 4th training batch within 60 s"
 	finished d 3
+fi
+
+# --- dl: a late joiner slower than the stream ------------------------------------
+# Job 2 joins late in epoch 0 and trains slowly in it (0.9 s a batch): making
+# its head privately takes longer than the stall time (5 s). Meanwhile it
+# keeps its place at the stream's next epoch start, so that its next epoch is
+# shared whole; once the producer has filled the ring (depth 4) and waits on
+# that place, job 2 leaves it and the producer goes on (its longest pause
+# between batches is shown). Job 2's next epoch begins where the stream is
+# then, and it makes what it lacks of it privately, as in (d) (here job 1 has
+# ended by then: job 2 produces its next epoch alone). Before, the producer
+# waited on it until its head was made (6.4 s in the case's first timing,
+# the ring full: no batch trained meanwhile), up to the stall time.
+job dl 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 3 --sleep 0.25 --barrier "$T_TMP/dl.go:1"
+TSSHIM_LOG=debug job dl 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 2 --sleep 0.9 --sleep-epochs 1 \
+	--barrier "$T_TMP/dl.go:3" --exact-len
+if wait_for "$T_TMP/dl.1.jsonl" '"loader":"train","epoch":0,"batch":5,' 60; then
+	mkdir -p "$T_TMP/dl.go" && touch "$T_TMP/dl.go/joiner-go"
+	finished dl 2
+	# batches job 1 trained while job 2 made its head privately; its longest pause
+	read -r during pause < <("$PY" -c 'import json,sys
+def train(p):
+    return [r for r in map(json.loads, open(p)) if r.get("loader") == "train" and "h" in r]
+t = [r["t"] for r in train(sys.argv[1])]
+pv = [r["t"] for r in train(sys.argv[2]) if r.get("pv")]
+print(sum(1 for x in t if pv and pv[0] <= x <= pv[-1]), "%.1f" % max(b - a for a, b in zip(t, t[1:])))' \
+		"$T_TMP/dl.1.jsonl" "$T_TMP/dl.2.jsonl" 2>/dev/null)
+	check "(dl) the slow joiner left its place at the stream's next epoch when the producer waited on it" \
+		grep -q 'the producer waits on our place while we make part of the epoch privately: leaving it' "$T_TMP/dl.2.err"
+	check "(dl) the producer trained on while job 2 made its head: ${during:-?} batches meanwhile, more than the ring's 4 (its longest pause ${pause:-?} s, 0.25 s of it its own step)" \
+		cond "[ '${during:-0}' -gt 5 ]"
+	verify dl "slow late joiner: each epoch the stream's (whole, or its suffix then its head made privately)" $(recs dl 2)
+	grep '^note: .*made privately\|^note: .*produced them' "$T_TMP/dl.verify" | sed 's/^note: /# (dl) /'
+else
+	not_ok "(dl) the first job recorded no 6th training batch within 60 s"
+	finished dl 2
 fi
 
 # --- e: the producer dies mid-epoch ----------------------------------------------
@@ -437,10 +482,11 @@ fi
 # feed is the next epoch's, so its epoch ends there, and the samples it never
 # read are made privately. Either way its epoch is whole (plain checks: every
 # sample once in every epoch; (ee) its next epoch begins where the stream is,
-# a suffix when the ring no longer holds that epoch's start, as for a late
-# joiner). Before, its epoch lacked them (ev: a consumer checkpointing or
-# validating for longer than the stall time lost them the same way), or (ee)
-# went on into the stream's next epoch, training samples twice.
+# and what it lacks of it is made privately, as for a late joiner: before, it
+# was that stream epoch's suffix, 128 of 160 samples). Before, its epoch lacked
+# them (ev: a consumer checkpointing or validating for longer than the stall
+# time lost them the same way), or (ee) went on into the stream's next epoch,
+# training samples twice.
 # evicted_consumer CASE PATTERN [ALLOWED]: wake job 2 when job 1's record has
 # PATTERN; plain-check failures of ALLOWED (a record and epoch) are let pass
 evicted_consumer() {
@@ -472,7 +518,7 @@ evicted_consumer() {
 # the ring fills, 5 s of stall, the eviction, more batches: (ev) woken 6 batches
 # (2 s) before the epoch (20 of 8) ends; (ee) 4 batches into the next one
 evicted_consumer ev '"loader":"train","epoch":0,"batch":13,'
-evicted_consumer ee '"loader":"train","epoch":1,"batch":3,' 'ee\.2\.jsonl loader=train epoch=1: '
+evicted_consumer ee '"loader":"train","epoch":1,"batch":3,'
 check "(ee) job 2 ended its epoch where it found the stream's over, not in the next one" \
 	grep -q "the stream's epoch ended while we were away; this epoch ends here" "$T_TMP/ee.2.err"
 
@@ -712,10 +758,14 @@ done
 # sampler's seed. A consumer runs no iterator of its own; it now makes the same
 # draws, so its later torch.rand() values are those of the same job without
 # the shim. Before, they differed from the first epoch on. --rng-probe records
-# torch.rand() after each epoch; job 3 is job 2 without the shim.
+# torch.rand() after each epoch; job 3 is job 2 without the shim. Job 1 trains
+# slowly in epoch 0 (0.2 s a batch), so that job 2, 0.3 s behind it, finds
+# the stream's first batches still in the ring (else it would make that head
+# privately, with workers of its own, as a late joiner does: case d).
 for pers in "" --persistent; do
 	c=x${pers:+p}
-	job "$c" 1 1 --barrier "$T_TMP/$c.go:2" --seed 1 --batch-size 16 --workers 2 $pers --epochs 3 --rng-probe
+	job "$c" 1 1 --barrier "$T_TMP/$c.go:2" --seed 1 --batch-size 16 --workers 2 $pers --epochs 3 --rng-probe \
+		--sleep 0.2 --sleep-epochs 1
 	job "$c" 2 1 --barrier "$T_TMP/$c.go:2" --start-delay 0.3 --seed 2 --batch-size 16 --workers 2 $pers --epochs 3 --rng-probe
 	job "$c" 3 0 --seed 2 --batch-size 16 --workers 2 $pers --epochs 3 --rng-probe
 	finished "$c" 3
