@@ -46,7 +46,8 @@ static void fill(uint32_t *p0, uint64_t *p1, const int64_t *idx, uint64_t n)
 	}
 }
 
-static int publish(struct ts_feed *f, const int64_t *idx, uint64_t n, uint64_t epoch, int eoe, const char *sch)
+static int publish_within(struct ts_feed *f, const int64_t *idx, uint64_t n, uint64_t epoch, int eoe, const char *sch,
+			  uint64_t timeout_ns)
 {
 	uint32_t p0[3 * 64];
 	uint64_t p1[64];
@@ -56,7 +57,12 @@ static int publish(struct ts_feed *f, const int64_t *idx, uint64_t n, uint64_t e
 	struct ts_feed_batch b = { .npos = 2, .flags = eoe ? TS_BATCH_END_OF_EPOCH : 0, .nsamples = n, .len = len,
 				   .src = src, .index = idx, .stream_epoch = epoch, .schema = sch,
 				   .schema_len = (uint32_t)strlen(sch), .cpu_ns = 1000 * n };
-	return ts_feed_publish(f, &b, 5 * SEC);
+	return ts_feed_publish(f, &b, timeout_ns);
+}
+
+static int publish(struct ts_feed *f, const int64_t *idx, uint64_t n, uint64_t epoch, int eoe, const char *sch)
+{
+	return publish_within(f, idx, n, epoch, eoe, sch, 5 * SEC);
 }
 
 extern char **environ;
@@ -352,15 +358,9 @@ Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
 	pid_t pid = start_held_peer("stall", &go);
 	for (int k = 0; k < 4; k++)
 		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
-	uint64_t len[2] = { 24, 16 };
-	uint32_t p0[6];
-	uint64_t p1[2];
-	const void *src[2] = { p0, p1 };
-	struct ts_feed_batch b = { .npos = 2, .nsamples = 2, .len = len, .src = src, .index = idx, .stream_epoch = 1,
-				   .schema = schema, .schema_len = (uint32_t)strlen(schema) };
-	cr_expect_eq(ts_feed_publish(&f, &b, SEC / 10), -ETIMEDOUT, "held back by the stalled consumer");
+	cr_expect_eq(publish_within(&f, idx, 2, 1, 0, schema, SEC / 10), -ETIMEDOUT, "held back by the stalled consumer");
 	cr_expect_eq(ts_feed_evict_laggards(&f), 1);
-	cr_expect_eq(ts_feed_publish(&f, &b, SEC / 10), 0, "free again");
+	cr_expect_eq(publish_within(&f, idx, 2, 1, 0, schema, SEC / 10), 0, "free again");
 	say(go);
 	cr_expect_eq(wait_exit(pid), 0, "the evicted consumer learns it with -ESTALE");
 	close(go);
@@ -378,13 +378,7 @@ Test(feed, a_reader_knows_when_the_producer_waits_on_it)
 	pid_t pid = start_held_peer("holding", &go);
 	for (int k = 0; k < 4; k++)
 		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
-	uint64_t len[2] = { 24, 16 };
-	uint32_t p0[6];
-	uint64_t p1[2];
-	const void *src[2] = { p0, p1 };
-	struct ts_feed_batch b = { .npos = 2, .nsamples = 2, .len = len, .src = src, .index = idx, .stream_epoch = 1,
-				   .schema = schema, .schema_len = (uint32_t)strlen(schema) };
-	cr_expect_eq(ts_feed_publish(&f, &b, SEC / 10), -ETIMEDOUT, "held back by the reader");
+	cr_expect_eq(publish_within(&f, idx, 2, 1, 0, schema, SEC / 10), -ETIMEDOUT, "held back by the reader");
 	say(go);
 	cr_expect_eq(wait_exit(pid), 0, "the reader saw itself holding the producer, then free once it read");
 	close(go);
