@@ -548,7 +548,9 @@ check "(s) a lone job breaking out of each epoch trains on the batches it trains
 # from shared memory as unreadable, say so and run its own loader (it died of an
 # AttributeError in the layer). Job 3, a consumer whose layer is patched to fail
 # (RuntimeError) when it reads a batch, must do the same: a fault of the layer is
-# never the job's.
+# never the job's. Job 1 trains 0.2 s a batch, so that the others, 0.5 s
+# behind, find it producing (without a step, its two epochs took 0.4 s here:
+# it had left, and the case tested nothing).
 cat >"$T_TMP/odd_job.py" <<'PY'
 import os, runpy, sys
 sys.argv = [os.environ["SHARE_JOB"]] + sys.argv[1:]
@@ -567,7 +569,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 PY
 JOB_PLAIN=$JOB
 JOB="$T_TMP/odd_job.py"
-SHARE_JOB=$JOB_PLAIN ODD=schema job t 1 1 --barrier "$T_TMP/t.go:3" --seed 1 --batch-size 32 --workers 0 --epochs 2
+SHARE_JOB=$JOB_PLAIN ODD=schema job t 1 1 --barrier "$T_TMP/t.go:3" --seed 1 --batch-size 32 --workers 0 --epochs 2 \
+	--sleep 0.2
 SHARE_JOB=$JOB_PLAIN ODD=fault job t 3 1 --barrier "$T_TMP/t.go:3" --start-delay 0.5 --seed 3 --batch-size 32 --workers 0 --epochs 2
 JOB=$JOB_PLAIN
 job t 2 1 --barrier "$T_TMP/t.go:3" --start-delay 0.5 --seed 2 --batch-size 32 --workers 0 --epochs 2
