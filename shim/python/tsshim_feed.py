@@ -60,6 +60,18 @@ class _Unshareable(Fallback):
     """The producer gave up publishing (it found its batches cannot be shared)."""
 
 
+class _Hold:
+    """What let_producer_go knows of a private part under way: when it last
+    looked, how many samples the batch since then held, the seconds a
+    sample takes (the job's step included), since when the producer waits."""
+
+    def __init__(self):
+        self.t = None
+        self.made = 0
+        self.pace = None
+        self.since = None
+
+
 class _EpochGone(Exception):
     """Evicted, and the stream's epoch we were reading is over: what is ahead
     of us in the feed belongs to a later one."""
@@ -929,16 +941,18 @@ class _Epoch:
             if carry:
                 yield _build(*carry)
             return
-        hook.log("info", "feed %s: finishing the epoch privately (%d samples %s)"
-                 % (self.feed.key, max(0, self.st.epoch_samples - npub), which))
+        left = max(0, self.st.epoch_samples - npub)
+        hook.log("info", "feed %s: finishing the epoch privately (%d samples %s)" % (self.feed.key, left, which))
+        hold = _Hold()
         while True:
-            self.let_producer_go()
+            self.let_producer_go(hold, left)
             try:
                 batch, cut, _ = _user(next, src)
             except StopIteration:
                 break
-            if type(batch) is not _Raised:
-                self.st.private_samples += len(cut)
+            hold.made = 0 if type(batch) is _Raised else len(cut)
+            self.st.private_samples += hold.made
+            left = max(0, left - hold.made)
             if type(batch) is _Raised:  # the job sees it at this next(), and goes on
                 if carry:
                     yield _build(*carry)
@@ -960,19 +974,36 @@ class _Epoch:
                 carry = None
             yield batch
 
-    def let_producer_go(self):
-        """Making part of our epoch privately, we keep our place at the stream's
-        next epoch start, so that the next epoch is shared whole. Once the
-        producer waits on that place, we leave it: nobody waits on a job that
-        is not reading (its next epoch begins where the stream is then, and
-        what it lacks of it is made privately the same way)."""
+    def let_producer_go(self, hold, left):
+        """Making part of our epoch privately (left samples to go), we keep our
+        place at the stream's next epoch start, so that the next epoch is
+        shared whole and we are in step with the stream from then on. Once
+        the producer waits on that place, we keep it only while its wait so
+        far and what we have left, at our pace (the job's step included),
+        fit in half the stall time: a short wait once, for every epoch after
+        it shared whole. Else we leave it at once, and nobody waits on a job
+        that is not reading: our next epoch begins where the stream is then,
+        and what it lacks of it is made privately the same way."""
+        now = time.monotonic()
+        prev, hold.t = hold.t, now
+        if prev is not None and hold.made:
+            hold.pace = (now - prev) / hold.made
         if not self.feed.attached or self.feed.h != self.h:
             return
-        if self.lib.tsshim_feed_holds_producer(self.h) == 1:
-            self.lib.tsshim_feed_detach(self.h)
-            self.feed.attached = False
-            hook.log("debug", "feed %s: the producer waits on our place while we make part of the epoch "
-                     "privately: leaving it" % self.feed.key)
+        if self.lib.tsshim_feed_holds_producer(self.h) != 1:
+            hold.since = None
+            return
+        if hold.since is None:
+            hold.since = prev if prev is not None else now  # it may have waited since our last look
+        if hold.pace is None:
+            return  # one batch more, to know our pace
+        need = now - hold.since + left * hold.pace
+        if need <= self.feed.stall_ms / 2000.0:
+            return
+        self.lib.tsshim_feed_detach(self.h)
+        self.feed.attached = False
+        hook.log("info", "feed %s: the producer waits on our place, and the %d samples we have left to make take "
+                 "about %.1f s: leaving it" % (self.feed.key, left, left * hold.pace))
 
     def start_source(self):
         try:

@@ -238,10 +238,15 @@ done
 # 5 s here). It reads the rest of the stream's epoch, then makes the head
 # privately: its first epoch is whole, len(loader) batches taken with next()
 # and no try (--exact-len). Before, it was the suffix (64 of 160 samples)
-# and the job died of StopIteration.
+# and the job died of StopIteration. It trains at the stream's pace (0.3 s a
+# batch of 24), and keeps its place at the stream's next epoch start while it
+# makes the head (the producer waits about a second once), so its later
+# epochs are the stream's, whole. Leaving that place as soon as the producer
+# waited, it stayed out of step: 96, 128 and 144 samples of its epochs 1-3
+# made privately.
 job d 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 4 --sleep 0.2 --barrier "$T_TMP/d.go:3"
 job d 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 4 --sleep 0.2 --barrier "$T_TMP/d.go:3"
-job d 3 1 --seed 3 --model c --batch-size 24 --workers 2 --epochs 4 --sleep 0.2 --barrier "$T_TMP/d.go:4" --exact-len
+job d 3 1 --seed 3 --model c --batch-size 24 --workers 2 --epochs 4 --sleep 0.3 --barrier "$T_TMP/d.go:4" --exact-len
 wait_for "$T_TMP/d.1.jsonl" '"loader":"train","epoch":0,"batch":4,' 60
 mkdir -p "$T_TMP/d.go" && touch "$T_TMP/d.go/joiner-go"
 if wait_for "$T_TMP/d.1.jsonl" '"loader":"train","epoch":0,"batch":3,' 60; then
@@ -279,24 +284,29 @@ sys.exit(0 if ok else 1)' "$T_TMP/d.feed" >"$T_TMP/d.feedline" 2>&1; then
 	check "(d) the joiner's first epoch was the rest of the stream's, then its head made privately" \
 		grep -q '^note: d\.3\.jsonl epoch 0: stream positions [0-9]*\.\.[0-9]*, then [0-9]* samples made privately' \
 		"$T_TMP/d.verify"
+	later=$(grep '"loader":"train","epoch":[1-9][0-9]*,"batch"' "$T_TMP/d.3.jsonl" | grep -o '"pv":[0-9]*' | cut -d: -f2 | total)
+	check "(d) the joiner kept its place meanwhile: its later epochs are the stream's, whole, none of it made privately ($later samples)" \
+		[ "$later" = 0 ]
 else
 	not_ok "(d) the first job recorded no 4th training batch within 60 s"
 	finished d 3
 fi
 
 # --- dl: a late joiner slower than the stream ------------------------------------
-# Job 2 joins late in epoch 0 and trains slowly in it (0.9 s a batch): making
-# its head privately takes longer than the stall time (5 s). Meanwhile it
-# keeps its place at the stream's next epoch start, so that its next epoch is
-# shared whole; once the producer has filled the ring (depth 4) and waits on
-# that place, job 2 leaves it and the producer goes on (its longest pause
-# between batches is shown). Job 2's next epoch begins where the stream is
-# then, and it makes what it lacks of it privately, as in (d) (here job 1 has
-# ended by then: job 2 produces its next epoch alone). Before, the producer
-# waited on it until its head was made (6.4 s in the case's first timing,
-# the ring full: no batch trained meanwhile), up to the stall time.
-job dl 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 3 --sleep 0.25 --barrier "$T_TMP/dl.go:1"
-TSSHIM_LOG=debug job dl 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 2 --sleep 0.9 --sleep-epochs 1 \
+# Job 2 joins late in epoch 0 and trains slowly in it (1.2 s a batch): making
+# its head privately takes longer than the stall time (5 s with
+# TSSHIM_TIMEOUT_MS=500). It keeps its place at the stream's next epoch start
+# only while the producer's wait and what it has left fit in half the stall
+# time (case d: they do); here, once the producer has filled the ring (depth
+# 4) and waits, it leaves that place, and the producer trains on (its longest
+# pause is shown). Job 2's next epoch begins where the stream is then (here
+# job 1 has ended by then: job 2 produces that epoch alone). Before, it held
+# its place until the producer evicted it after the stall time (a 5.3 s
+# pause); held for good, the producer trained no batch while job 2 made its
+# head (a 6.4 s pause with the default stall time).
+TSSHIM_TIMEOUT_MS=500 job dl 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 3 --sleep 0.25 \
+	--barrier "$T_TMP/dl.go:1"
+TSSHIM_TIMEOUT_MS=500 job dl 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 2 --sleep 1.2 --sleep-epochs 1 \
 	--barrier "$T_TMP/dl.go:3" --exact-len
 if wait_for "$T_TMP/dl.1.jsonl" '"loader":"train","epoch":0,"batch":5,' 60; then
 	mkdir -p "$T_TMP/dl.go" && touch "$T_TMP/dl.go/joiner-go"
@@ -309,8 +319,9 @@ t = [r["t"] for r in train(sys.argv[1])]
 pv = [r["t"] for r in train(sys.argv[2]) if r.get("pv")]
 print(sum(1 for x in t if pv and pv[0] <= x <= pv[-1]), "%.1f" % max(b - a for a, b in zip(t, t[1:])))' \
 		"$T_TMP/dl.1.jsonl" "$T_TMP/dl.2.jsonl" 2>/dev/null)
-	check "(dl) the slow joiner left its place at the stream's next epoch when the producer waited on it" \
-		grep -q 'the producer waits on our place while we make part of the epoch privately: leaving it' "$T_TMP/dl.2.err"
+	check "(dl) the slow joiner left its place at the stream's next epoch when the producer waited on it: $(grep -o 'the [0-9]* samples we have left to make take about [0-9.]* s' "$T_TMP/dl.2.err")" \
+		grep -q 'the producer waits on our place, and the [0-9]* samples we have left to make take about [0-9.]* s: leaving it' "$T_TMP/dl.2.err"
+	check "(dl) the producer did not have to evict it" cond "! grep -q 'evicted (too slow)' '$T_TMP/dl.2.err'"
 	check "(dl) the producer trained on while job 2 made its head: ${during:-?} batches meanwhile, more than the ring's 4 (its longest pause ${pause:-?} s, 0.25 s of it its own step)" \
 		cond "[ '${during:-0}' -gt 5 ]"
 	verify dl "slow late joiner: each epoch the stream's (whole, or its suffix then its head made privately)" $(recs dl 2)
