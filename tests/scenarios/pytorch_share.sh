@@ -237,10 +237,10 @@ done
 # longer holds the epoch's start, whatever an import costs (torch 2's takes
 # 5 s here). It reads the rest of the stream's epoch, then makes the head
 # privately: its first epoch is whole, len(loader) batches taken with next()
-# and no try (--exact-len). Before, it was the suffix (64 of 160 samples)
+# and no try (--exact-len). Before, it was the suffix (80 of 160 samples)
 # and the job died of StopIteration. It trains at the stream's pace (0.3 s a
 # batch of 24), and keeps its place at the stream's next epoch start while it
-# makes the head (the producer waits about a second once), so its later
+# makes the head (the producer waits half a second once), so its later
 # epochs are the stream's, whole. Leaving that place as soon as the producer
 # waited, it stayed out of step: 96, 128 and 144 samples of its epochs 1-3
 # made privately.
