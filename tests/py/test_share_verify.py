@@ -63,19 +63,12 @@ def Y(i, split="train"):
     return TABLE.images[split][i][1]
 
 
-def with_private(job, epoch, batch, n):
-    """Mark n samples of that train batch as made privately by the layer ("pv")."""
+def marked(job, epoch, batch=None, **fields):
+    """Set fields on that train batch (every one of the epoch when batch is
+    None): pv, samples the layer made privately; role, its role then."""
     for d in job.lines:
-        if d.get("loader") == "train" and d.get("epoch") == epoch and d.get("batch") == batch:
-            d["pv"] = n
-    return job
-
-
-def with_role(job, epoch, role):
-    """Mark every train batch of that epoch as taken in that layer role (1 producer)."""
-    for d in job.lines:
-        if d.get("loader") == "train" and d.get("epoch") == epoch and "h" in d:
-            d["role"] = role
+        if d.get("loader") == "train" and d.get("epoch") == epoch and "h" in d and batch in (None, d.get("batch")):
+            d.update(fields)
     return job
 
 
@@ -174,14 +167,14 @@ class Good(unittest.TestCase):
 
     def test_late_joiner_makes_its_head_privately(self):
         # joined at sample 2: reads 2..5 from the stream, then makes 0 and 1 privately
-        j = with_private(Job([P0[2:] + [P0[1], P0[0]], P1]), epoch=0, batch=2, n=2)
+        j = marked(Job([P0[2:] + [P0[1], P0[0]], P1]), 0, 2, pv=2)
         n, out = run([Job([P0, P1]), j, Job([P0, P1], bs=3)])
         self.assertEqual(n, 0, out)
         self.assertIn("stream positions 2..5, then 2 samples made privately", out)
 
     def test_late_joiner_finds_the_next_stream_epoch_gone(self):
         # making its head took longer than the stream's epoch 1: its next epoch is epoch 2
-        j = with_private(Job([P0[2:] + [P0[1], P0[0]], P2]), epoch=0, batch=2, n=2)
+        j = marked(Job([P0[2:] + [P0[1], P0[0]], P2]), 0, 2, pv=2)
         n, out = run([Job([P0, P1, P2]), j])
         self.assertEqual(n, 0, out)
         self.assertIn("%s 2..2" % os.path.basename(j.path), out)
@@ -189,14 +182,14 @@ class Good(unittest.TestCase):
     def test_late_joiner_produces_its_next_epoch_alone(self):
         # the others ended while it made its head: it produced its next epoch,
         # in its own order, and nobody read it
-        j = with_role(with_private(Job([P0[2:] + [P0[1], P0[0]], P2]), epoch=0, batch=2, n=2), 1, 1)
+        j = marked(marked(Job([P0[2:] + [P0[1], P0[0]], P2]), 0, 2, pv=2), 1, role=1)
         n, out = run([Job([P0, P1]), j])
         self.assertEqual(n, 0, out)
         self.assertIn("%s epochs 1..1: no other job read these stream epochs (it produced them)"
                       % os.path.basename(j.path), out)
 
     def test_late_joiner_killed_while_making_its_head(self):
-        w = with_private(Job([P0[2:] + [P0[1]]], bs=2, done=False), epoch=0, batch=2, n=1)
+        w = marked(Job([P0[2:] + [P0[1]]], bs=2, done=False), 0, 2, pv=1)
         w.lines = [d for d in w.lines if not d.get("end")]
         n, out = run([Job([P0, P1]), w, Job([P0, P1], bs=3)])
         self.assertEqual(n, 0, out)
@@ -267,27 +260,27 @@ class Broken(unittest.TestCase):
 
     def test_late_joiner_head_not_what_it_made(self):
         # rotated by 2, but the record says 1 sample was made privately
-        j = with_private(Job([P0[2:] + [P0[1], P0[0]], P1]), epoch=0, batch=2, n=1)
+        j = marked(Job([P0[2:] + [P0[1], P0[0]], P1]), 0, 2, pv=1)
         self.fails([Job([P0, P1]), j], "differs from")
         # 2 made privately, but the part read from the stream is not the stream's suffix
-        j = with_private(Job([[P0[3], P0[2]] + P0[4:] + [P0[1], P0[0]], P1]), epoch=0, batch=2, n=2)
+        j = marked(Job([[P0[3], P0[2]] + P0[4:] + [P0[1], P0[0]], P1]), 0, 2, pv=2)
         self.fails([Job([P0, P1]), j], "differs from")
         # killed while making it: what it read of the stream must still be the suffix
-        w = with_private(Job([[P0[3], P0[2], P0[4], P0[5], P0[1]]], bs=2, done=False), epoch=0, batch=2, n=1)
+        w = marked(Job([[P0[3], P0[2], P0[4], P0[5], P0[1]]], bs=2, done=False), 0, 2, pv=1)
         w.lines = [d for d in w.lines if not d.get("end")]
         self.fails([Job([P0, P1]), w], "differs from")
 
     def test_epochs_after_a_private_head_go_back_in_the_stream(self):
-        j = with_private(Job([P1[2:] + [P1[1], P1[0]], P0]), epoch=0, batch=2, n=2)
+        j = marked(Job([P1[2:] + [P1[1], P1[0]], P0]), 0, 2, pv=2)
         self.fails([Job([P0, P1, P2]), j], "not after its previous epoch's")
 
     def test_epoch_after_a_private_head_neither_read_nor_produced(self):
         # its next epoch is nobody's: as a consumer (or with no role known) it
         # must be the stream's; produced, it must still be produced whole
         for role in (2, None):
-            j = with_role(with_private(Job([P0[2:] + [P0[1], P0[0]], P2]), epoch=0, batch=2, n=2), 1, role)
+            j = marked(marked(Job([P0[2:] + [P0[1], P0[0]], P2]), 0, 2, pv=2), 1, role=role)
             self.fails([Job([P0, P1]), j], "differs from", "stream epoch 1")
-        j = with_role(with_private(Job([P0[2:] + [P0[1], P0[0]], P2[:5]]), epoch=0, batch=2, n=2), 1, 1)
+        j = marked(marked(Job([P0[2:] + [P0[1], P0[0]], P2[:5]]), 0, 2, pv=2), 1, role=1)
         self.fails([Job([P0, P1]), j], "1 of 6 train images missing")
 
     def test_late_joiner_not_a_suffix(self):

@@ -247,9 +247,8 @@ done
 job d 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 4 --sleep 0.2 --barrier "$T_TMP/d.go:3"
 job d 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 4 --sleep 0.2 --barrier "$T_TMP/d.go:3"
 job d 3 1 --seed 3 --model c --batch-size 24 --workers 2 --epochs 4 --sleep 0.3 --barrier "$T_TMP/d.go:4" --exact-len
-wait_for "$T_TMP/d.1.jsonl" '"loader":"train","epoch":0,"batch":4,' 60
-mkdir -p "$T_TMP/d.go" && touch "$T_TMP/d.go/joiner-go"
-if wait_for "$T_TMP/d.1.jsonl" '"loader":"train","epoch":0,"batch":3,' 60; then
+if wait_for "$T_TMP/d.1.jsonl" '"loader":"train","epoch":0,"batch":4,' 60; then
+	mkdir -p "$T_TMP/d.go" && touch "$T_TMP/d.go/joiner-go"
 	# While they run, tsshim-inspect shows the loader's feed: key, producer, consumers, service.
 	feed_seen=
 	for _ in $(seq 1 100); do
@@ -288,7 +287,8 @@ sys.exit(0 if ok else 1)' "$T_TMP/d.feed" >"$T_TMP/d.feedline" 2>&1; then
 	check "(d) the joiner kept its place meanwhile: its later epochs are the stream's, whole, none of it made privately ($later samples)" \
 		[ "$later" = 0 ]
 else
-	not_ok "(d) the first job recorded no 4th training batch within 60 s"
+	not_ok "(d) the first job recorded no 5th training batch within 60 s"
+	mkdir -p "$T_TMP/d.go" && touch "$T_TMP/d.go/joiner-go"
 	finished d 3
 fi
 
