@@ -97,6 +97,7 @@ struct feed_track {
 	uint64_t sample0;            /* bytes per sample of position 0 (tsshim_feed_next) */
 	int64_t *ids;                /* read_index of the read under way */
 	size_t ids_cap;
+	uint64_t ids_n;              /* samples of the last read with their ids (tsshim_feed_read_ids) */
 };
 static struct feed_track *feed_tracks[MAX_FEEDS];
 
@@ -120,8 +121,12 @@ static void track_read(struct ts_feed *f, struct feed_track *t, uint64_t from, u
 			ts_bit_set(t->trained, (uint64_t)t->ids[j]);
 }
 
-/* Point f->read_index at room for want0 bytes of samples; the track, or NULL (nothing noted). */
-static struct feed_track *track_room(int h, struct ts_feed *f, uint64_t want0)
+/*
+ * Point f->read_index at room for want0 bytes of samples, of which the first
+ * `from` came in earlier calls of the same read (their ids are kept: a read
+ * may come in several calls); the track, or NULL (nothing noted).
+ */
+static struct feed_track *track_room(int h, struct ts_feed *f, uint64_t want0, uint64_t from)
 {
 	struct feed_track *t = feed_tracks[h];
 	if (!t || !t->sample0)
@@ -131,10 +136,13 @@ static struct feed_track *track_room(int h, struct ts_feed *f, uint64_t want0)
 		int64_t *m = realloc(t->ids, n * sizeof(*m));
 		if (!m)
 			return NULL;
+		for (size_t j = t->ids_cap; j < n; j++)
+			m[j] = -1;
 		t->ids = m;
 		t->ids_cap = n;
 	}
-	for (size_t j = 0; j < n; j++)
+	t->ids_n = 0;
+	for (size_t j = from; j < n; j++)
 		t->ids[j] = -1;
 	f->read_index = t->ids;
 	return t;
@@ -576,13 +584,16 @@ static int read_noted(int h, struct ts_feed *f, uint32_t npos, const uint64_t *w
 	for (uint32_t p = 0; p < npos && p < TS_MAX_POSITIONS; p++)
 		fresh &= got[p] == 0;
 	ranges_on(h, f, fresh);
-	struct feed_track *t = track_room(h, f, want[0]);
-	uint64_t from = t ? got[0] / t->sample0 : 0;
+	struct feed_track *t = feed_tracks[h];
+	uint64_t from = t && t->sample0 ? got[0] / t->sample0 : 0;
+	t = track_room(h, f, want[0], fresh ? 0 : from);
 	int ret = ts_feed_read(f, npos, want, dst, got, eoe, timeout_ns);
 	f->on_range = NULL;
 	f->read_index = NULL;
-	if (t)
+	if (t) {
 		track_read(f, t, from, got[0] / t->sample0);
+		t->ids_n = got[0] / t->sample0;
+	}
 	return ret;
 }
 
@@ -590,12 +601,14 @@ static int read_view_noted(int h, struct ts_feed *f, uint32_t npos, const uint64
 			   int *eoe, uint64_t *id, uint64_t timeout_ns)
 {
 	ranges_on(h, f, 1);
-	struct feed_track *t = track_room(h, f, want[0]);
+	struct feed_track *t = track_room(h, f, want[0], 0);
 	int ret = ts_feed_read_view(f, npos, want, ptr, got, eoe, id, timeout_ns);
 	f->on_range = NULL;
 	f->read_index = NULL;
-	if (t && ret == 0)
+	if (t && ret == 0) {
 		track_read(f, t, 0, got[0] / t->sample0);
+		t->ids_n = got[0] / t->sample0;
+	}
 	return ret;
 }
 
@@ -613,6 +626,31 @@ TS_EXPORT int tsshim_feed_read_view(int h, uint32_t npos, const uint64_t *want, 
 	if (!want || !ptr || !got || !eoe || !id)
 		return -EINVAL;
 	return FEED_CALL(h, f, read_view_noted(h, f, npos, want, ptr, got, eoe, id, ms_ns(timeout_ms)));
+}
+
+/*
+ * The dataset index of each sample the last read (all its calls) or view
+ * brought to position 0, -1 where the producer gave none: the first cap of
+ * them into out, their count in *n. The layer gathers by them (a sample the
+ * epoch lacks, from the stream's next epoch). -ENOENT: no epoch begun, or
+ * no read since tsshim_feed_next told the sample size.
+ */
+static int read_ids(int h, int64_t *out, uint64_t cap, uint64_t *n)
+{
+	const struct feed_track *t = feed_tracks[h];
+	*n = 0;
+	if (!t || !t->sample0 || !t->ids)
+		return -ENOENT;
+	*n = t->ids_n < t->ids_cap ? t->ids_n : t->ids_cap;
+	memcpy(out, t->ids, (size_t)(*n < cap ? *n : cap) * sizeof(*out));
+	return *n > cap ? -ENOSPC : 0;
+}
+
+TS_EXPORT int tsshim_feed_read_ids(int h, int64_t *out, uint64_t cap, uint64_t *n)
+{
+	if (!out || !n)
+		return -EINVAL;
+	return FEED_CALL(h, f, ((void)f, read_ids(h, out, cap, n)));
 }
 
 TS_EXPORT int tsshim_feed_release_view(int h, uint64_t id)

@@ -40,6 +40,7 @@ int tsshim_feed_read(int h, uint32_t npos, const uint64_t *want, void *const *ds
 int tsshim_feed_read_view(int h, uint32_t npos, const uint64_t *want, void **ptr, uint64_t *got, int *eoe,
 	uint64_t *id, uint32_t timeout_ms);
 int tsshim_feed_release_view(int h, uint64_t id);
+int tsshim_feed_read_ids(int h, int64_t *out, uint64_t cap, uint64_t *n);
 int tsshim_feed_served(int h, uint64_t batches, uint64_t samples);
 /* GPU serving of the batches the layer yields (feed_api.c) */
 int tsshim_feed_gpu(int h);
