@@ -427,6 +427,7 @@ class View:
             self.start = None  # both ends may be cut: placed by content
         self.N = N
         self.private = 0  # samples of the epoch's head, made privately after its suffix (rotate)
+        self.gathered = []  # of them, those gathered from the next stream epoch, in its order (find_rotated)
 
     def rotate(self, at):
         """The epoch's first N - at samples are stream positions at..N-1, the
@@ -636,6 +637,7 @@ def check_shared(recs, table, rep):
         rep.note("stream epochs per job: " + ", ".join(
             "%s %d..%d" % (jobs[j][0].name, a - lo + min(v.k for v in jobs[j][1]),
                            a - lo + max(v.k for v in jobs[j][1])) for j, a in sorted(placed.items())))
+    check_gathered(jobs, placed, rep)
     last = {}  # a job's runs follow one another in the stream
     for j in range(len(jobs)):
         if j not in placed:
@@ -661,21 +663,65 @@ def find_rotated(jobs, N, rep):
     rotated without such a record is a consumer off by some samples."""
     for _, views in jobs:
         for v in views:
-            pv = sum(b.get("pv", 0) for b in v.ep.batches)
+            pv = sum(b.get("pv", 0) + b.get("gv", 0) for b in v.ep.batches)
             if not pv:
                 continue
             stream = 0
             for b in v.ep.batches:
-                n, p = len(b.get("h", [])), b.get("pv", 0)
+                n, p = len(b.get("h", [])), b.get("pv", 0) + b.get("gv", 0)
                 stream += n - min(p, n)
                 if p:
                     break
             complete = v.ep.end is not None and len(v.seq) == N
             if stream == 0 or stream >= len(v.seq) or (complete and pv != N - stream):
                 continue
-            rep.note("%s epoch %d: stream positions %d..%d, then %d samples made privately"
-                     % (v.rec.name, v.ep.epoch, N - stream, N - 1, len(v.seq) - stream))
+            gathered = [h for b in v.ep.batches if b.get("gv") for h in b.get("h", [])[-b["gv"]:]]
+            rep.note("%s epoch %d: stream positions %d..%d, then %d samples made privately%s"
+                     % (v.rec.name, v.ep.epoch, N - stream, N - 1, len(v.seq) - stream - len(gathered),
+                        " and %d gathered from the next stream epoch" % len(gathered) if gathered else ""))
             v.rotate(N - stream)
+            v.gathered = gathered
+
+
+def check_gathered(jobs, placed, rep):
+    """An epoch that gathered the end of its head from the next stream epoch
+    (find_rotated): each gathered sample is one of that stream epoch, in its
+    order, wherever another job's epoch there covers it; and the job's next
+    epoch is a later stream epoch still (the rest of that one is not its)."""
+    at = {}  # stream epoch -> views of it
+    for j, a in placed.items():
+        for v in jobs[j][1]:
+            at.setdefault(a + v.k, []).append(v)
+    for j, a in placed.items():
+        rec, views = jobs[j]
+        for v in views:
+            if not v.gathered:
+                continue
+            s = a + v.k
+            others = [w for w in at.get(s + 1, []) if w.rec is not rec]
+            if not others:
+                rep.note("%s epoch %d: no other job read the stream epoch it gathered from; not compared"
+                         % (rec.name, v.ep.epoch))
+            for w in others:
+                if w.start is None:
+                    continue
+                pos = [w.start + w.pos[h] for h in v.gathered if h in w.pos]
+                whole = w.start == 0 and len(w.seq) == w.N
+                if any(b <= x for x, b in zip(pos, pos[1:])) or (whole and len(pos) < len(v.gathered)):
+                    rep.fail(rec.name, "its %d gathered samples are not %s's next stream epoch's, in its order "
+                             "(%d of them there)" % (len(v.gathered), w.rec.name, len(pos)), "train",
+                             v.ep.epoch, kind="stream")
+                    break
+    for j, a in placed.items():  # a job's runs are in order: the one after a gathering epoch skips a stream epoch
+        rec, views = jobs[j]
+        nxt = min((k for k in placed if k > j and jobs[k][0] is rec), default=None)
+        if not views[-1].gathered or nxt is None:
+            continue
+        s, first = a + views[-1].k, jobs[nxt][1][0]
+        if placed[nxt] + first.k <= s + 1:
+            rep.fail(rec.name, "epoch %d is stream epoch %d, which its epoch %d gathered from"
+                     % (first.ep.epoch, placed[nxt] + first.k - min(placed.values()), views[-1].ep.epoch),
+                     "train", first.ep.epoch, kind="stream")
 
 
 def check_breakers(breakers, jobs, rep):

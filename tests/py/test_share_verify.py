@@ -65,7 +65,8 @@ def Y(i, split="train"):
 
 def marked(job, epoch, batch=None, **fields):
     """Set fields on that train batch (every one of the epoch when batch is
-    None): pv, samples the layer made privately; role, its role then."""
+    None): pv, samples the layer made privately; gv, samples it gathered from
+    the next stream epoch; role, its role then."""
     for d in job.lines:
         if d.get("loader") == "train" and d.get("epoch") == epoch and "h" in d and batch in (None, d.get("batch")):
             d.update(fields)
@@ -188,6 +189,17 @@ class Good(unittest.TestCase):
         self.assertIn("%s epochs 1..1: no other job read these stream epochs (it produced them)"
                       % os.path.basename(j.path), out)
 
+    def test_late_joiner_gathers_its_head_from_the_next_epoch(self):
+        # joined at sample 3: reads 3..5, makes P0[2] privately, then gathers
+        # P0[0] and P0[1] from the stream's epoch 1 (in its order: 0, then 3);
+        # its next epoch is the stream's epoch 2
+        j = marked(marked(Job([P0[3:] + [P0[2], 0, 3], P2]), 0, 1, pv=1), 0, 2, gv=2)
+        n, out = run([Job([P0, P1, P2]), j, Job([P0, P1, P2], bs=4)])
+        self.assertEqual(n, 0, out)
+        self.assertIn("stream positions 3..5, then 1 samples made privately and 2 gathered from the next stream "
+                      "epoch", out)
+        self.assertIn("%s 0..0, %s 2..2" % (os.path.basename(j.path), os.path.basename(j.path)), out)
+
     def test_late_joiner_killed_while_making_its_head(self):
         w = marked(Job([P0[2:] + [P0[1]]], bs=2, done=False), 0, 2, pv=1)
         w.lines = [d for d in w.lines if not d.get("end")]
@@ -269,6 +281,14 @@ class Broken(unittest.TestCase):
         w = marked(Job([[P0[3], P0[2], P0[4], P0[5], P0[1]]], bs=2, done=False), 0, 2, pv=1)
         w.lines = [d for d in w.lines if not d.get("end")]
         self.fails([Job([P0, P1]), w], "differs from")
+
+    def test_gathered_head_not_the_next_epochs(self):
+        # gathered out of the stream's order
+        j = marked(marked(Job([P0[3:] + [P0[2], 3, 0], P2]), 0, 1, pv=1), 0, 2, gv=2)
+        self.fails([Job([P0, P1, P2]), j], "2 gathered samples are not", "in its order")
+        # its next epoch is the stream epoch it gathered from (it read it twice)
+        j = marked(marked(Job([P0[3:] + [P0[2], 0, 3], P1]), 0, 1, pv=1), 0, 2, gv=2)
+        self.fails([Job([P0, P1, P2]), j], "epoch 1 is stream epoch 1, which its epoch 0 gathered from")
 
     def test_epochs_after_a_private_head_go_back_in_the_stream(self):
         j = marked(Job([P1[2:] + [P1[1], P1[0]], P0]), 0, 2, pv=2)
