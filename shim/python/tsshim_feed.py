@@ -61,7 +61,7 @@ class _Unshareable(Fallback):
 
 
 class _Hold:
-    """What let_producer_go knows of a private part under way: when it last
+    """What producer_waits_too_long knows of a private part under way: when it last
     looked, how many samples the batch since then held, the seconds a
     sample takes (the job's step included), since when the producer waits."""
 
@@ -70,6 +70,10 @@ class _Hold:
         self.made = 0
         self.pace = None
         self.since = None
+
+
+class _PlaceLost(Exception):
+    """Evicted while reading past the rest of a stream epoch (skip_to_epoch_start)."""
 
 
 class _EpochGone(Exception):
@@ -149,6 +153,7 @@ def _bind():
         "gpu_published": (i32, [i32, u32, ctypes.POINTER(vp), pu64]),
         "gpu_read": (i32, [i32, u32, ctypes.POINTER(vp), pu64, i32]),
         "epoch_begin": (i32, [i32]), "note_loss": (i32, [i32]), "lost": (i32, [i32, vp, u64, pu64]),
+        "read_ids": (i32, [i32, vp, u64, pu64]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, "tsshim_feed_" + name)
@@ -178,6 +183,7 @@ class _Feed:
         self.attached = False
         self.broke_off = False  # we left an epoch half-way: next time, on from the head
         self.reattach = False   # our place may be past the start of our next epoch (epoch_gone)
+        self.skip_to_next = False  # our place is inside a stream epoch our last one gathered from (gather)
 
     def role(self):
         return self.lib.tsshim_feed_role(self.h)
@@ -403,6 +409,10 @@ class _Epoch:
         self.drawn = False        # this epoch drew what the job's own iterator would (own_draws)
         self.loss_noted = False   # evicted in mid-epoch: what we missed is made privately at its end
         self.loss_why = "published while it was away"
+        self.layout = None        # (schema node, tensor nodes, dtypes, bytes per sample) of the stream (consume)
+        self.gathering = False    # reading the stream's next epoch for what ours lacks (gather)
+        self.gathered_once = False
+        self.skipping = False     # reading past the rest of a stream epoch (skip_to_epoch_start)
 
     # -- helpers --
     def role(self):
@@ -415,6 +425,7 @@ class _Epoch:
         if ret:
             raise Fallback("cannot attach to the feed: %s" % _err(ret))
         self.feed.attached = True
+        self.feed.skip_to_next = False
 
     def finish(self):
         """End of the epoch, or the job broke out of it: release what we hold."""
@@ -570,6 +581,8 @@ class _Epoch:
             self.lib.tsshim_feed_detach(self.h)
             self.feed.attached = False
         self.feed.reattach = False
+        if self.feed.attached and self.feed.skip_to_next:
+            self.skip_to_epoch_start()
         if not self.feed.attached:
             self.attach(at_epoch_start=not self.feed.broke_off)
             self.note_head()
@@ -687,6 +700,7 @@ class _Epoch:
                 per *= d
             if per != sb:
                 raise Fallback("stream's sample size disagrees with its schema")
+        self.layout = (node, nodes, dtypes, sample_bytes)
         want = (ctypes.c_uint64 * npos)(*[bs * sb for sb in sample_bytes[:npos]])
         while True:
             got = (ctypes.c_uint64 * npos)()
@@ -821,7 +835,12 @@ class _Epoch:
             if ret == -errno.ETIMEDOUT:
                 self.on_wait(ms)
             elif ret == -errno.ESTALE:  # evicted while we were away: on from the head
+                if self.skipping:
+                    raise _PlaceLost()
                 self.attach()
+                if self.gathering:  # any stream epoch holds what we gather
+                    hook.log("info", "feed %s: evicted (too slow) while gathering; on from the head" % self.feed.key)
+                    continue
                 noted = self.lib.tsshim_feed_note_loss(self.h)
                 if noted in (1, 2):
                     self.loss_why = "published while it was away"
@@ -927,16 +946,19 @@ class _Epoch:
         if not ended:
             self.rest_plan = (rest, npub, carry, "nobody published")
 
-    def private_rest(self):
+    def private_rest(self, may_gather=True):
         """The rest of the stream's epoch from a private DataLoader (nothing published),
-        cut at our batch size after the part of a batch we carry."""
+        cut at our batch size after the part of a batch we carry. While we hold our
+        place at the stream's next epoch start, and the producer would wait on it
+        too long, the samples not made yet are gathered from that epoch (gather)."""
         rest, npub, carry, which = self.rest_plan
         torch, bs = self.torch, self.loader.batch_size
         self.own_draws()  # the private loader draws from a generator of its own
         n0 = carry[1][0].shape[0] if carry else 0
+        plan = []
         try:
             src = self.st.remainder(self.loader, self.orig_iter, rest, npub, first=bs - n0,
-                                    pin=bool(self.loader.pin_memory))
+                                    pin=bool(self.loader.pin_memory), plan=plan)
         except Fallback:  # nothing left: what we carry is the epoch's last batch
             if carry:
                 yield _build(*carry)
@@ -944,12 +966,22 @@ class _Epoch:
         left = max(0, self.st.epoch_samples - npub)
         hook.log("info", "feed %s: finishing the epoch privately (%d samples %s)" % (self.feed.key, left, which))
         hold = _Hold()
+        made = []
         while True:
-            self.let_producer_go(hold, left)
+            if self.producer_waits_too_long(hold, left):
+                if may_gather and self.can_gather():
+                    src.close()  # its workers stop now; what they made ahead is dropped
+                    need = torch.as_tensor(plan, dtype=torch.int64)
+                    if made:
+                        need = need[~torch.isin(need, torch.as_tensor(made, dtype=torch.int64))]
+                    yield from self.gather(need, carry, left * hold.pace)
+                    return
+                self.leave_place(left, hold.pace)
             try:
                 batch, cut, _ = _user(next, src)
             except StopIteration:
                 break
+            made.extend(cut)
             hold.made = 0 if type(batch) is _Raised else len(cut)
             self.st.private_samples += hold.made
             left = max(0, left - hold.made)
@@ -974,36 +1006,167 @@ class _Epoch:
                 carry = None
             yield batch
 
-    def let_producer_go(self, hold, left):
+    def producer_waits_too_long(self, hold, left):
         """Making part of our epoch privately (left samples to go), we keep our
         place at the stream's next epoch start, so that the next epoch is
         shared whole and we are in step with the stream from then on. Once
         the producer waits on that place, we keep it only while its wait so
         far and what we have left, at our pace (the job's step included),
         fit in half the stall time: a short wait once, for every epoch after
-        it shared whole. Else we leave it at once, and nobody waits on a job
-        that is not reading: our next epoch begins where the stream is then,
-        and what it lacks of it is made privately the same way."""
+        it shared whole. True when they do not: nobody waits on a job that
+        is not reading (private_rest gathers the rest from the stream, or
+        leaves the place)."""
         now = time.monotonic()
         prev, hold.t = hold.t, now
         if prev is not None and hold.made:
             hold.pace = (now - prev) / hold.made
         if not self.feed.attached or self.feed.h != self.h:
-            return
+            return False
         if self.lib.tsshim_feed_holds_producer(self.h) != 1:
             hold.since = None
-            return
+            return False
         if hold.since is None:
             hold.since = prev if prev is not None else now  # it may have waited since our last look
         if hold.pace is None:
-            return  # one batch more, to know our pace
-        need = now - hold.since + left * hold.pace
-        if need <= self.feed.stall_ms / 2000.0:
-            return
+            return False  # one batch more, to know our pace
+        return now - hold.since + left * hold.pace > self.feed.stall_ms / 2000.0
+
+    def leave_place(self, left, pace):
+        """Detach: our next epoch begins where the stream is then, and what it
+        lacks of it is made privately the same way."""
         self.lib.tsshim_feed_detach(self.h)
         self.feed.attached = False
         hook.log("info", "feed %s: the producer waits on our place, and the %d samples we have left to make take "
-                 "about %.1f s: leaving it" % (self.feed.key, left, left * hold.pace))
+                 "about %.1f s: leaving it" % (self.feed.key, left, left * pace))
+
+    def can_gather(self):
+        """Our place is where the stream's next epoch begins (we read this one
+        to its end), and we know the stream's layout."""
+        return self.feed.attached and self.feed.h == self.h and self.layout is not None and \
+            not self.gathered_once and self.loader.batch_size is not None
+
+    def read_ids(self, n):
+        """The dataset indices of the n samples the last read brought, or None."""
+        out = self.torch.empty(max(1, n), dtype=self.torch.int64)
+        got = ctypes.c_uint64()
+        if self.lib.tsshim_feed_read_ids(self.h, out.data_ptr(), n, ctypes.byref(got)) or got.value != n:
+            return None
+        return out[:n]
+
+    def gather(self, need, carry, private_s):
+        """The samples our epoch still lacks (need: dataset indices), picked out
+        of the stream's next epoch as it comes, in its order, cut at our batch
+        size after the part of a batch we carry: the stream epoch holds each of
+        them once, so the job's epoch is whole, none made here, and nobody waits
+        on us. The rest of that stream epoch is not ours: our next epoch begins
+        at the one after it (skip_to_epoch_start), in step with the stream.
+        Once that stream epoch ends, or the stream stops, what is still missing
+        is made privately. Gathered batches are uploaded from the host."""
+        torch, bs, st = self.torch, self.loader.batch_size, self.st
+        node, nodes, dtypes, sample_bytes = self.layout
+        npos = len(nodes)
+        want = (ctypes.c_uint64 * npos)(*[bs * sb for sb in sample_bytes])
+        self.gathered_once = True
+        hook.log("info", "feed %s: the producer waits on our place, and the %d samples we have left to make take "
+                 "about %.1f s: gathering them from the stream's next epoch" % (self.feed.key, len(need), private_s))
+        parts = [[t] for t in carry[1]] if carry else [[] for _ in range(npos)]
+        have = from_carry = carry[1][0].shape[0] if carry else 0
+        passed, at_start, why = 0, False, None
+        self.gathering = True
+        try:
+            while len(need):
+                got = (ctypes.c_uint64 * npos)()
+                eoe = ctypes.c_int()
+                try:
+                    leaves = self.read_view(npos, want, got, eoe, nodes, dtypes, sample_bytes)
+                    if leaves is None:  # it spans slots: copied
+                        outs = [torch.empty([bs] + n["shape"], dtype=dt) for n, dt in zip(nodes, dtypes)]
+                        dst = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in outs])
+                        self.retry(lambda ms: self.lib.tsshim_feed_read(self.h, npos, want, dst, got,
+                                                                        ctypes.byref(eoe), ms))
+                        leaves = [t[:got[0] // sample_bytes[0]] for t in outs]
+                except _SwitchToReal:  # we produce, at the head of an ended stream epoch: a start
+                    at_start, why = True, "the stream's epoch ended"
+                    break
+                except Fallback as e:
+                    why = str(e)
+                    break
+                self.waited_ms = 0
+                n = got[0] // sample_bytes[0]
+                at_start = bool(eoe.value)
+                ids = self.read_ids(n)
+                if ids is None or bool((ids < 0).any()):
+                    why = "the stream does not say which samples it holds"
+                    break
+                take = torch.isin(ids, need).nonzero().flatten()
+                passed += n - len(take)
+                if len(take):
+                    for p in range(npos):
+                        parts[p].append(leaves[p].index_select(0, take))
+                    need = need[~torch.isin(need, ids[take])]
+                    have += len(take)
+                del leaves
+                while have >= bs or (have and not len(need)):
+                    k = min(bs, have)
+                    whole = [torch.cat(q) if len(q) > 1 else q[0] for q in parts]
+                    parts = [[t[k:]] for t in whole]
+                    have -= k
+                    mine = k - min(k, from_carry)
+                    from_carry -= k - mine
+                    st.gathered_samples += mine
+                    self.lib.tsshim_feed_served(self.h, 1, mine)
+                    if k == bs or not self.loader.drop_last:
+                        self.yielded += 1
+                        self.copied += 1
+                        yield _build(node, [t[:k] for t in whole])
+                if at_start:
+                    if len(need):
+                        why = "the stream's epoch ended"
+                    break
+        finally:
+            self.gathering = False
+            # also when the job leaves the epoch here: the rest of that stream epoch is not its next
+            # (where we are is known now, also after epoch_gone's attach)
+            self.feed.skip_to_next = self.feed.attached and not at_start
+            self.feed.reattach = False
+        hook.log("debug", "feed %s: gathered, %d samples passed over, %d missing%s"
+                 % (self.feed.key, passed, len(need), " (%s)" % why if why else ""))
+        if not len(need):
+            return
+        # made privately, after what we hold
+        hook.log("info", "feed %s: %d samples not gathered (%s)" % (self.feed.key, len(need), why))
+        carry = (node, [torch.cat(q) if len(q) > 1 else q[0] for q in parts]) if have else None
+        self.rest_plan = (need, st.epoch_samples - len(need), carry, "not gathered")
+        yield from self.private_rest(may_gather=False)
+
+    def skip_to_epoch_start(self):
+        """Our last epoch gathered its end from the stream epoch our place is in:
+        the rest of that one is not ours. Read past it (no copy), so that this
+        epoch begins where the next stream epoch does, whole and in step."""
+        self.feed.skip_to_next = False
+        npos, ns, se = ctypes.c_uint32(), ctypes.c_uint64(), ctypes.c_uint64()
+        sb = (ctypes.c_uint64 * MAX_POS)()
+        buf = ctypes.create_string_buffer(SCHEMA_MAX)
+        slen = ctypes.c_uint32()
+        self.skipping = True
+        try:
+            self.retry(lambda ms: self.lib.tsshim_feed_next(self.h, ms, ctypes.byref(npos), ctypes.byref(ns),
+                                                         ctypes.byref(se), sb, buf, ctypes.byref(slen)))
+            want = (ctypes.c_uint64 * npos.value)(*[self.st.nindex * sb[p] for p in range(npos.value)])
+            eoe = ctypes.c_int()
+            while not eoe.value:
+                got = (ctypes.c_uint64 * npos.value)()
+                self.retry(lambda ms: self.lib.tsshim_feed_read(self.h, npos.value, want, None, got,
+                                                                ctypes.byref(eoe), ms))
+        except _SwitchToReal:
+            pass  # we produce, and the stream epoch has ended: the next begins here
+        except _PlaceLost:
+            self.attach(at_epoch_start=True)  # evicted meanwhile: as any epoch that begins afresh
+            self.note_head()
+        finally:
+            self.skipping = False
+            self.waited_ms = 0
+        self.lib.tsshim_feed_epoch_begin(self.h)  # what we read past is not this epoch's
 
     def start_source(self):
         try:
@@ -1071,6 +1234,7 @@ class LoaderState:
         self.own_iter_made = False  # an iterator of the loader's own was made (really, or its draws)
         self.base_gen = None        # persistent workers: the generator as own_draws found it (own_iter)
         self.private_samples = 0    # samples of shared epochs made privately (private_rest), for tests
+        self.gathered_samples = 0   # samples of shared epochs gathered from a later stream epoch (gather)
         if key:
             data = sys.modules["torch.utils.data"]
             self.nindex = len(loader.dataset)
@@ -1135,10 +1299,11 @@ class LoaderState:
         finally:
             object.__setattr__(loader, "generator", mine)
 
-    def remainder(self, loader, orig_iter, rest, npub, first=None, pin=False):
+    def remainder(self, loader, orig_iter, rest, npub, first=None, pin=False, plan=None):
         """(batch, indices, last) for the samples of the stream epoch not published yet,
         in batches of the loader's size (the first one of `first` samples if given;
-        pinned if asked: batches the job trains on, not ones it publishes)."""
+        pinned if asked: batches the job trains on, not ones it publishes). The
+        indices it will make, in order, are appended to plan if given."""
         torch = sys.modules["torch"]
         data = sys.modules["torch.utils.data"]
         count = self.epoch_samples - npub
@@ -1152,6 +1317,8 @@ class LoaderState:
         if self.kind != "sequential":
             idx = idx[torch.randperm(len(idx), generator=g)]
         idx = idx[:count].tolist()
+        if plan is not None:
+            plan.extend(idx)
         bs = loader.batch_size
         cuts, at = [], 0
         while at < len(idx):

@@ -17,7 +17,8 @@ leaves at most a partial last line):
    "y": [labels], "loss": x, "t": monotonic seconds}       per yielded batch
     (with tsshim's PyTorch layer, train batches also carry "pv": how many of
     the batch's samples the layer made privately, the last ones, as for a
-    late joiner's head; and "role": the layer's role then, 1 producer,
+    late joiner's head; "gv": how many it gathered from the stream's next
+    epoch, the last ones; and "role": the layer's role then, 1 producer,
     2 consumer)
   {"loader": ..., "epoch": e, "end": true, "batches": k, "len": len(loader)}
                                                            after each epoch
@@ -309,10 +310,11 @@ def layer_role():
     return None
 
 
-def layer_private(dl):
-    """Samples of dl's shared epochs the layer made privately so far, or None."""
+def layer_private(dl, what="private_samples"):
+    """Samples of dl's shared epochs the layer made privately (gathered_samples:
+    gathered from a later stream epoch) so far, or None."""
     st = dl.__dict__.get("_tsshim_state")
-    return getattr(st, "private_samples", None)
+    return getattr(st, what, None)
 
 
 class Recorder:
@@ -470,6 +472,7 @@ def main():
         data_cpu += time.process_time() - c
         i = 0
         pv_seen = layer_private(train_dl) or 0
+        gv_seen = layer_private(train_dl, "gathered_samples") or 0
         while True:
             up = {}
             if (a.break_after and i >= a.break_after) or (a.exact_len and i >= len(train_dl)):
@@ -487,6 +490,9 @@ def main():
             pv_now = layer_private(train_dl)
             if pv_now is not None:  # samples of this batch the layer made privately
                 up["pv"], pv_seen = pv_now - pv_seen, pv_now
+            gv_now = layer_private(train_dl, "gathered_samples")
+            if gv_now and gv_now != gv_seen:  # samples of this batch the layer gathered from the stream's next epoch
+                up["gv"], gv_seen = gv_now - gv_seen, gv_now
             role = layer_role()
             if role is not None:
                 up["role"] = role
