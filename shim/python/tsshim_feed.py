@@ -1136,6 +1136,8 @@ class _Epoch:
         # made privately, after what we hold
         hook.log("info", "feed %s: %d samples not gathered (%s)" % (self.feed.key, len(need), why))
         carry = (node, [torch.cat(q) if len(q) > 1 else q[0] for q in parts]) if have else None
+        st.gathered_samples += have - from_carry  # they go out with the first batch made
+        self.lib.tsshim_feed_served(self.h, 1 if have > from_carry else 0, have - from_carry)
         self.rest_plan = (need, st.epoch_samples - len(need), carry, "not gathered")
         yield from self.private_rest(may_gather=False)
 

@@ -18,8 +18,8 @@ leaves at most a partial last line):
     (with tsshim's PyTorch layer, train batches also carry "pv": how many of
     the batch's samples the layer made privately, the last ones, as for a
     late joiner's head; "gv": how many it gathered from the stream's next
-    epoch, the last ones; and "role": the layer's role then, 1 producer,
-    2 consumer)
+    epoch, the ones just before those; and "role": the layer's role then,
+    1 producer, 2 consumer)
   {"loader": ..., "epoch": e, "end": true, "batches": k, "len": len(loader)}
                                                            after each epoch
                                                            (+ "rng": torch.rand() with --rng-probe)

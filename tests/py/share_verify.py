@@ -41,7 +41,10 @@ batches' "pv" fields: a job that began it where the ring no longer held
 the stream epoch's start reads that epoch's rest, then makes its head) is
 compared by the part read from the stream, placed at the stream epoch's
 end; complete, it must hold exactly as many private samples as that part
-lacks. The stream may have moved on meanwhile: the job's later epochs are
+lacks. Samples of that head it gathered from the next stream epoch (the
+"gv" fields) must be that epoch's, in its order, wherever another job read
+it, and the job's next epoch must be a later one. The stream may have
+moved on meanwhile: the job's later epochs are
 placed anew (runs of a job follow one another in the stream). Such a later
 run that the job produced itself (every batch "role" 1: the others had left)
 may have been read by no other job: it is then noted, not compared.
@@ -654,13 +657,16 @@ def check_shared(recs, table, rep):
 def find_rotated(jobs, N, rep):
     """A job that begins an epoch where the ring no longer holds the stream
     epoch's start (a late joiner) reads the rest of that stream epoch, then
-    makes its head privately. Its record says which samples the layer made
-    privately (the batches' "pv" fields: the last pv samples of the batch,
-    and all of every batch after it). Such an epoch is compared by its
-    stream part only, placed at the stream epoch's end; when complete, its
-    private samples must be exactly as many as the stream part lacks (the
-    per-job check saw every sample once, so they are that head). An epoch
-    rotated without such a record is a consumer off by some samples."""
+    makes its head privately, or gathers part of it from the next stream
+    epoch. Its record says which samples the layer made privately (the
+    batches' "pv" fields: the last pv samples of the batch, and all of every
+    batch after it) and which it gathered ("gv": the gv samples before
+    those). Such an epoch is compared by its stream part only, placed at the
+    stream epoch's end; when complete, its private and gathered samples must
+    be exactly as many as the stream part lacks (the per-job check saw every
+    sample once, so they are that head); the gathered ones are checked
+    against the next stream epoch (check_gathered). An epoch rotated without
+    such a record is a consumer off by some samples."""
     for _, views in jobs:
         for v in views:
             pv = sum(b.get("pv", 0) + b.get("gv", 0) for b in v.ep.batches)
@@ -675,7 +681,10 @@ def find_rotated(jobs, N, rep):
             complete = v.ep.end is not None and len(v.seq) == N
             if stream == 0 or stream >= len(v.seq) or (complete and pv != N - stream):
                 continue
-            gathered = [h for b in v.ep.batches if b.get("gv") for h in b.get("h", [])[-b["gv"]:]]
+            # a batch holds what it read from the stream, then what it gathered, then what was made
+            gathered = [h for b in v.ep.batches if b.get("gv")
+                        for h in b.get("h", [])[len(b.get("h", [])) - b.get("pv", 0) - b["gv"]:
+                                                len(b.get("h", [])) - b.get("pv", 0)]]
             rep.note("%s epoch %d: stream positions %d..%d, then %d samples made privately%s"
                      % (v.rec.name, v.ep.epoch, N - stream, N - 1, len(v.seq) - stream - len(gathered),
                         " and %d gathered from the next stream epoch" % len(gathered) if gathered else ""))

@@ -199,6 +199,12 @@ class Good(unittest.TestCase):
         self.assertIn("stream positions 3..5, then 1 samples made privately and 2 gathered from the next stream "
                       "epoch", out)
         self.assertIn("%s 0..0, %s 2..2" % (os.path.basename(j.path), os.path.basename(j.path)), out)
+        # the end of what it gathered (5, 3) went out with a sample it made after it (0: one the
+        # stream epoch lacked, dropped with its last batch, say): gathered first, then made
+        j = marked(Job([P0[3:] + [5, 3, 0], P2], bs=3), 0, 1, gv=2, pv=1)
+        n, out = run([Job([P0, P1, P2]), j])
+        self.assertEqual(n, 0, out)
+        self.assertIn("then 1 samples made privately and 2 gathered from the next stream epoch", out)
 
     def test_late_joiner_killed_while_making_its_head(self):
         w = marked(Job([P0[2:] + [P0[1]]], bs=2, done=False), 0, 2, pv=1)
