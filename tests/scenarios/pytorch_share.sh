@@ -309,29 +309,47 @@ fi
 # pause with the default stall time); leaving that place (the last policy),
 # its next epochs began where the stream was then, out of step: the rest of
 # a stream epoch, and its head made privately, every epoch.
-TSSHIM_TIMEOUT_MS=500 job dl 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 4 --sleep 0.25 \
-	--barrier "$T_TMP/dl.go:1"
-TSSHIM_TIMEOUT_MS=500 job dl 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 3 --sleep 1.2 --sleep-epochs 1 \
-	--barrier "$T_TMP/dl.go:3" --exact-len
-if wait_for "$T_TMP/dl.1.jsonl" '"loader":"train","epoch":0,"batch":5,' 60; then
-	mkdir -p "$T_TMP/dl.go" && touch "$T_TMP/dl.go/joiner-go"
-	finished dl 2
+# (dd) The same with drop_last and other batch sizes (36 for the stream, 144
+# samples an epoch, and 24 for the joiner) and a ring of 2: the joiner's
+# reads span the stream's batches, so what it gathers is copied out of
+# them; the samples the stream's next epoch dropped with its last batch are
+# made privately once that epoch ends (its record: "not gathered").
+# slow_joiner CASE DEPTH WHEN JOB1-ARGS -- JOB2-ARGS: job 2 joins once job 1's record has WHEN
+slow_joiner() {
+	local c=$1 depth=$2 when=$3 a1=() pause later
+	shift 3
+	while [ "$1" != -- ]; do a1+=("$1"); shift; done
+	shift
+	TSSHIM_DEPTH=$depth TSSHIM_TIMEOUT_MS=500 job "$c" 1 1 --seed 1 --model a --workers 2 --epochs 4 "${a1[@]}" \
+		--barrier "$T_TMP/$c.go:1"
+	TSSHIM_DEPTH=$depth TSSHIM_TIMEOUT_MS=500 job "$c" 2 1 --seed 2 --model b --workers 2 --epochs 3 --sleep 1.2 \
+		--sleep-epochs 1 "$@" --barrier "$T_TMP/$c.go:3" --exact-len
+	if ! wait_for "$T_TMP/$c.1.jsonl" "$when" 60; then
+		not_ok "($c) the first job recorded no $when within 60 s"
+		mkdir -p "$T_TMP/$c.go" && touch "$T_TMP/$c.go/joiner-go"
+		finished "$c" 2
+		return
+	fi
+	mkdir -p "$T_TMP/$c.go" && touch "$T_TMP/$c.go/joiner-go"
+	finished "$c" 2
 	pause=$("$PY" -c 'import json,sys
 t = [r["t"] for r in map(json.loads, open(sys.argv[1])) if r.get("loader") == "train" and "h" in r]
-print("%.1f" % max(b - a for a, b in zip(t, t[1:])))' "$T_TMP/dl.1.jsonl" 2>/dev/null)
-	check "(dl) the slow joiner gathered the rest of its head when the producer waited on it: $(grep -o 'the [0-9]* samples we have left to make take about [0-9.]* s' "$T_TMP/dl.2.err")" \
-		grep -q "the producer waits on our place, and the [0-9]* samples we have left to make take about [0-9.]* s: gathering them from the stream's next epoch" "$T_TMP/dl.2.err"
-	check "(dl) the producer did not have to evict it (its longest pause ${pause:-?} s, 0.25 s of it its own step)" \
-		cond "! grep -q 'evicted (too slow)' '$T_TMP/dl.2.err'"
-	verify dl "slow late joiner: each epoch the stream's (whole, or its suffix then its head made privately and gathered)" $(recs dl 2)
-	grep '^note: .*made privately\|^note: stream' "$T_TMP/dl.verify" | sed 's/^note: /# (dl) /'
-	later=$(grep '"loader":"train","epoch":[1-9][0-9]*,"batch"' "$T_TMP/dl.2.jsonl" | grep -o '"[pg]v":[0-9]*' | cut -d: -f2 | total)
-	check "(dl) back in step: its next epochs are the stream's epochs 2 and 3, whole, as job 1's ($later samples made privately or gathered)" \
-		cond "[ '$later' = 0 ] && grep -q '^note: stream epochs per job: dl\.1\.jsonl 0\.\.3, dl\.2\.jsonl 0\.\.0, dl\.2\.jsonl 2\.\.3' '$T_TMP/dl.verify'"
-else
-	not_ok "(dl) the first job recorded no 6th training batch within 60 s"
-	finished dl 2
-fi
+print("%.1f" % max(b - a for a, b in zip(t, t[1:])))' "$T_TMP/$c.1.jsonl" 2>/dev/null)
+	check "($c) the slow joiner gathered the rest of its head when the producer waited on it: $(grep -o 'the [0-9]* samples we have left to make take about [0-9.]* s' "$T_TMP/$c.2.err")" \
+		grep -q "the producer waits on our place, and the [0-9]* samples we have left to make take about [0-9.]* s: gathering them from the stream's next epoch" "$T_TMP/$c.2.err"
+	check "($c) the producer did not have to evict it (its longest pause ${pause:-?} s)" \
+		cond "! grep -q 'evicted (too slow)' '$T_TMP/$c.2.err'"
+	verify "$c" "slow late joiner: each epoch the stream's (whole, or its suffix then its head made privately and gathered)" $(recs "$c" 2)
+	grep '^note: .*made privately\|^note: stream' "$T_TMP/$c.verify" | sed "s/^note: /# ($c) /"
+	later=$(grep '"loader":"train","epoch":[1-9][0-9]*,"batch"' "$T_TMP/$c.2.jsonl" | grep -o '"[pg]v":[0-9]*' | cut -d: -f2 | total)
+	check "($c) back in step: its next epochs are the stream's epochs 2 and 3, whole, as job 1's ($later samples made privately or gathered)" \
+		cond "[ '$later' = 0 ] && grep -q '^note: stream epochs per job: $c\.1\.jsonl 0\.\.3, $c\.2\.jsonl 0\.\.0, $c\.2\.jsonl 2\.\.3' '$T_TMP/$c.verify'"
+}
+slow_joiner dl 4 '"loader":"train","epoch":0,"batch":5,' --batch-size 16 --sleep 0.25 -- --batch-size 16
+slow_joiner dd 2 '"loader":"train","epoch":0,"batch":2,' --batch-size 36 --drop-last --sleep 0.5 -- \
+	--batch-size 24 --drop-last
+check "(dd) what the stream's next epoch lacked was made privately after it: $(grep -o -m 1 '[0-9]* samples not gathered' "$T_TMP/dd.2.err")" \
+	grep -q "finishing the epoch privately ([0-9]* samples not gathered)" "$T_TMP/dd.2.err"
 
 # --- e: the producer dies mid-epoch ----------------------------------------------
 # Killed once every job reads the stream (a producer killed before the others
