@@ -1151,6 +1151,7 @@ class _Epoch:
         buf = ctypes.create_string_buffer(SCHEMA_MAX)
         slen = ctypes.c_uint32()
         self.skipping = True
+        lost = False
         try:
             self.retry(lambda ms: self.lib.tsshim_feed_next(self.h, ms, ctypes.byref(npos), ctypes.byref(ns),
                                                          ctypes.byref(se), sb, buf, ctypes.byref(slen)))
@@ -1163,12 +1164,15 @@ class _Epoch:
         except _SwitchToReal:
             pass  # we produce, and the stream epoch has ended: the next begins here
         except _PlaceLost:
-            self.attach(at_epoch_start=True)  # evicted meanwhile: as any epoch that begins afresh
-            self.note_head()
+            lost = True
         finally:
             self.skipping = False
             self.waited_ms = 0
         self.lib.tsshim_feed_epoch_begin(self.h)  # what we read past is not this epoch's
+        if lost:  # evicted meanwhile: as any epoch that begins afresh (what it notes is kept)
+            hook.log("info", "feed %s: evicted (too slow) before this epoch; it begins afresh" % self.feed.key)
+            self.attach(at_epoch_start=True)
+            self.note_head()
 
     def start_source(self):
         try:

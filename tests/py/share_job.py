@@ -378,6 +378,10 @@ def main():
     ap.add_argument("--sleep", type=float, default=0.0, metavar="S", help="sleep S seconds per training batch")
     ap.add_argument("--sleep-epochs", type=int, default=0, metavar="N",
                     help="--sleep only in the first N epochs (default 0: in all)")
+    ap.add_argument("--break-epochs", type=int, default=0, metavar="N",
+                    help="--break-after only in the first N epochs (default 0: in all)")
+    ap.add_argument("--pause-after-first", type=float, default=0.0, metavar="S",
+                    help="sleep S seconds after the first training epoch (a checkpoint)")
     ap.add_argument("--start-delay", type=float, default=0.0, metavar="S",
                     help="sleep S seconds after the barrier, before the first epoch")
     ap.add_argument("--upload-device", type=int, default=0, metavar="N",
@@ -475,7 +479,8 @@ def main():
         gv_seen = layer_private(train_dl, "gathered_samples") or 0
         while True:
             up = {}
-            if (a.break_after and i >= a.break_after) or (a.exact_len and i >= len(train_dl)):
+            breaks = a.break_after and (a.break_epochs == 0 or epoch < a.break_epochs)
+            if (breaks and i >= a.break_after) or (a.exact_len and i >= len(train_dl)):
                 break
             c = time.process_time()
             if a.exact_len:  # no try: a loader that ends before len(loader) fails the job, as it would such a loop
@@ -530,6 +535,8 @@ def main():
         del it
         probe = {"rng": round(torch.rand(()).item(), 9)} if a.rng_probe else {}
         rec(loader="train", epoch=epoch, end=True, batches=i, len=len(train_dl), **probe)
+        if epoch == 0 and a.pause_after_first > 0:
+            time.sleep(a.pause_after_first)
 
         if val_dl is not None:
             model.eval()

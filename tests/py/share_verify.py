@@ -299,6 +299,7 @@ def check_record(rec, table, mode, rep, stats):
     tf = rec.args("transform")
     drop_last = bool(rec.args("drop_last", False))
     break_after = int(rec.args("break_after", 0) or 0)
+    break_epochs = int(rec.args("break_epochs", 0) or 0)  # --break-after only in the first N epochs
     nepochs = rec.args("epochs")
     for loader in ("train", "val"):
         eps = rec.epochs[loader]
@@ -375,7 +376,7 @@ def check_record(rec, table, mode, rep, stats):
                 rep.fail(name, "len(loader)=%s, expected %d for %d images at batch size %d"
                          % (ep.end.get("len"), L, N, bs), loader, e)
             L_job = ep.end.get("len") if isinstance(ep.end.get("len"), int) else L
-            if loader == "train" and break_after:
+            if loader == "train" and break_after and (not break_epochs or k < break_epochs):
                 want = min(break_after, L_job)
                 # shared: a job that broke out starts its next epoch at the stream's
                 # head, so an epoch may end early where the stream's epoch ends
@@ -511,14 +512,16 @@ def check_shared(recs, table, rep):
         eps = rec.epochs["train"]
         drop_last = bool(rec.args("drop_last", False))
         brk = bool(rec.args("break_after", 0))
+        brk_epochs = int(rec.args("break_epochs", 0) or 0) if brk else 0
         if brk:  # checked window by window at the end
-            breakers.append(rec)
-            continue
+            breakers.append((rec, eps[:brk_epochs] if brk_epochs else eps))
+            if not brk_epochs:
+                continue
         views = []
         for k, ep in enumerate(eps):
-            if not ep.batches:
+            if not ep.batches or k < brk_epochs:
                 continue
-            tail_cut = brk or drop_last or ep.end is None
+            tail_cut = (brk and not brk_epochs) or drop_last or ep.end is None
             views.append(View(rec, k, ep, N, k == 0, tail_cut))
         if views:
             jobs.append((rec, views))
@@ -739,14 +742,16 @@ def check_breakers(breakers, jobs, rep):
     joiner's too); when it ended early, the run ends where that job's complete
     epoch ends. An epoch that no other job saw a part of is noted, not judged."""
     views = [v for _, vs in jobs for v in vs]
-    for rec in breakers:
-        for ep in rec.epochs["train"]:
+    for rec, eps in breakers:
+        for ep in eps:
             seq = ep.seq()
             if not seq:
                 continue
             short = getattr(ep, "short_break", False)
             found = False
             for w in views:
+                if w.rec is rec:
+                    continue
                 i = w.pos.get(seq[0])
                 if i is None or w.seq[i:i + len(seq)] != seq:
                     continue

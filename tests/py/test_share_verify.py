@@ -217,6 +217,11 @@ class Good(unittest.TestCase):
         n, out = run([j, Job([P0, P1])])
         self.assertEqual(n, 0, out)
 
+    def test_break_in_the_first_epoch_only(self):
+        j = Job([P0[:4], P1], bs=2, break_after=2, break_epochs=1)
+        n, out = run([j, Job([P0, P1])])
+        self.assertEqual(n, 0, out)
+
     def test_workers(self):
         prod, cons = Job([P0], workers=2), Job([P0])
         n, out = run([prod, cons], workers_zero=[cons.path], one_producer=True)
@@ -352,6 +357,10 @@ class Broken(unittest.TestCase):
     def test_val_order(self):
         self.fails([Job([P0], val=True, val_order=[1, 0])], "val epoch is not the val split in ImageFolder order",
                    mode="plain")
+
+    def test_whole_epoch_after_the_breaking_ones(self):
+        j = Job([P0[:4], P1[:5]], bs=2, break_after=2, break_epochs=1)
+        self.fails([j, Job([P0, P1])], "1 of 6 train images missing")
 
     def test_break_after_count(self):
         self.fails([Job([P0[:2]], bs=2, break_after=2)], "1 batches with --break-after 2", mode="plain")

@@ -351,6 +351,54 @@ slow_joiner dd 2 '"loader":"train","epoch":0,"batch":2,' --batch-size 36 --drop-
 check "(dd) what the stream's next epoch lacked was made privately after it: $(grep -o -m 1 '[0-9]* samples not gathered' "$T_TMP/dd.2.err")" \
 	grep -q "finishing the epoch privately ([0-9]* samples not gathered)" "$T_TMP/dd.2.err"
 
+# --- db: joiners that break out of an epoch while they gather ---------------------
+# Jobs 2 and 3 join late in epoch 0 and train slowly in it (1.2 s a batch):
+# they gather, as in dl, and break out of every epoch after 7 batches
+# (--break-after), inside what they gather. The rest of the stream epoch
+# they gathered from is still not theirs: job 2's next epoch begins at the
+# stream epoch after it (it reads past the rest without a copy), so its 7
+# batches are the first 7 of job 1's epoch 2; without that, they were the
+# next 7 of the stream epoch it gathered from. Job 3 breaks out of its
+# first epoch only (--break-epochs 1) and checkpoints for 7 s after it,
+# longer than the stall time: the producer evicts it meanwhile, and its
+# next epoch begins afresh (where the ring still holds a stream epoch's
+# start, else at the head, what it missed made privately): whole, in
+# len(loader) batches taken with next(). Before, the head it noted was
+# forgotten as that epoch began, and the job died of StopIteration.
+TSSHIM_TIMEOUT_MS=500 job db 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 4 --sleep 0.25 \
+	--barrier "$T_TMP/db.go:1"
+for i in 2 3; do
+	extra=()
+	[ "$i" = 3 ] && extra=(--break-epochs 1 --pause-after-first 7 --exact-len)
+	TSSHIM_TIMEOUT_MS=500 job db "$i" 1 --seed "$i" --model b --batch-size 16 --workers 2 --epochs 3 --sleep 1.2 \
+		--sleep-epochs 1 --break-after 7 "${extra[@]}" --barrier "$T_TMP/db.go:4"
+done
+if wait_for "$T_TMP/db.1.jsonl" '"loader":"train","epoch":0,"batch":5,' 60; then
+	mkdir -p "$T_TMP/db.go" && touch "$T_TMP/db.go/joiner-go"
+	finished db 3
+	for i in 2 3; do
+		check "(db) job $i gathered the rest of its head: $(grep -o 'the [0-9]* samples we have left to make take about [0-9.]* s' "$T_TMP/db.$i.err")" \
+			grep -q "gathering them from the stream's next epoch" "$T_TMP/db.$i.err"
+	done
+	same=$("$PY" -c 'import json,sys
+def seq(p, e):
+    return [h for r in map(json.loads, open(p)) if r.get("loader") == "train" and r.get("epoch") == e and "h" in r
+            for h in r["h"]]
+a, b = seq(sys.argv[1], 2), seq(sys.argv[2], 1)
+print("%d of %d" % (sum(1 for x, y in zip(a, b) if x == y), len(b)))' "$T_TMP/db.1.jsonl" "$T_TMP/db.2.jsonl" 2>&1)
+	check "(db) job 2's next epoch begins where job 1's epoch 2 does: $same samples the same" \
+		cond "[ '$same' = '112 of 112' ]"
+	check "(db) job 3, evicted while it checkpointed, began its next epoch afresh" \
+		grep -q 'evicted (too slow) before this epoch; it begins afresh' "$T_TMP/db.3.err"
+	n1=$(grep '"loader":"train","epoch":1,"batch"' "$T_TMP/db.3.jsonl" | grep -o '"n":[0-9]*' | cut -d: -f2 | total)
+	check "(db) that epoch holds all $NTRAIN samples ($n1)" [ "$n1" = "$NTRAIN" ]
+	verify db "joiners that break out while they gather: every epoch a run of the stream, no sample twice" $(recs db 3)
+else
+	not_ok "(db) the first job recorded no 6th training batch within 60 s"
+	mkdir -p "$T_TMP/db.go" && touch "$T_TMP/db.go/joiner-go"
+	finished db 3
+fi
+
 # --- e: the producer dies mid-epoch ----------------------------------------------
 # Killed once every job reads the stream (a producer killed before the others
 # joined would just leave a dead session, which the next job replaces).
