@@ -1040,8 +1040,8 @@ class _Epoch:
                  "about %.1f s: leaving it" % (self.feed.key, left, left * pace))
 
     def can_gather(self):
-        """Our place is where the stream's next epoch begins (we read this one
-        to its end), and we know the stream's layout."""
+        """We hold a place in the stream (where its next epoch begins, when we
+        read this one to its end) and know the stream's layout; once an epoch."""
         return self.feed.attached and self.feed.h == self.h and self.layout is not None and \
             not self.gathered_once and self.loader.batch_size is not None
 
