@@ -359,7 +359,7 @@ check "(dd) what the stream's next epoch lacked was made privately after it: $(g
 # stream epoch after it (it reads past the rest without a copy), so its 7
 # batches are the first 7 of job 1's epoch 2; without that, they were the
 # next 7 of the stream epoch it gathered from. Job 3 breaks out of its
-# first epoch only (--break-epochs 1) and checkpoints for 7 s after it,
+# first epoch only (--break-epochs 1) and checkpoints for 9 s after it,
 # longer than the stall time: the producer evicts it meanwhile, and its
 # next epoch begins afresh (where the ring still holds a stream epoch's
 # start, else at the head, what it missed made privately): whole, in
@@ -369,7 +369,7 @@ TSSHIM_TIMEOUT_MS=500 job db 1 1 --seed 1 --model a --batch-size 16 --workers 2 
 	--barrier "$T_TMP/db.go:1"
 for i in 2 3; do
 	extra=()
-	[ "$i" = 3 ] && extra=(--break-epochs 1 --pause-after-first 7 --exact-len)
+	[ "$i" = 3 ] && extra=(--break-epochs 1 --pause-after-first 9 --exact-len)
 	TSSHIM_TIMEOUT_MS=500 job db "$i" 1 --seed "$i" --model b --batch-size 16 --workers 2 --epochs 3 --sleep 1.2 \
 		--sleep-epochs 1 --break-after 7 "${extra[@]}" --barrier "$T_TMP/db.go:4"
 done
