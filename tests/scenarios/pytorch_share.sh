@@ -399,6 +399,43 @@ else
 	finished db 3
 fi
 
+# --- dk: the producer killed while a joiner gathers ------------------------------
+# As dl, with jobs 1 and 3 reading the stream from the start: the one that
+# produces is SIGKILLed at job 2's first gathered batch. The other takes
+# over and makes the rest of that stream epoch, from which job 2 gathers
+# what it still lacks; job 2's epoch is whole (len(loader) batches taken
+# with next()), and its next epochs are the stream's, in step with the
+# successor's.
+TSSHIM_TIMEOUT_MS=500 job dk 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 4 --sleep 0.25 \
+	--barrier "$T_TMP/dk.go:2"
+TSSHIM_TIMEOUT_MS=500 job dk 3 1 --seed 3 --model c --batch-size 16 --workers 2 --epochs 4 --sleep 0.25 \
+	--barrier "$T_TMP/dk.go:2"
+TSSHIM_TIMEOUT_MS=500 job dk 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 3 --sleep 1.2 \
+	--sleep-epochs 1 --barrier "$T_TMP/dk.go:4" --exact-len
+if wait_for "$T_TMP/dk.1.jsonl" '"loader":"train","epoch":0,"batch":5,' 60; then
+	mkdir -p "$T_TMP/dk.go" && touch "$T_TMP/dk.go/joiner-go"
+	if wait_for "$T_TMP/dk.2.jsonl" '"gv":' 60; then
+		prod=1 succ=3
+		grep '"loader":"train".*"h":' "$T_TMP/dk.3.jsonl" | tail -n 1 | grep -q '"role":1' && prod=3 succ=1
+		kill -9 "$(job_pid dk $prod)"
+		finished dk 3 $prod
+		check "(dk) job $succ took over from job $prod, killed while job 2 gathered" \
+			cond "grep '\"loader\":\"train\".*\"h\":' '$T_TMP/dk.$succ.jsonl' | tail -n 1 | grep -q '\"role\":1'"
+		verify dk "producer killed while a joiner gathers: every epoch whole, the gathered part the stream's" $(recs dk 3)
+		grep '^note: .*gathered\|^note: stream' "$T_TMP/dk.verify" | sed 's/^note: /# (dk) /'
+		later=$(grep '"loader":"train","epoch":[1-9][0-9]*,"batch"' "$T_TMP/dk.2.jsonl" | grep -o '"[pg]v":[0-9]*' | cut -d: -f2 | total)
+		check "(dk) job 2's next epochs are the stream's, whole, as job $succ's ($later samples made privately or gathered)" \
+			cond "[ '$later' = 0 ] && grep '^note: stream epochs per job: ' '$T_TMP/dk.verify' | grep 'dk\.2\.jsonl 2\.\.3' | grep -q 'dk\.$succ\.jsonl 0\.\.3'"
+	else
+		not_ok "(dk) job 2 recorded no gathered batch within 60 s"
+		finished dk 3
+	fi
+else
+	not_ok "(dk) the first job recorded no 6th training batch within 60 s"
+	mkdir -p "$T_TMP/dk.go" && touch "$T_TMP/dk.go/joiner-go"
+	finished dk 3
+fi
+
 # --- e: the producer dies mid-epoch ----------------------------------------------
 # Killed once every job reads the stream (a producer killed before the others
 # joined would just leave a dead session, which the next job replaces).
