@@ -1069,12 +1069,16 @@ class _Epoch:
         self.gathered_once = True
         hook.log("info", "feed %s: the producer waits on our place, and the %d samples we have left to make take "
                  "about %.1f s: gathering them from the stream's next epoch" % (self.feed.key, len(need), private_s))
+        # what is still missing, over the dataset: a chunk costs its own length, not the epoch's
+        missing = torch.zeros(st.nindex, dtype=torch.bool)
+        missing[need] = True
+        left = len(need)
         parts = [[t] for t in carry[1]] if carry else [[] for _ in range(npos)]
         have = from_carry = carry[1][0].shape[0] if carry else 0
         passed, at_start, why = 0, False, None
         self.gathering = True
         try:
-            while len(need):
+            while left:
                 got = (ctypes.c_uint64 * npos)()
                 eoe = ctypes.c_int()
                 try:
@@ -1095,18 +1099,19 @@ class _Epoch:
                 n = got[0] // sample_bytes[0]
                 at_start = bool(eoe.value)
                 ids = self.read_ids(n)
-                if ids is None or bool((ids < 0).any()):
+                if ids is None or bool((ids < 0).any()) or bool((ids >= st.nindex).any()):
                     why = "the stream does not say which samples it holds"
                     break
-                take = torch.isin(ids, need).nonzero().flatten()
+                take = missing[ids].nonzero().flatten()
                 passed += n - len(take)
                 if len(take):
                     for p in range(npos):
                         parts[p].append(leaves[p].index_select(0, take))
-                    need = need[~torch.isin(need, ids[take])]
+                    missing[ids[take]] = False
+                    left -= len(take)
                     have += len(take)
                 del leaves
-                while have >= bs or (have and not len(need)):
+                while have >= bs or (have and not left):
                     k = min(bs, have)
                     whole = [torch.cat(q) if len(q) > 1 else q[0] for q in parts]
                     parts = [[t[k:]] for t in whole]
@@ -1120,7 +1125,7 @@ class _Epoch:
                         self.copied += 1
                         yield _build(node, [t[:k] for t in whole])
                 if at_start:
-                    if len(need):
+                    if left:
                         why = "the stream's epoch ended"
                     break
         finally:
@@ -1130,9 +1135,10 @@ class _Epoch:
             self.feed.skip_to_next = self.feed.attached and not at_start
             self.feed.reattach = False
         hook.log("debug", "feed %s: gathered, %d samples passed over, %d missing%s"
-                 % (self.feed.key, passed, len(need), " (%s)" % why if why else ""))
-        if not len(need):
+                 % (self.feed.key, passed, left, " (%s)" % why if why else ""))
+        if not left:
             return
+        need = missing.nonzero().flatten()
         # made privately, after what we hold
         hook.log("info", "feed %s: %d samples not gathered (%s)" % (self.feed.key, len(need), why))
         carry = (node, [torch.cat(q) if len(q) > 1 else q[0] for q in parts]) if have else None
