@@ -73,7 +73,9 @@ class _Hold:
 
 
 class _PlaceLost(Exception):
-    """Evicted while reading past the rest of a stream epoch (skip_to_epoch_start)."""
+    """Evicted while reading the stream epoch after ours for what ours lacks
+    (gather) or past its rest (skip_to_epoch_start): that place is gone, and
+    the head is no substitute for it."""
 
 
 class _EpochGone(Exception):
@@ -411,7 +413,6 @@ class _Epoch:
         self.loss_why = "published while it was away"
         self.layout = None        # (schema node, tensor nodes, dtypes, bytes per sample) of the stream (consume)
         self.gathering = False    # reading the stream's next epoch for what ours lacks (gather)
-        self.gathered_once = False
         self.skipping = False     # reading past the rest of a stream epoch (skip_to_epoch_start)
 
     # -- helpers --
@@ -835,12 +836,9 @@ class _Epoch:
             if ret == -errno.ETIMEDOUT:
                 self.on_wait(ms)
             elif ret == -errno.ESTALE:  # evicted while we were away: on from the head
-                if self.skipping:
+                if self.skipping or self.gathering:
                     raise _PlaceLost()
                 self.attach()
-                if self.gathering:  # any stream epoch holds what we gather
-                    hook.log("info", "feed %s: evicted (too slow) while gathering; on from the head" % self.feed.key)
-                    continue
                 noted = self.lib.tsshim_feed_note_loss(self.h)
                 if noted in (1, 2):
                     self.loss_why = "published while it was away"
@@ -1041,9 +1039,8 @@ class _Epoch:
 
     def can_gather(self):
         """We hold a place in the stream (where its next epoch begins, when we
-        read this one to its end) and know the stream's layout; once an epoch."""
-        return self.feed.attached and self.feed.h == self.h and self.layout is not None and \
-            not self.gathered_once and self.loader.batch_size is not None
+        read this one to its end) and know the stream's layout."""
+        return self.feed.attached and self.feed.h == self.h and self.layout is not None
 
     def read_ids(self, n):
         """The dataset indices of the n samples the last read brought, or None."""
@@ -1066,7 +1063,6 @@ class _Epoch:
         node, nodes, dtypes, sample_bytes = self.layout
         npos = len(nodes)
         want = (ctypes.c_uint64 * npos)(*[bs * sb for sb in sample_bytes])
-        self.gathered_once = True
         hook.log("info", "feed %s: the producer waits on our place, and the %d samples we have left to make take "
                  "about %.1f s: gathering them from the stream's next epoch" % (self.feed.key, len(need), private_s))
         # what is still missing, over the dataset: a chunk costs its own length, not the epoch's
@@ -1091,6 +1087,11 @@ class _Epoch:
                         leaves = [t[:got[0] // sample_bytes[0]] for t in outs]
                 except _SwitchToReal:  # we produce, at the head of an ended stream epoch: a start
                     at_start, why = True, "the stream's epoch ended"
+                    break
+                except _PlaceLost:  # our next epoch begins afresh
+                    self.lib.tsshim_feed_detach(self.h)
+                    self.feed.attached = False
+                    why = "evicted (too slow) while gathering"
                     break
                 except Fallback as e:
                     why = str(e)

@@ -436,6 +436,39 @@ else
 	finished dk 3
 fi
 
+# --- de: a joiner evicted while it gathers ----------------------------------------
+# As dl; job 2 is stopped for 8 s at its first gathered batch, longer than
+# the stall time: the producer evicts it. The stream epoch it gathered from
+# is its place no more, and the head is no substitute (it may be a later
+# stream epoch already): it makes what it still lacks privately, and its
+# next epoch begins afresh. Its epoch is whole, what it gathered the
+# stream's next epoch's, in its order. Before, it gathered on from the head:
+# 30 samples of two stream epochs ("its 30 gathered samples are not ...'s
+# next stream epoch's, in its order").
+TSSHIM_TIMEOUT_MS=500 job de 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 3 --sleep 0.25 \
+	--barrier "$T_TMP/de.go:1"
+TSSHIM_TIMEOUT_MS=500 job de 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 2 --sleep 1.2 \
+	--sleep-epochs 1 --barrier "$T_TMP/de.go:3" --exact-len
+if wait_for "$T_TMP/de.1.jsonl" '"loader":"train","epoch":0,"batch":5,' 60; then
+	mkdir -p "$T_TMP/de.go" && touch "$T_TMP/de.go/joiner-go"
+	if wait_for "$T_TMP/de.2.jsonl" '"gv":' 60; then
+		kill -STOP "$(job_pid de 2)"
+		sleep 8
+		kill -CONT "$(job_pid de 2)"
+	else
+		not_ok "(de) job 2 recorded no gathered batch within 60 s"
+	fi
+	finished de 2
+	check "(de) job 2 was evicted while it gathered, and made the rest privately: $(grep -o -m 1 '[0-9]* samples not gathered' "$T_TMP/de.2.err")" \
+		grep -q 'samples not gathered (evicted (too slow) while gathering)' "$T_TMP/de.2.err"
+	verify de "joiner evicted while it gathers: its epoch whole, what it gathered the next stream epoch's" $(recs de 2)
+	grep '^note: .*gathered' "$T_TMP/de.verify" | sed 's/^note: /# (de) /'
+else
+	not_ok "(de) the first job recorded no 6th training batch within 60 s"
+	mkdir -p "$T_TMP/de.go" && touch "$T_TMP/de.go/joiner-go"
+	finished de 2
+fi
+
 # --- e: the producer dies mid-epoch ----------------------------------------------
 # Killed once every job reads the stream (a producer killed before the others
 # joined would just leave a dead session, which the next job replaces).
