@@ -314,6 +314,18 @@ fi
 # reads span the stream's batches, so what it gathers is copied out of
 # them; the samples the stream's next epoch dropped with its last batch are
 # made privately once that epoch ends (its record: "not gathered").
+# late_go CASE WHEN N: once job 1's record has WHEN, let CASE's joiners go
+# (they wait at a barrier for "joiner-go"); when it never does, say so and
+# wait for the N jobs: 1
+late_go() {
+	local c=$1 seen=0
+	wait_for "$T_TMP/$c.1.jsonl" "$2" 60 && seen=1
+	mkdir -p "$T_TMP/$c.go" && touch "$T_TMP/$c.go/joiner-go"
+	[ $seen = 1 ] && return 0
+	not_ok "($c) the first job recorded no $2 within 60 s"
+	finished "$c" "$3"
+	return 1
+}
 # slow_joiner CASE DEPTH WHEN JOB1-ARGS -- JOB2-ARGS: job 2 joins once job 1's record has WHEN
 slow_joiner() {
 	local c=$1 depth=$2 when=$3 a1=() pause later
@@ -324,13 +336,7 @@ slow_joiner() {
 		--barrier "$T_TMP/$c.go:1"
 	TSSHIM_DEPTH=$depth TSSHIM_TIMEOUT_MS=500 job "$c" 2 1 --seed 2 --model b --workers 2 --epochs 3 --sleep 1.2 \
 		--sleep-epochs 1 "$@" --barrier "$T_TMP/$c.go:3" --exact-len
-	if ! wait_for "$T_TMP/$c.1.jsonl" "$when" 60; then
-		not_ok "($c) the first job recorded no $when within 60 s"
-		mkdir -p "$T_TMP/$c.go" && touch "$T_TMP/$c.go/joiner-go"
-		finished "$c" 2
-		return
-	fi
-	mkdir -p "$T_TMP/$c.go" && touch "$T_TMP/$c.go/joiner-go"
+	late_go "$c" "$when" 2 || return
 	finished "$c" 2
 	pause=$("$PY" -c 'import json,sys
 t = [r["t"] for r in map(json.loads, open(sys.argv[1])) if r.get("loader") == "train" and "h" in r]
@@ -373,8 +379,7 @@ for i in 2 3; do
 	TSSHIM_TIMEOUT_MS=500 job db "$i" 1 --seed "$i" --model b --batch-size 16 --workers 2 --epochs 3 --sleep 1.2 \
 		--sleep-epochs 1 --break-after 7 "${extra[@]}" --barrier "$T_TMP/db.go:4"
 done
-if wait_for "$T_TMP/db.1.jsonl" '"loader":"train","epoch":0,"batch":5,' 60; then
-	mkdir -p "$T_TMP/db.go" && touch "$T_TMP/db.go/joiner-go"
+if late_go db '"loader":"train","epoch":0,"batch":5,' 3; then
 	finished db 3
 	for i in 2 3; do
 		check "(db) job $i gathered the rest of its head: $(grep -o 'the [0-9]* samples we have left to make take about [0-9.]* s' "$T_TMP/db.$i.err")" \
@@ -393,10 +398,6 @@ print("%d of %d" % (sum(1 for x, y in zip(a, b) if x == y), len(b)))' "$T_TMP/db
 	n1=$(grep '"loader":"train","epoch":1,"batch"' "$T_TMP/db.3.jsonl" | grep -o '"n":[0-9]*' | cut -d: -f2 | total)
 	check "(db) that epoch holds all $NTRAIN samples ($n1)" [ "$n1" = "$NTRAIN" ]
 	verify db "joiners that break out while they gather: every epoch a run of the stream, no sample twice" $(recs db 3)
-else
-	not_ok "(db) the first job recorded no 6th training batch within 60 s"
-	mkdir -p "$T_TMP/db.go" && touch "$T_TMP/db.go/joiner-go"
-	finished db 3
 fi
 
 # --- dk: the producer killed while a joiner gathers ------------------------------
@@ -412,8 +413,7 @@ TSSHIM_TIMEOUT_MS=500 job dk 3 1 --seed 3 --model c --batch-size 16 --workers 2 
 	--barrier "$T_TMP/dk.go:2"
 TSSHIM_TIMEOUT_MS=500 job dk 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 3 --sleep 1.2 \
 	--sleep-epochs 1 --barrier "$T_TMP/dk.go:4" --exact-len
-if wait_for "$T_TMP/dk.1.jsonl" '"loader":"train","epoch":0,"batch":5,' 60; then
-	mkdir -p "$T_TMP/dk.go" && touch "$T_TMP/dk.go/joiner-go"
+if late_go dk '"loader":"train","epoch":0,"batch":5,' 3; then
 	if wait_for "$T_TMP/dk.2.jsonl" '"gv":' 60; then
 		prod=1 succ=3
 		grep '"loader":"train".*"h":' "$T_TMP/dk.3.jsonl" | tail -n 1 | grep -q '"role":1' && prod=3 succ=1
@@ -430,10 +430,6 @@ if wait_for "$T_TMP/dk.1.jsonl" '"loader":"train","epoch":0,"batch":5,' 60; then
 		not_ok "(dk) job 2 recorded no gathered batch within 60 s"
 		finished dk 3
 	fi
-else
-	not_ok "(dk) the first job recorded no 6th training batch within 60 s"
-	mkdir -p "$T_TMP/dk.go" && touch "$T_TMP/dk.go/joiner-go"
-	finished dk 3
 fi
 
 # --- de: a joiner evicted while it gathers ----------------------------------------
@@ -449,8 +445,7 @@ TSSHIM_TIMEOUT_MS=500 job de 1 1 --seed 1 --model a --batch-size 16 --workers 2 
 	--barrier "$T_TMP/de.go:1"
 TSSHIM_TIMEOUT_MS=500 job de 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 2 --sleep 1.2 \
 	--sleep-epochs 1 --barrier "$T_TMP/de.go:3" --exact-len
-if wait_for "$T_TMP/de.1.jsonl" '"loader":"train","epoch":0,"batch":5,' 60; then
-	mkdir -p "$T_TMP/de.go" && touch "$T_TMP/de.go/joiner-go"
+if late_go de '"loader":"train","epoch":0,"batch":5,' 2; then
 	if wait_for "$T_TMP/de.2.jsonl" '"gv":' 60; then
 		kill -STOP "$(job_pid de 2)"
 		sleep 8
@@ -463,10 +458,6 @@ if wait_for "$T_TMP/de.1.jsonl" '"loader":"train","epoch":0,"batch":5,' 60; then
 		grep -q 'samples not gathered (evicted (too slow) while gathering)' "$T_TMP/de.2.err"
 	verify de "joiner evicted while it gathers: its epoch whole, what it gathered the next stream epoch's" $(recs de 2)
 	grep '^note: .*gathered' "$T_TMP/de.verify" | sed 's/^note: /# (de) /'
-else
-	not_ok "(de) the first job recorded no 6th training batch within 60 s"
-	mkdir -p "$T_TMP/de.go" && touch "$T_TMP/de.go/joiner-go"
-	finished de 2
 fi
 
 # --- e: the producer dies mid-epoch ----------------------------------------------
