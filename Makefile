@@ -10,6 +10,7 @@
 #   make bench    the benchmarks (scripts/bench.sh: with vs without the shim)
 #   make gpu-check  the GPU scenarios against real CUDA (skips without a GPU)
 #   make torch-check  the PyTorch scenarios with torch 2.11 from PyPI (4.7 GB venv)
+#   make gpu-bundle  what scripts/gpu-device.sh carries to a lent GPU machine
 #   make stress   fault injection: 30 rounds of PyTorch jobs hit by signals (tests/stress.py)
 #
 # CUDA_HOME points at the CUDA toolkit (headers only: nothing links CUDA).
@@ -52,7 +53,7 @@ UNITS    := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 HELPERS  := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/%)
 PY_OUT   := $(PY_SRC:shim/python/%=$(BUILD)/python/%)
 
-.PHONY: all test asan tsan tsan-run lint demo bench gpu-check torch-check deps clean check-build test-run
+.PHONY: all test asan tsan tsan-run lint demo bench gpu-check gpu-bundle torch-check deps clean check-build test-run
 # Keep objects of tools and tests: they are not throw-away intermediates.
 .SECONDARY:
 all: $(SHIM_LIB) $(TOOLS) $(PY_OUT)
@@ -290,6 +291,11 @@ torch-check: deps
 # The GPU scenarios against real CUDA (exit 77, skipped, where there is no GPU).
 gpu-check: all $(BUILD)/tests/ts-cudaemu-check
 	@BUILD=$(BUILD) scripts/gpu-check.sh
+
+# What scripts/gpu-device.sh runs on a lent GPU machine, which has the driver,
+# CUDA 13 and torch but none of the build's dependencies: $(BUILD)/gpu-bundle.
+gpu-bundle: check-build $(BUILD)/tests/ts-cudaemu-check $(BUILD)/tests/ts-train-cudart-static
+	@BUILD=$(BUILD) scripts/gpu-device.sh bundle
 
 # The short form (3 rounds) runs in make test as tests/scenarios/stress.sh.
 stress: deps

@@ -21,7 +21,8 @@
 # GPU_CHECK_STATIC=build/tests/ts-train-linked, TS_CUDAEMU_CHECK_REAL=1 for
 # case 0's real mode on tsemu, TS_PYTHON=/usr/bin/python3 and
 # GPU_CHECK_TORCH_UPLOAD="--emu-cuda $PWD/build/emu/libcudart.so.13";
-# 89 checks, about 80 s here.)
+# 81 checks with one device, about 50-80 s here. scripts/gpu-device.sh try
+# does all that, and `run` runs this script on a GPU machine from a bundle.)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
@@ -39,7 +40,8 @@ CUDART=$CUDA_HOME/lib64/libcudart.so.13
 ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1' || [ -n "${LD_LIBRARY_PATH:-}" ] || skip "no libcuda.so.1"
 
 T=$(mktemp -d /tmp/tsshim-gpucheck.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+# GPU_CHECK_KEEP=DIR keeps every job's record, stdout and stderr there
+trap '[ -n "${GPU_CHECK_KEEP:-}" ] && mkdir -p "$GPU_CHECK_KEEP" && cp -r "$T"/. "$GPU_CHECK_KEEP"; rm -rf "$T"' EXIT
 passed=0 failed=0
 ok() { passed=$((passed + 1)); echo "ok - $*"; }
 not_ok() { failed=$((failed + 1)); echo "not ok - $*"; }
