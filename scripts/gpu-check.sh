@@ -54,7 +54,7 @@ echo "gpu-check: $ngpu GPU(s): $(nvidia-smi --query-gpu=name --format=csv,nohead
 # line names the check's source line and what the real driver answered;
 # 77 is a command with nothing to check here (peer on one GPU).
 if [ -x "$CHK" ]; then
-	for c in basics errors no-host-access getproc pinned fork fork-clean peer ipc-mem ipc-event \
+	for c in basics errors no-host-access getproc pinned fork fork-clean peer ipc-mem ipc-event ipc-dead \
 		stream-async stream-order capture; do
 		LD_LIBRARY_PATH=$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 120 "$CHK" "$c" \
 			>"$T/emu-$c.out" 2>&1
@@ -66,8 +66,9 @@ if [ -x "$CHK" ]; then
 		count=$(sed -n "s/^$c: \(.*\) (test device only)$/\1/p" "$T/emu-$c.out")
 		check "tsemu's semantics on this GPU: ts-cudaemu-check $c (${count:-exit $rc})" [ $rc = 0 ]
 		[ $rc = 0 ] || { grep -E '^FAIL' "$T/emu-$c.out" || tail -n 5 "$T/emu-$c.out"; } | sed 's/^/#   /'
-		# what the driver answers after a lazy open of another GPU's handle (README, Limitations)
-		grep '^# lazy peer' "$T/emu-$c.out" | sed 's/^/#   /'
+		# what the driver answers after a lazy open of another GPU's handle (README, Limitations),
+		# and to a process whose exporter died with work queued (README, The GPU data plane)
+		grep -E '^# (lazy peer|dead exporter)' "$T/emu-$c.out" | sed 's/^/#   /'
 	done
 else
 	echo "# no $CHK (make gpu-check builds it): case 0 not run"

@@ -7,7 +7,7 @@
  *                                     failed (each on stderr), 2: usage
  *
  * Commands: basics, errors, no-host-access, nodevice, getproc, route, deny, pinned,
- * fork, fork-clean, peer, ipc-mem, ipc-event, stream-async, stream-order, capture,
+ * fork, fork-clean, peer, ipc-mem, ipc-event, ipc-dead, stream-async, stream-order, capture,
  * bandwidth h2d|d2d MIN_MS MAX_MS [ROUNDS], stats, quick (basics errors pinned peer
  * ipc-mem capture in one process, for valgrind). The *-child commands are the other
  * side of the IPC checks. tests/scenarios/cudaemu.sh runs them all.
@@ -73,7 +73,8 @@
 	X(StreamIsCapturing, cudaStreamIsCapturing) X(StreamGetCaptureInfo, cudaStreamGetCaptureInfo)    \
 	X(ThreadExchangeStreamCaptureMode, cudaThreadExchangeStreamCaptureMode)                          \
 	X(GraphInstantiate, cudaGraphInstantiate) X(GraphLaunch, cudaGraphLaunch)                        \
-	X(GraphExecDestroy, cudaGraphExecDestroy) X(GraphDestroy, cudaGraphDestroy)
+	X(GraphExecDestroy, cudaGraphExecDestroy) X(GraphDestroy, cudaGraphDestroy)                      \
+	X(LaunchHostFunc, cudaLaunchHostFunc)
 
 /* cudaGetDriverEntryPoint is deprecated (CUDA 12.5): its type only is used. */
 #pragma GCC diagnostic push
@@ -1223,6 +1224,187 @@ static void t_ipc_event_child(int argc, char **argv)
 	exit(fails ? 1 : 0);
 }
 
+/* ---- a dead exporter ----------------------------------------------------------------------------------- */
+
+/*
+ * What a process that waits on, and reads from, an exporter that died with
+ * work pending gets: the window a consumer of the GPU ring is in when its
+ * producer dies (README, "The GPU data plane"). CUDA leaves an event and
+ * memory of a destroyed context undefined; the shim no longer queues a wait
+ * on another process's event (it waits on the host, bounded), and what a
+ * real driver does is printed here ("# dead exporter: ..."), for gpu-check
+ * to show. Checked everywhere: the importer's own context goes on working.
+ * Checked on tsemu: its default (the wait ends; the exporter's queued copy
+ * never ran) and TSEMU_DEAD_EVENTS=pending (the wait never ends).
+ */
+#define DEAD_SIZE ((size_t)1 << 20)
+
+static void block_forever(void *arg)
+{
+	(void)arg;
+	for (;;)
+		pause(); /* the exporter's stream stays here until it is killed */
+}
+
+/* poll ev for up to ms; the query's last answer, and the time waited */
+static cudaError_t query_for(cudaEvent_t ev, int ms, double *waited)
+{
+	double t0 = now_ms();
+	cudaError_t e;
+	while ((e = rt.EventQuery(ev)) == cudaErrorNotReady && now_ms() - t0 < ms) {
+		struct timespec ts = {0, 1000000};
+		nanosleep(&ts, NULL);
+	}
+	*waited = now_ms() - t0;
+	return e;
+}
+
+static int read_full(int fd, char *buf, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		ssize_t r = read(fd, buf + got, n - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+static void t_ipc_dead(void)
+{
+	load();
+	const char *sem = getenv("TSEMU_DEAD_EVENTS");
+	int pending = sem && !strcmp(sem, "pending");
+	int up[2];
+	if (pipe(up))
+		die("pipe");
+	char wfd[16];
+	snprintf(wfd, sizeof wfd, "%d", up[1]);
+	char *a[] = {"ts-cudaemu-check", "ipc-dead-child", wfd, NULL};
+	pid_t p = spawn(a);
+	close(up[1]);
+	cudaIpcMemHandle_t hm;
+	cudaIpcEventHandle_t he;
+	char mx[2 * sizeof hm + 1] = {0}, ex[2 * sizeof he + 1] = {0};
+	if (read_full(up[0], mx, sizeof mx - 1) || read_full(up[0], ex, sizeof ex - 1) || unhex(mx, &hm, sizeof hm) ||
+	    unhex(ex, &he, sizeof he)) {
+		kill(p, SIGKILL);
+		reap(p);
+		die("the exporter sent no handles");
+	}
+	close(up[0]);
+	void *d;
+	cudaEvent_t ev, done, done2;
+	cudaStream_t s, s2;
+	char *g, *h;
+	OK(rt.IpcOpenMemHandle(&d, hm, cudaIpcMemLazyEnablePeerAccess));
+	OK(rt.IpcOpenEventHandle(&ev, he));
+	OK(rt.HostAlloc((void **)&g, DEAD_SIZE, 0));
+	OK(rt.HostAlloc((void **)&h, DEAD_SIZE, 0));
+	OK(rt.StreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	OK(rt.StreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+	OK(rt.EventCreateWithFlags(&done, cudaEventDisableTiming));
+	OK(rt.EventCreateWithFlags(&done2, cudaEventDisableTiming));
+	EXPECT(rt.EventQuery(ev), cudaErrorNotReady); /* its record waits behind its blocked stream */
+	memset(g, 0, DEAD_SIZE);
+	OK(rt.StreamWaitEvent(s, ev, 0));
+	OK(rt.MemcpyAsync(g, d, DEAD_SIZE, cudaMemcpyDeviceToHost, s));
+	OK(rt.EventRecord(done, s));
+	EXPECT(rt.EventQuery(done), cudaErrorNotReady);
+	kill(p, SIGKILL);
+	CHECK(reap(p) == 128 + SIGKILL, "the exporter killed");
+
+	/* 1. a stream that waits on the dead exporter's pending record */
+	double waited;
+	cudaError_t e = query_for(done, pending ? 1500 : 3000, &waited);
+	int stuck = e == cudaErrorNotReady;
+	int seed = e == cudaSuccess ? seed_of(g, DEAD_SIZE) : -1;
+	if (e == cudaErrorNotReady)
+		fprintf(stderr, "# dead exporter: a stream waiting on its pending record had not moved after %.0f ms\n",
+			waited);
+	else
+		fprintf(stderr, "# dead exporter: a stream waiting on its pending record went on after %.0f ms: %s, "
+			"the bytes then read: seed %d (21: its queued copy never ran)\n", waited, ename(e), seed);
+	fprintf(stderr, "# dead exporter: cudaEventQuery of its event: %s\n", ename(rt.EventQuery(ev)));
+	rt.GetLastError();
+	if (emu_only(1, "ipc-dead: tsemu's semantics for a dead recorder's pending record")) {
+		if (pending)
+			CHECK(e == cudaErrorNotReady, "TSEMU_DEAD_EVENTS=pending: the wait never ends (%s)", ename(e));
+		else
+			CHECK(e == cudaSuccess && seed == 21, "default: the wait ends, the copy never ran (%s, seed %d)",
+			      ename(e), seed);
+	}
+
+	/* 2. this process's own work goes on, on another stream */
+	void *mine;
+	fill(h, DEAD_SIZE, 23);
+	OK(rt.Malloc(&mine, DEAD_SIZE));
+	OK(rt.MemcpyAsync(mine, h, DEAD_SIZE, cudaMemcpyHostToDevice, s2));
+	OK(rt.MemcpyAsync(g, mine, DEAD_SIZE, cudaMemcpyDeviceToHost, s2));
+	OK(rt.EventRecord(done2, s2));
+	e = query_for(done2, 5000, &waited);
+	CHECK(e == cudaSuccess && seed_of(g, DEAD_SIZE) == 23,
+	      "the importer's own copies run on after the exporter's death (%s after %.0f ms, seed %d)", ename(e),
+	      waited, e == cudaSuccess ? seed_of(g, DEAD_SIZE) : -1);
+
+	/* 3. a copy out of its memory after it died (what a consumer's copy
+	 * queued at the death reads) */
+	OK(rt.MemcpyAsync(g, d, DEAD_SIZE, cudaMemcpyDeviceToHost, s2));
+	OK(rt.EventRecord(done2, s2));
+	e = query_for(done2, 5000, &waited);
+	seed = e == cudaSuccess ? seed_of(g, DEAD_SIZE) : -1;
+	fprintf(stderr, "# dead exporter: a copy out of its memory afterwards: %s after %.0f ms, seed %d "
+		"(21: what it held)\n", ename(e), waited, seed);
+	/* (a close waits for the copies out of it: one is behind the stuck wait) */
+	if (!stuck)
+		fprintf(stderr, "# dead exporter: closing its memory's handle: %s\n", ename(rt.IpcCloseMemHandle(d)));
+	rt.GetLastError();
+	if (emu_only(1, "ipc-dead: tsemu keeps a dead exporter's memory while it is open here"))
+		CHECK(e == cudaSuccess && seed == 21, "its memory still reads what it held (%s, seed %d)", ename(e), seed);
+	/* s may never end its wait: left as it is, to the process's exit (a free
+	 * would wait for the whole device, s too) */
+	if (!stuck)
+		OK(rt.Free(mine));
+}
+
+static void t_ipc_dead_child(int argc, char **argv)
+{
+	if (argc < 1)
+		die("usage: ipc-dead-child WFD");
+	load();
+	int wfd = atoi(argv[0]);
+	void *d;
+	char *h;
+	cudaEvent_t ev;
+	cudaStream_t s;
+	cudaIpcMemHandle_t hm;
+	cudaIpcEventHandle_t he;
+	OK(rt.Malloc(&d, DEAD_SIZE));
+	OK(rt.HostAlloc((void **)&h, DEAD_SIZE, 0));
+	fill(h, DEAD_SIZE, 21);
+	OK(rt.Memcpy(d, h, DEAD_SIZE, cudaMemcpyHostToDevice));
+	OK(rt.EventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming));
+	OK(rt.StreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	OK(rt.IpcGetMemHandle(&hm, d));
+	OK(rt.IpcGetEventHandle(&he, ev));
+	/* the stream blocks; the copy of seed 22 and the record wait behind it */
+	OK(rt.LaunchHostFunc(s, block_forever, NULL));
+	fill(h, DEAD_SIZE, 22);
+	OK(rt.MemcpyAsync(d, h, DEAD_SIZE, cudaMemcpyHostToDevice, s));
+	OK(rt.EventRecord(ev, s));
+	char mx[2 * sizeof hm + 1], ex[2 * sizeof he + 1];
+	hex(&hm, sizeof hm, mx);
+	hex(&he, sizeof he, ex);
+	if (fails || write(wfd, mx, sizeof mx - 1) != (ssize_t)(sizeof mx - 1) ||
+	    write(wfd, ex, sizeof ex - 1) != (ssize_t)(sizeof ex - 1))
+		exit(1);
+	for (;;)
+		pause(); /* killed */
+}
+
 /* ---- streams ------------------------------------------------------------------------------------------ */
 
 /* Every stream operation waits 200 ms before it runs. Real mode: no delay,
@@ -1972,6 +2154,10 @@ int main(int argc, char **argv)
 		t_ipc_event();
 	else if (!strcmp(cmd, "ipc-event-child"))
 		t_ipc_event_child(ac, av);
+	else if (!strcmp(cmd, "ipc-dead"))
+		t_ipc_dead();
+	else if (!strcmp(cmd, "ipc-dead-child"))
+		t_ipc_dead_child(ac, av);
 	else if (!strcmp(cmd, "stream-async"))
 		t_stream_async();
 	else if (!strcmp(cmd, "stream-order"))

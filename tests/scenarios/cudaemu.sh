@@ -92,6 +92,10 @@ check "IPC memory: handle only of a base, own handle refused (invalid device con
 	run ipcmem -- ipc-mem
 check "IPC events: records in one process order streams in the other, both ways; cudaEventQuery not ready is not a last error; a dead recorder does not hang waiters" \
 	run ipcevent -- ipc-event
+check "IPC, an exporter killed with a copy and a record queued behind a blocked stream (cudaLaunchHostFunc): a stream waiting on that record goes on (tsemu's default), its copy never ran; its memory still reads what it held; the importer's own work goes on" \
+	run ipcdead -- ipc-dead
+check "TSEMU_DEAD_EVENTS=pending: a stream waiting on a dead recorder's pending record never goes on; the importer's own work still does, and it exits" \
+	run ipcdeadp TSEMU_DEAD_EVENTS=pending -- ipc-dead
 check "asynchrony: pinned async copies run later on their stream, pageable ones are staged, D2D cudaMemcpy does not block, events, destroy with work pending" \
 	run async -- stream-async
 check "ordering: cudaStreamWaitEvent orders a copy after an earlier queued one (and without it streams overlap); legacy default stream vs blocking/non-blocking streams; per-thread streams" \
@@ -103,7 +107,7 @@ check "stream capture: captured copies do not run, a graph launch replays H2D/D2
 # Real mode, forced here (TS_CUDAEMU_CHECK_REAL=1): what scripts/gpu-check.sh
 # checks on a real GPU. tsemu claims those semantics, so they hold on it too,
 # without its knobs; what only tsemu shows (counters, delays) is skipped.
-REAL_CMDS="basics errors no-host-access getproc pinned fork fork-clean peer ipc-mem ipc-event stream-async stream-order capture"
+REAL_CMDS="basics errors no-host-access getproc pinned fork fork-clean peer ipc-mem ipc-event ipc-dead stream-async stream-order capture"
 real_subset() {
 	local c rc=0
 	for c in $REAL_CMDS; do

@@ -51,7 +51,8 @@
  * rate), TSEMU_STREAM_DELAY_US (every stream operation waits this long before
  * it runs), TSEMU_STATS=FILE, TSEMU_TRACE=1 (cuGetProcAddress lookups) or 2
  * (every call), TSEMU_GETPROC_DENY=name,name (cuGetProcAddress reports these
- * base names as not found: a test knob).
+ * base names as not found: a test knob), TSEMU_DEAD_EVENTS=pending (a record
+ * whose recorder died pending never completes; default: it completes).
  *
  * Built with __CUDA_API_VERSION_INTERNAL so that cuda.h declares every name
  * this library defines, versioned (_v2), legacy (v1) and per-thread
@@ -136,7 +137,7 @@ struct importers {
 	int32_t pid[IMPORTERS];
 };
 
-enum { OP_COPY = 1, OP_MEMSET, OP_RECORD, OP_WAITEV, OP_MARK };
+enum { OP_COPY = 1, OP_MEMSET, OP_RECORD, OP_WAITEV, OP_MARK, OP_HOSTFN };
 enum { D_H2D, D_D2H, D_D2D, D_PEER, D_H2H };
 
 struct dep {
@@ -161,6 +162,9 @@ struct op {
 	/* record / wait */
 	struct event *ev;
 	uint64_t gen;
+	/* host function */
+	CUhostFn fn;
+	void *user;
 };
 
 enum { S_USER = 1, S_LEGACY, S_PTDS };
@@ -252,6 +256,7 @@ static struct {
 	double rate[5]; /* bytes/s per direction; 0: no delay */
 	long delay_us;
 	int ctxless; /* TSEMU_CTXLESS: device memory belongs to no context (see cuPointerGetAttribute) */
+	int dead_pending; /* TSEMU_DEAD_EVENTS=pending: a dead recorder's pending record never completes */
 	int trace;
 	char *deny;
 	struct ctx ctx[MAXDEV];
@@ -409,6 +414,8 @@ static void do_config(void)
 	v = 0;
 	env_long("TSEMU_CTXLESS", 0, 1, &v);
 	G.ctxless = (int)v;
+	const char *dead = getenv("TSEMU_DEAD_EVENTS");
+	G.dead_pending = dead && !strcmp(dead, "pending");
 	const char *deny = getenv("TSEMU_GETPROC_DENY");
 	if (deny && *deny) {
 		size_t n = strlen(deny);
@@ -768,6 +775,9 @@ static void op_exec(struct op *o)
 	}
 	case OP_WAITEV:
 		ev_wait(o->ev->sh, o->gen);
+		break;
+	case OP_HOSTFN:
+		o->fn(o->user); /* on the stream's thread, as CUDA runs it on one of its own */
 		break;
 	default:
 		break;
@@ -1162,7 +1172,17 @@ static CUresult ctx_sync(struct ctx *c)
 
 /* Wait until the event's completed generation reaches gen. An interprocess
  * event whose latest recorder died is treated as complete (its context and
- * the work in it are gone). Returns -1 when the library is torn down. */
+ * the work in it are gone), or, with TSEMU_DEAD_EVENTS=pending, never
+ * completes: CUDA leaves an event of a destroyed context undefined, and a
+ * real driver may well never release the waiter (ts-cudaemu-check ipc-dead
+ * asks one). Returns -1 when the library is torn down. */
+static int ev_recorder_gone(const struct evsh *sh, uint64_t gen)
+{
+	pid_t r = __atomic_load_n(&sh->recorder, __ATOMIC_ACQUIRE);
+	return r > 0 && r != G.pid && !G.dead_pending && __atomic_load_n(&sh->done, __ATOMIC_ACQUIRE) < gen &&
+	       !pid_alive(r);
+}
+
 static int ev_wait(struct evsh *sh, uint64_t gen)
 {
 	for (;;) {
@@ -1172,8 +1192,7 @@ static int ev_wait(struct evsh *sh, uint64_t gen)
 		if (__atomic_load_n(&G.stopping, __ATOMIC_ACQUIRE))
 			return -1;
 		futex_wait(&sh->futex, f, 20000000L);
-		pid_t r = __atomic_load_n(&sh->recorder, __ATOMIC_ACQUIRE);
-		if (r > 0 && r != G.pid && __atomic_load_n(&sh->done, __ATOMIC_ACQUIRE) < gen && !pid_alive(r))
+		if (ev_recorder_gone(sh, gen))
 			return 0;
 	}
 }
@@ -2463,6 +2482,43 @@ API CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned i
 	return wait_api(hStream, hEvent, Flags, 1);
 }
 
+/* The stream runs fn(user) on the host when the work before it is done, and
+ * the work after it waits for fn to return. Not in a capture (host nodes are
+ * not modelled): refused there, the capture left as it was. */
+static CUresult hostfn_api(CUstream h, CUhostFn fn, void *user, int ptds)
+{
+	if (!fn)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&G.mu);
+	struct stream *s;
+	CUresult r = stream_use(h, ptds, &s);
+	if (r == CUDA_SUCCESS && s->cap)
+		r = CUDA_ERROR_NOT_SUPPORTED;
+	if (r == CUDA_SUCCESS) {
+		struct op *o = op_new(OP_HOSTFN);
+		if (!o) {
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+		} else {
+			o->fn = fn, o->user = user;
+			if ((r = enqueue(s, o)) != CUDA_SUCCESS)
+				op_free(o);
+		}
+	}
+	pthread_mutex_unlock(&G.mu);
+	return r;
+}
+
+API CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
+{
+	ENTER("cuLaunchHostFunc");
+	return hostfn_api(hStream, fn, userData, 0);
+}
+API CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void *userData)
+{
+	ENTER("cuLaunchHostFunc_ptsz");
+	return hostfn_api(hStream, fn, userData, 1);
+}
+
 /* ---- events ------------------------------------------------------------------------------ */
 
 static struct event *event_new(unsigned flags)
@@ -2592,10 +2648,12 @@ API CUresult cuEventQuery(CUevent hEvent)
 	pthread_mutex_lock(&G.mu);
 	struct event *e = event_get(hEvent);
 	CUresult r = event_waitable(e);
-	if (r == CUDA_SUCCESS)
-		r = __atomic_load_n(&e->sh->done, __ATOMIC_ACQUIRE) >= __atomic_load_n(&e->sh->recorded, __ATOMIC_ACQUIRE)
+	if (r == CUDA_SUCCESS) {
+		uint64_t gen = __atomic_load_n(&e->sh->recorded, __ATOMIC_ACQUIRE);
+		r = __atomic_load_n(&e->sh->done, __ATOMIC_ACQUIRE) >= gen || ev_recorder_gone(e->sh, gen)
 			    ? CUDA_SUCCESS
-			    : CUDA_ERROR_NOT_READY;
+			    : CUDA_ERROR_NOT_READY; /* (as a wait for it ends: ev_wait) */
+	}
 	pthread_mutex_unlock(&G.mu);
 	return r;
 }
@@ -3327,6 +3385,8 @@ static const struct proc procs[] = {
 	PT(cuStreamQuery, 7000, cuStreamQuery_ptsz),
 	PR(cuStreamWaitEvent, 3020, cuStreamWaitEvent),
 	PT(cuStreamWaitEvent, 7000, cuStreamWaitEvent_ptsz),
+	PR(cuLaunchHostFunc, 10000, cuLaunchHostFunc),
+	PT(cuLaunchHostFunc, 10000, cuLaunchHostFunc_ptsz),
 	PR(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2),
 	PT(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2_ptsz),
 	PR(cuStreamEndCapture, 10000, cuStreamEndCapture),

@@ -106,6 +106,7 @@ static struct {
 	F(cuStreamSynchronize) StreamSynchronize[2];
 	F(cuStreamQuery) StreamQuery[2];
 	F(cuStreamWaitEvent) StreamWaitEvent[2];
+	F(cuLaunchHostFunc) LaunchHostFunc[2];
 	F(cuEventRecord) EventRecord[2];
 	F(cuStreamBeginCapture_v2) StreamBeginCapture[2];
 	F(cuStreamEndCapture) StreamEndCapture[2];
@@ -171,6 +172,7 @@ static const struct {
 	E2(StreamSynchronize, "cuStreamSynchronize"),
 	E2(StreamQuery, "cuStreamQuery"),
 	E2(StreamWaitEvent, "cuStreamWaitEvent"),
+	E2(LaunchHostFunc, "cuLaunchHostFunc"),
 	E2(EventRecord, "cuEventRecord"),
 	E2(StreamBeginCapture, "cuStreamBeginCapture"),
 	E2(StreamEndCapture, "cuStreamEndCapture"),
@@ -708,6 +710,18 @@ API cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event,
 {
 	BEGIN();
 	RET(D.StreamWaitEvent[1](stream, event, flags));
+}
+
+API cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *userData)
+{
+	BEGIN();
+	RET(D.LaunchHostFunc[0](stream, fn, userData));
+}
+
+API cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t stream, cudaHostFn_t fn, void *userData)
+{
+	BEGIN();
+	RET(D.LaunchHostFunc[1](stream, fn, userData));
 }
 
 API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
