@@ -34,7 +34,6 @@ static struct {
 	CUresult (*EventSynchronize)(CUevent);
 	CUresult (*IpcGetEventHandle)(CUipcEventHandle *, CUevent);
 	CUresult (*IpcOpenEventHandle)(CUevent *, CUipcEventHandle);
-	CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int);
 	CUresult (*StreamSynchronize)(CUstream);
 	CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 	CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
@@ -65,7 +64,7 @@ static void drv_resolve(void)
 		F(EventCreate, "cuEventCreate"), F(EventDestroy, "cuEventDestroy_v2"), F(EventRecord, "cuEventRecord"),
 		F(EventQuery, "cuEventQuery"), F(EventSynchronize, "cuEventSynchronize"),
 		F(IpcGetEventHandle, "cuIpcGetEventHandle"), F(IpcOpenEventHandle, "cuIpcOpenEventHandle"),
-		F(StreamWaitEvent, "cuStreamWaitEvent"), F(StreamSynchronize, "cuStreamSynchronize"),
+		F(StreamSynchronize, "cuStreamSynchronize"),
 		F(MemcpyAsync, "cuMemcpyAsync"), F(StreamIsCapturing, "cuStreamIsCapturing"),
 		F(ThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode"),
 #undef F
@@ -240,6 +239,7 @@ static inline void relax_end(int relaxed, CUstreamCaptureMode prev)
 #define MAX_OWN     (2 * TS_MAX_DEPTH + 8)
 #define MAX_PENDING 64
 #define EARLY_WAITS 8            /* see hold_pieces */
+#define COPY_WAIT_MS 500         /* see producer_copies_done */
 /*
  * Batches kept at once. A loop that fetches ahead (Lightning's prefetching
  * fetcher: the next batch is registered before this one is uploaded) has
@@ -985,9 +985,10 @@ static int never_ready(struct ts_gpu *g, const struct ts_gpu_piece *pc, int trie
  * with it, and with it a copy into the ring still queued when it died (a
  * slot is READY once the copy is queued, not done), its event (waiting on
  * an event of a destroyed context is undefined) and, on real CUDA, the
- * memory itself (freed while imported: undefined). Looked at once per
- * serve; a writer that dies after this, while our copy is queued, is the
- * window that remains.
+ * memory itself (freed while imported: undefined). Looked at before and
+ * after waiting for its copies (producer_copies_done); a writer that dies
+ * after that, while our copy out of its memory is queued, is the window that
+ * remains (its copy is done by then: what the window risks is its memory).
  */
 static int writers_alive(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned n)
 {
@@ -1048,6 +1049,52 @@ static int hold_pieces(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned
 	return 0;
 }
 
+/*
+ * Wait on the host, for COPY_WAIT_MS at most, until the producer's copies
+ * into the buffers the pieces lie in are done (each buffer's event, recorded
+ * after them, has completed); 0 when they are, -1 to upload from the host.
+ * So our stream never waits on another process's event: a producer that dies
+ * with its copy queued leaves that event's record pending in a destroyed
+ * context, which CUDA leaves undefined. A stream waiting on it may never be
+ * released (the job hangs at its next synchronisation; tsemu with
+ * TSEMU_DEAD_EVENTS=pending), or be released with the copy never done (the
+ * consumer reads a buffer never written; tsemu's default): gpu_share.sh
+ * case 27 saw both. A host wait can give up; the writer's liveness is
+ * looked at every 5 ms meanwhile, as in hold_pieces.
+ */
+static int producer_copies_done(struct ts_gpu *g, const struct ts_gpu_piece *pc, struct peer_buf *const *pb,
+				unsigned n)
+{
+	uint64_t start = ts_now_ns(), next_look = start + 5000000ull;
+	for (unsigned i = 0; i < n; i++) {
+		if (i && pb[i] == pb[i - 1])
+			continue;
+		for (;;) {
+			CUresult r = drv.EventQuery(pb[i]->ev);
+			if (r == CUDA_SUCCESS)
+				break;
+			uint64_t now = ts_now_ns();
+			int gone = 0;
+			if (r == CUDA_ERROR_NOT_READY && now >= next_look) {
+				gone = !ts_member_alive(ts_member_health(g->f->s.seg, (unsigned)pc[i].writer, now));
+				next_look = now + 5000000ull;
+			}
+			if (r != CUDA_ERROR_NOT_READY || gone || now - start >= COPY_WAIT_MS * 1000000ull) {
+				ts_debug("gpu: an upload of batch %llu is done from the host (the producer's copy into the "
+					 "ring %s after %llu ms)",
+					 (unsigned long long)pc[i].seq,
+					 r != CUDA_ERROR_NOT_READY ? "cannot be queried" : gone ? "was lost with it"
+												: "was not done",
+					 (unsigned long long)((now - start) / 1000000ull));
+				return -1;
+			}
+			struct timespec ts = {0, 100000};
+			nanosleep(&ts, NULL);
+		}
+	}
+	return 0;
+}
+
 int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npieces, CUdeviceptr dst, CUstream s,
 		 int sync)
 {
@@ -1072,13 +1119,13 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 		if (!(pb[i] = peer_open(g, &h[i])))
 			break;
 	struct pending pd = {0};
-	if (i < npieces || drv.EventCreate(&pd.done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+	/* the producer's copies done, its buffers still its own (alive) */
+	if (i < npieces || producer_copies_done(g, pc, pb, npieces) || !writers_alive(g, pc, npieces) ||
+	    drv.EventCreate(&pd.done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
 		goto unhold;
-	/* wait for the producer's writes, then copy on the caller's stream */
 	for (i = 0; i < npieces; i++) {
-		if (drv.StreamWaitEvent(s, pb[i]->ev, 0) != CUDA_SUCCESS ||
-		    drv.MemcpyAsync(dst + pc[i].at, pb[i]->ptr + h[i].off[pc[i].pos] + pc[i].off, pc[i].len, s) !=
-			    CUDA_SUCCESS)
+		if (drv.MemcpyAsync(dst + pc[i].at, pb[i]->ptr + h[i].off[pc[i].pos] + pc[i].off, pc[i].len, s) !=
+		    CUDA_SUCCESS)
 			break;
 	}
 	/*

@@ -17,9 +17,10 @@
 # synchronous upload returned, consumers whose epochs must begin where
 # the stream's do (left early, joined late; verified --strict), uploads
 # inside a CUDA graph capture, or beside one another thread holds open,
-# programs with the CUDA runtime linked in (nvcc's default), and a consumer
-# evicted in its first batch (stopped past the stall time). Every job runs
-# under `timeout`; no /dev/shm object of a case's session may survive its jobs.
+# programs with the CUDA runtime linked in (nvcc's default), a consumer
+# evicted in its first batch (stopped past the stall time), and a producer
+# killed while its copy into the ring is still queued. Every job runs under
+# `timeout`; no /dev/shm object of a case's session may survive its jobs.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 . tests/lib.sh
@@ -73,7 +74,9 @@ job() {
 	shift
 	[ "$sess" = - ] || envs=(LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$sess" "${envs[@]}")
 	rm -f "$T_TMP/$name".*
-	env TSEMU_STATS="$T_TMP/$name.stats" "${envs[@]}" timeout "$JOB_TIMEOUT" "${JOB_TRAIN:-$TRAIN}" --tsshim --device cuda \
+	# (--kill-after: a job hung in a CUDA wait does not end on SIGTERM)
+	env TSEMU_STATS="$T_TMP/$name.stats" "${envs[@]}" timeout --kill-after=5 "$JOB_TIMEOUT" "${JOB_TRAIN:-$TRAIN}" \
+		--tsshim --device cuda \
 		--readback --size 16 --record "$T_TMP/$name.rec" "$@" >"$T_TMP/$name.out" 2>"$T_TMP/$name.err" &
 	JPID[$name]=$!
 }
@@ -985,6 +988,39 @@ check "26: c shared again once d produced ($(grep -c 'its epochs are shared agai
 	cond '[ "$(grep -c "its epochs are shared again" "$T_TMP/c26c.err")" = 1 ] &&
 		[[ "$(shares c26c)" =~ ^(own\ ){0,10}(served\ ){10}(own\ )+(served\ )+(pub\ )*$ ]]'
 echo "# case 26: $((SECONDS - T1)) s"
+
+# === 27. the producer killed while its copy into the ring is still queued ===================
+# The producer's stream is slow (each operation waits 1.5 s before it runs),
+# so its batch is READY, its copies into the ring queued, seconds before they
+# are done. It is killed while the consumer serves that batch (the consumer
+# has opened the producer's buffer). Once with tsemu's default, where a
+# record its dead recorder left pending completes, and once with
+# TSEMU_DEAD_EVENTS=pending, where it never does: CUDA leaves an event of a
+# destroyed context undefined, and a real driver may never release a stream
+# that waits on it. The consumer must finish with every batch right on the
+# device (verify: device bytes equal host bytes; it takes over and makes the
+# rest). Before, its stream waited on the producer's event: with the default
+# it then copied the ring buffer the producer never wrote (device bytes
+# differ), and with "pending" it hung until its timeout (exit 124).
+T1=$SECONDS
+for sem in complete pending; do
+	S=$(session_name "c27-$sem")
+	job c27p "$S" TSEMU_STREAM_DELAY_US=1500000 TSEMU_DEAD_EVENTS=$sem -- --seed 1 --batch 16 --epochs 1 --pin "$TR"
+	for ((i = 0; i < 500; i++)); do shm_list "$S" | grep -q '^tsshim-feed' && break; sleep 0.01; done
+	JOB_TIMEOUT=30 job c27c "$S" TSEMU_DEAD_EVENTS=$sem TSEMU_TRACE=2 -- --seed 2 --batch 16 --epochs 1 "$TR"
+	opened=0
+	wait_for "$T_TMP/c27c.err" 'cuIpcOpenMemHandle' 20 && opened=1
+	sleep 0.3
+	kill -KILL "$(train_pid c27p)" 2>/dev/null
+	wait_jobs c27p c27c
+	check "27 ($sem): the consumer opened the producer's buffer before the kill ($opened), and the producer was killed (exit ${JRC[c27p]})" \
+		cond '[ $opened = 1 ] && [ "${JRC[c27p]}" = 137 ]'
+	JRC[c27p]=0
+	KILLED=c27p
+	case_end "27 ($sem)" "$S" c27p c27c
+	KILLED=
+done
+echo "# case 27: $((SECONDS - T1)) s"
 
 # Across every case: no producer freed a buffer a live consumer still had open
 # through IPC (undefined on CUDA; tsemu counts it and overwrites the memory).
