@@ -1350,6 +1350,19 @@ static void t_ipc_dead(void)
 	      "the importer's own copies run on after the exporter's death (%s after %.0f ms, seed %d)", ename(e),
 	      waited, e == cudaSuccess ? seed_of(g, DEAD_SIZE) : -1);
 
+	/* 2b. a record of its event here: does it release the stream that waits
+	 * (a way to unstick one; tsemu's generations say yes) */
+	if (stuck) {
+		OK(rt.EventRecord(ev, s2));
+		e = query_for(done, 2000, &waited);
+		fprintf(stderr, "# dead exporter: recording its event here %s the waiting stream (%s after %.0f ms)\n",
+			e == cudaSuccess ? "released" : "did not release", ename(e), waited);
+		rt.GetLastError();
+		if (emu_only(1, "ipc-dead: a record of the event in the importer releases the wait on tsemu"))
+			CHECK(e == cudaSuccess, "a record here released the wait (%s)", ename(e));
+		stuck = e == cudaErrorNotReady;
+	}
+
 	/* 3. a copy out of its memory after it died (what a consumer's copy
 	 * queued at the death reads) */
 	OK(rt.MemcpyAsync(g, d, DEAD_SIZE, cudaMemcpyDeviceToHost, s2));

@@ -94,7 +94,7 @@ check "IPC events: records in one process order streams in the other, both ways;
 	run ipcevent -- ipc-event
 check "IPC, an exporter killed with a copy and a record queued behind a blocked stream (cudaLaunchHostFunc): a stream waiting on that record goes on (tsemu's default), its copy never ran; its memory still reads what it held; the importer's own work goes on" \
 	run ipcdead -- ipc-dead
-check "TSEMU_DEAD_EVENTS=pending: a stream waiting on a dead recorder's pending record never goes on; the importer's own work still does, and it exits" \
+check "TSEMU_DEAD_EVENTS=pending: a stream waiting on a dead recorder's pending record does not go on until the importer records the event itself; the importer's own work goes on meanwhile" \
 	run ipcdeadp TSEMU_DEAD_EVENTS=pending -- ipc-dead
 check "asynchrony: pinned async copies run later on their stream, pageable ones are staged, D2D cudaMemcpy does not block, events, destroy with work pending" \
 	run async -- stream-async
