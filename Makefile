@@ -163,7 +163,7 @@ $(BUILD)/tests/ts-gpurace: | $(EMU_DIR)/libcudart.so.13
 # runtime symbol to interpose, only the driver entry points the runtime takes
 # from cuGetProcAddress. ts-train-linked links tsemu's runtime, for the
 # scenarios; ts-train-cudart-static the toolkit's libcudart_static.a, for
-# scripts/gpu-check.sh (built there, on demand).
+# scripts/gpu-check.sh (built there on demand, and by make gpu-bundle).
 $(BUILD)/obj/tools/train-linked.o: tools/train.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -DTRAIN_CUDART_LINKED $(CFLAGS) -c $< -o $@

@@ -63,9 +63,12 @@ foreign_needs() {
 make_bundle() {
 	local f
 	for f in libtsshim.so tsshim-train tsshim-verify tsshim-mkdata tests/ts-cudaemu-check \
-		tests/ts-train-cudart-static tests/ts-train-linked python emu; do
-		[ -e "$BUILD/$f" ] || die "$BUILD/$f not built (make check-build, then make gpu-bundle)"
+		tests/ts-train-linked python emu; do
+		[ -e "$BUILD/$f" ] || die "$BUILD/$f not built (make gpu-bundle builds what it needs)"
 	done
+	# (built by make gpu-bundle where the toolkit has libcudart_static.a)
+	[ -e "$BUILD/tests/ts-train-cudart-static" ] ||
+		echo "gpu-device: no $BUILD/tests/ts-train-cudart-static: gpu-check's case 8 (static runtime) will not run"
 	rm -rf "$BUNDLE"
 	mkdir -p "$BUNDLE/lib" "$BUNDLE/tests"
 	bundle_files | while read -r f; do cp -rL "$BUILD/$f" "$BUNDLE/$f" || exit 1; done || die "copying failed"
@@ -136,6 +139,7 @@ checks() {
 	export BUILD=$BUNDLE_REL CUDA_HOME=$home TS_PYTHON=$PY
 	# what the caller named first (try: tsemu), then the bundle's, the driver
 	export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$BUNDLE/lib${cuda_dir:+:$cuda_dir}
+	# (set, even to nothing there: gpu-check then builds nothing, case 8 is not run)
 	export GPU_CHECK_STATIC=${GPU_CHECK_STATIC:-$BUNDLE/tests/ts-train-cudart-static}
 	export GPU_CHECK_KEEP=$out/gpu-check
 	echo "gpu-device: phase 1: scripts/gpu-check.sh"
