@@ -239,7 +239,6 @@ static inline void relax_end(int relaxed, CUstreamCaptureMode prev)
 #define MAX_OWN     (2 * TS_MAX_DEPTH + 8)
 #define MAX_PENDING 64
 #define EARLY_WAITS 8            /* see hold_pieces */
-#define COPY_WAIT_MS 500         /* see producer_copies_done */
 /*
  * Batches kept at once. A loop that fetches ahead (Lightning's prefetching
  * fetcher: the next batch is registered before this one is uploaded) has
@@ -1050,7 +1049,8 @@ static int hold_pieces(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned
 }
 
 /*
- * Wait on the host, for COPY_WAIT_MS at most, until the producer's copies
+ * Wait on the host, for TSSHIM_TIMEOUT_MS at most (how long a producer may be
+ * silent), until the producer's copies
  * into the buffers the pieces lie in are done (each buffer's event, recorded
  * after them, has completed); 0 when they are, -1 to upload from the host.
  * So our stream never waits on another process's event: a producer that dies
@@ -1066,6 +1066,7 @@ static int producer_copies_done(struct ts_gpu *g, const struct ts_gpu_piece *pc,
 				unsigned n)
 {
 	uint64_t start = ts_now_ns(), next_look = start + 5000000ull;
+	uint64_t limit = (uint64_t)g->f->s.seg->st.timeout_ms * 1000000ull;
 	for (unsigned i = 0; i < n; i++) {
 		if (i && pb[i] == pb[i - 1])
 			continue;
@@ -1079,7 +1080,7 @@ static int producer_copies_done(struct ts_gpu *g, const struct ts_gpu_piece *pc,
 				gone = !ts_member_alive(ts_member_health(g->f->s.seg, (unsigned)pc[i].writer, now));
 				next_look = now + 5000000ull;
 			}
-			if (r != CUDA_ERROR_NOT_READY || gone || now - start >= COPY_WAIT_MS * 1000000ull) {
+			if (r != CUDA_ERROR_NOT_READY || gone || now - start >= limit) {
 				ts_debug("gpu: an upload of batch %llu is done from the host (the producer's copy into the "
 					 "ring %s after %llu ms)",
 					 (unsigned long long)pc[i].seq,

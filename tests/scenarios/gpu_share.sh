@@ -1023,6 +1023,25 @@ for sem in complete pending; do
 	case_end "27 ($sem)" "$S" c27p c27c
 	KILLED=
 done
+# A producer alive but its copies slow (each operation 300 ms) and
+# TSSHIM_TIMEOUT_MS=200: the consumer waits 200 ms for a copy, no longer, then
+# uploads from the host.
+S=$(session_name c27-alive)
+job c27p "$S" TSEMU_STREAM_DELAY_US=300000 TSSHIM_TIMEOUT_MS=200 -- --seed 1 --batch 16 --limit 32 --pin "$TR"
+for ((i = 0; i < 500; i++)); do shm_list "$S" | grep -q '^tsshim-feed' && break; sleep 0.01; done
+job c27c "$S" TSSHIM_TIMEOUT_MS=200 TSSHIM_LOG=debug -- --seed 2 --batch 16 --limit 32 "$TR"
+wait_jobs c27p c27c
+case_end "27 (alive, slow)" "$S" c27p c27c
+waits27=$(sed -n "s/.*the producer's copy into the ring was not done after \([0-9]*\) ms.*/\1/p" "$T_TMP/c27c.err" | xargs)
+# in_range LO HI N...: at least one N, each in [LO, HI)
+in_range() {
+	local lo=$1 hi=$2 n; shift 2
+	[ $# -gt 0 ] || return 1
+	for n; do [ "$n" -ge "$lo" ] && [ "$n" -lt "$hi" ] || return 1; done
+}
+# shellcheck disable=SC2086 # one word per wait
+check "27 (alive, slow): the consumer gave up waiting for a copy after TSSHIM_TIMEOUT_MS (ms: ${waits27:-none})" \
+	in_range 200 400 $waits27
 echo "# case 27: $((SECONDS - T1)) s"
 
 # Across every case: no producer freed a buffer a live consumer still had open
