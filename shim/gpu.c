@@ -1050,10 +1050,10 @@ static int hold_pieces(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned
 
 /*
  * Wait on the host, for TSSHIM_TIMEOUT_MS at most (how long a producer may be
- * silent), until the producer's copies
- * into the buffers the pieces lie in are done (each buffer's event, recorded
- * after them, has completed); 0 when they are, -1 to upload from the host.
- * So our stream never waits on another process's event: a producer that dies
+ * silent), until the producer's copies into the buffers the pieces lie in are
+ * done (each buffer's event, recorded after them, has completed); 0 when they
+ * are, -1 to upload from the host. A buffer is held, so its event's latest
+ * record is this batch's. So our stream never waits on another process's event: a producer that dies
  * with its copy queued leaves that event's record pending in a destroyed
  * context, which CUDA leaves undefined. A stream waiting on it may never be
  * released (the job hangs at its next synchronisation; tsemu with
