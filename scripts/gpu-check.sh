@@ -21,7 +21,7 @@
 # GPU_CHECK_STATIC=build/tests/ts-train-linked, TS_CUDAEMU_CHECK_REAL=1 for
 # case 0's real mode on tsemu, TS_PYTHON=/usr/bin/python3 and
 # GPU_CHECK_TORCH_UPLOAD="--emu-cuda $PWD/build/emu/libcudart.so.13";
-# 81 checks with one device, about 50-80 s here. scripts/gpu-device.sh try
+# 82 checks with one device, about 50-80 s here. scripts/gpu-device.sh try
 # does all that, and `run` runs this script on a GPU machine from a bundle.)
 set -u
 cd "$(dirname "$0")/.." || exit 1
