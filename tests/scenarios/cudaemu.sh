@@ -96,6 +96,9 @@ check "IPC, an exporter killed with a copy and a record queued behind a blocked 
 	run ipcdead -- ipc-dead
 check "TSEMU_DEAD_EVENTS=pending: a stream waiting on a dead recorder's pending record does not go on until the importer records the event itself; the importer's own work goes on meanwhile" \
 	run ipcdeadp TSEMU_DEAD_EVENTS=pending -- ipc-dead
+check "TSEMU_DEAD_EVENTS=bogus: one line on stderr, tsemu's default kept" \
+	cond "run ipcdeadx TSEMU_DEAD_EVENTS=bogus -- ipc-dead &&
+		grep -q \"TSEMU_DEAD_EVENTS='bogus' is invalid\" '$T_TMP/ipcdeadx.out'"
 check "asynchrony: pinned async copies run later on their stream, pageable ones are staged, D2D cudaMemcpy does not block, events, destroy with work pending" \
 	run async -- stream-async
 check "ordering: cudaStreamWaitEvent orders a copy after an earlier queued one (and without it streams overlap); legacy default stream vs blocking/non-blocking streams; per-thread streams" \

@@ -416,6 +416,8 @@ static void do_config(void)
 	G.ctxless = (int)v;
 	const char *dead = getenv("TSEMU_DEAD_EVENTS");
 	G.dead_pending = dead && !strcmp(dead, "pending");
+	if (dead && *dead && !G.dead_pending && strcmp(dead, "complete"))
+		say("TSEMU_DEAD_EVENTS='%s' is invalid: expected complete or pending; ignored", dead);
 	const char *deny = getenv("TSEMU_GETPROC_DENY");
 	if (deny && *deny) {
 		size_t n = strlen(deny);
@@ -1170,12 +1172,11 @@ static CUresult ctx_sync(struct ctx *c)
 
 /* ---- events ---------------------------------------------------------------------------- */
 
-/* Wait until the event's completed generation reaches gen. An interprocess
- * event whose latest recorder died is treated as complete (its context and
- * the work in it are gone), or, with TSEMU_DEAD_EVENTS=pending, never
- * completes: CUDA leaves an event of a destroyed context undefined, and a
- * real driver may well never release the waiter (ts-cudaemu-check ipc-dead
- * asks one). Returns -1 when the library is torn down. */
+/* An interprocess event whose latest recorder died with generation gen still
+ * pending is treated as complete (its context and the work in it are gone),
+ * or, with TSEMU_DEAD_EVENTS=pending, never completes: CUDA leaves an event
+ * of a destroyed context undefined, and a real driver may well never release
+ * the waiter (ts-cudaemu-check ipc-dead asks one). */
 static int ev_recorder_gone(const struct evsh *sh, uint64_t gen)
 {
 	pid_t r = __atomic_load_n(&sh->recorder, __ATOMIC_ACQUIRE);
@@ -1183,6 +1184,8 @@ static int ev_recorder_gone(const struct evsh *sh, uint64_t gen)
 	       !pid_alive(r);
 }
 
+/* Wait until the event's completed generation reaches gen, or its recorder
+ * is gone (above). Returns -1 when the library is torn down. */
 static int ev_wait(struct evsh *sh, uint64_t gen)
 {
 	for (;;) {
