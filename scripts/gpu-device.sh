@@ -71,8 +71,8 @@ make_bundle() {
 		echo "gpu-device: no $BUILD/tests/ts-train-cudart-static: gpu-check's case 8 (static runtime) will not run"
 	rm -rf "$BUNDLE"
 	mkdir -p "$BUNDLE/lib" "$BUNDLE/tests"
-	bundle_files | while read -r f; do cp -rL "$BUILD/$f" "$BUNDLE/$f" || exit 1; done || die "copying failed"
 	# (links copied as files: a link travels to the device as a link)
+	bundle_files | while read -r f; do cp -rL "$BUILD/$f" "$BUNDLE/$f" || exit 1; done || die "copying failed"
 	# libjpeg-turbo's library, as the programs were linked against it (the
 	# GPU machines' image is not Debian: its libjpeg, if any, is another ABI)
 	f=$(ldd "$BUILD/tsshim-train" | awk '$1 == "libjpeg.so.62" { print $3 }')
@@ -86,7 +86,7 @@ make_bundle() {
 	echo "gpu-device: there: run(command=\"bash scripts/gpu-device.sh run\", carry=[\"$BUNDLE_REL\"], timeout_s=590)"
 }
 
-# first file named $1 under the directories that follow (no error when none)
+# the first of the directories that follow to hold a file named $1 (none: nothing, status 1)
 find_lib() {
 	local name=$1 d; shift
 	for d; do [ -e "$d/$name" ] && { echo "$d"; return 0; }; done
@@ -97,7 +97,7 @@ find_lib() {
 torch_cuda_dirs() {
 	"$PY" -c 'import glob, os, sys
 for p in sys.path:
-    for d in glob.glob(os.path.join(p, "nvidia", "*", "lib")) + glob.glob(os.path.join(p, "nvidia", "cuda_runtime", "lib")):
+    for d in glob.glob(os.path.join(p, "nvidia", "*", "lib")):  # nvidia/cu13/lib, nvidia/cuda_runtime/lib
         print(d)' 2>/dev/null
 }
 
