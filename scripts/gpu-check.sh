@@ -21,7 +21,7 @@
 # GPU_CHECK_STATIC=build/tests/ts-train-linked, TS_CUDAEMU_CHECK_REAL=1 for
 # case 0's real mode on tsemu, TS_PYTHON=/usr/bin/python3 and
 # GPU_CHECK_TORCH_UPLOAD="--emu-cuda $PWD/build/emu/libcudart.so.13";
-# 82 checks with one device, about 50-80 s here. scripts/gpu-device.sh try
+# 83 checks with one device, about 50-80 s here. scripts/gpu-device.sh try
 # does all that, and `run` runs this script on a GPU machine from a bundle.)
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -55,7 +55,7 @@ echo "gpu-check: $ngpu GPU(s): $(nvidia-smi --query-gpu=name --format=csv,nohead
 # 77 is a command with nothing to check here (peer on one GPU).
 if [ -x "$CHK" ]; then
 	for c in basics errors no-host-access getproc pinned fork fork-clean peer ipc-mem ipc-event ipc-dead \
-		stream-async stream-order capture; do
+		ipc-exit stream-async stream-order capture; do
 		LD_LIBRARY_PATH=$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 120 "$CHK" "$c" \
 			>"$T/emu-$c.out" 2>&1
 		rc=$?
@@ -67,8 +67,9 @@ if [ -x "$CHK" ]; then
 		check "tsemu's semantics on this GPU: ts-cudaemu-check $c (${count:-exit $rc})" [ $rc = 0 ]
 		[ $rc = 0 ] || { grep -E '^FAIL' "$T/emu-$c.out" || tail -n 5 "$T/emu-$c.out"; } | sed 's/^/#   /'
 		# what the driver answers after a lazy open of another GPU's handle (README, Limitations),
-		# and to a process whose exporter died with work queued (README, The GPU data plane)
-		grep -E '^# (lazy peer|dead exporter)' "$T/emu-$c.out" | sed 's/^/#   /'
+		# to a process whose exporter died with work queued, and what memory of an exporter
+		# that exited reads (README, The GPU data plane)
+		grep -E '^# (lazy peer|dead exporter|exited exporter)' "$T/emu-$c.out" | sed 's/^/#   /'
 	done
 else
 	echo "# no $CHK (make gpu-check builds it): case 0 not run"

@@ -7,7 +7,7 @@
  *                                     failed (each on stderr), 2: usage
  *
  * Commands: basics, errors, no-host-access, nodevice, getproc, route, deny, pinned,
- * fork, fork-clean, peer, ipc-mem, ipc-event, ipc-dead, stream-async, stream-order, capture,
+ * fork, fork-clean, peer, ipc-mem, ipc-event, ipc-dead, ipc-exit, stream-async, stream-order, capture,
  * bandwidth h2d|d2d MIN_MS MAX_MS [ROUNDS], stats, quick (basics errors pinned peer
  * ipc-mem capture in one process, for valgrind). The *-child commands are the other
  * side of the IPC checks. tests/scenarios/cudaemu.sh runs them all.
@@ -1418,6 +1418,101 @@ static void t_ipc_dead_child(int argc, char **argv)
 		pause(); /* killed */
 }
 
+/*
+ * An exporter that exits normally while the importer still has its memory
+ * open: its context is destroyed at exit, and with it (PyTorch's notes on
+ * CUDA IPC: "automatically freed upon the producer's exit") its memory. This
+ * is what a consumer's copy out of the GPU ring reads when it is still queued
+ * as its producer exits (the shim's producer waits at exit for the copies
+ * its consumers hold: README, "The GPU data plane"). Checked everywhere: the
+ * memory reads right while its exporter lives. Printed: what a copy reads
+ * after the exit ("# exited exporter: ..."). Checked on tsemu: the memory is
+ * overwritten at the exit and the copy is counted (ipc_read_lost).
+ */
+static void t_ipc_exit(void)
+{
+	load();
+	int up[2], down[2];
+	if (pipe(up) || pipe(down))
+		die("pipe");
+	char wfd[16], rfd[16];
+	snprintf(wfd, sizeof wfd, "%d", up[1]);
+	snprintf(rfd, sizeof rfd, "%d", down[0]);
+	char *a[] = {"ts-cudaemu-check", "ipc-exit-child", wfd, rfd, NULL};
+	pid_t p = spawn(a);
+	close(up[1]);
+	close(down[0]);
+	cudaIpcMemHandle_t hm;
+	char mx[2 * sizeof hm + 1] = {0};
+	if (read_full(up[0], mx, sizeof mx - 1) || unhex(mx, &hm, sizeof hm)) {
+		kill(p, SIGKILL);
+		reap(p);
+		die("the exporter sent no handle");
+	}
+	void *d;
+	char *g;
+	cudaStream_t s;
+	OK(rt.IpcOpenMemHandle(&d, hm, cudaIpcMemLazyEnablePeerAccess));
+	OK(rt.HostAlloc((void **)&g, DEAD_SIZE, 0));
+	OK(rt.StreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	memset(g, 0, DEAD_SIZE);
+	OK(rt.MemcpyAsync(g, d, DEAD_SIZE, cudaMemcpyDeviceToHost, s));
+	OK(rt.StreamSynchronize(s));
+	CHECK(seed_of(g, DEAD_SIZE) == 31, "its memory reads what it holds while it lives (seed %d)",
+	      seed_of(g, DEAD_SIZE));
+	struct tsemu_stats s0 = stats();
+	put_byte(down[1], 'x');
+	CHECK(reap(p) == 0, "the exporter exited normally");
+	memset(g, 0, DEAD_SIZE);
+	cudaError_t e = rt.MemcpyAsync(g, d, DEAD_SIZE, cudaMemcpyDeviceToHost, s);
+	if (e == cudaSuccess)
+		e = rt.StreamSynchronize(s);
+	int seed = e == cudaSuccess ? seed_of(g, DEAD_SIZE) : -1;
+	fprintf(stderr, "# exited exporter: a copy out of its memory after its normal exit: %s, seed %d "
+		"(31: what it held; -1: other bytes)\n", ename(e), seed);
+	fprintf(stderr, "# exited exporter: closing its memory's handle: %s\n", ename(rt.IpcCloseMemHandle(d)));
+	rt.GetLastError();
+	if (emu_only(2, "ipc-exit: tsemu takes an exited exporter's memory, and counts a read of it")) {
+		CHECK(e == cudaSuccess && seed == -1, "a copy afterwards reads other bytes (%s, seed %d)", ename(e),
+		      seed);
+		EXPECT(stats().ipc_read_lost - s0.ipc_read_lost, 1);
+	}
+	/* this process goes on */
+	void *mine;
+	fill(g, DEAD_SIZE, 33);
+	OK(rt.Malloc(&mine, DEAD_SIZE));
+	OK(rt.Memcpy(mine, g, DEAD_SIZE, cudaMemcpyHostToDevice));
+	memset(g, 0, DEAD_SIZE);
+	OK(rt.Memcpy(g, mine, DEAD_SIZE, cudaMemcpyDeviceToHost));
+	CHECK(seed_of(g, DEAD_SIZE) == 33, "the importer's own copies run on (seed %d)", seed_of(g, DEAD_SIZE));
+	OK(rt.Free(mine));
+	OK(rt.StreamDestroy(s));
+	OK(rt.FreeHost(g));
+}
+
+static void t_ipc_exit_child(int argc, char **argv)
+{
+	if (argc < 2)
+		die("usage: ipc-exit-child WFD RFD");
+	load();
+	int wfd = atoi(argv[0]), rfd = atoi(argv[1]);
+	void *d;
+	char *h = xmalloc(DEAD_SIZE);
+	cudaIpcMemHandle_t hm;
+	OK(rt.Malloc(&d, DEAD_SIZE));
+	fill(h, DEAD_SIZE, 31);
+	OK(rt.Memcpy(d, h, DEAD_SIZE, cudaMemcpyHostToDevice));
+	OK(rt.DeviceSynchronize()); /* from pageable memory, cudaMemcpy may return before the bytes land */
+	OK(rt.IpcGetMemHandle(&hm, d));
+	char mx[2 * sizeof hm + 1];
+	hex(&hm, sizeof hm, mx);
+	if (fails || write(wfd, mx, sizeof mx - 1) != (ssize_t)(sizeof mx - 1))
+		exit(1);
+	get_byte(rfd); /* then exit, its memory not freed: the context goes with the process */
+	free(h);
+	exit(fails ? 1 : 0);
+}
+
 /* ---- streams ------------------------------------------------------------------------------------------ */
 
 /* Every stream operation waits 200 ms before it runs. Real mode: no delay,
@@ -2171,6 +2266,10 @@ int main(int argc, char **argv)
 		t_ipc_dead();
 	else if (!strcmp(cmd, "ipc-dead-child"))
 		t_ipc_dead_child(ac, av);
+	else if (!strcmp(cmd, "ipc-exit"))
+		t_ipc_exit();
+	else if (!strcmp(cmd, "ipc-exit-child"))
+		t_ipc_exit_child(ac, av);
 	else if (!strcmp(cmd, "stream-async"))
 		t_stream_async();
 	else if (!strcmp(cmd, "stream-order"))

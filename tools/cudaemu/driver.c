@@ -24,6 +24,12 @@
  *    that have it open; an exporter's cuMemFree while one of them lives is
  *    undefined behaviour on CUDA: tsemu says so, counts it
  *    (ipc_freed_while_open) and overwrites the bytes, as a reuse would.
+ *    An exporter's exit destroys its context and its memory goes with it
+ *    (PyTorch: "automatically freed upon the producer's exit"): what a live
+ *    process still has open is overwritten then too (ipc_lost_at_exit). A
+ *    copy that reads memory so lost is counted by its reader
+ *    (ipc_read_lost). A killed exporter runs nothing: its memory is kept
+ *    while open, as ipc-dead checks (what a real driver does, it prints).
  *  - Streams: one worker thread per stream executes its queue in order.
  *    Copies run there, so a pinned source changed after an async copy and
  *    before synchronisation shows. The legacy default stream synchronises
@@ -67,6 +73,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -135,6 +142,7 @@ struct mem {
 #define IMPORTERS 64
 struct importers {
 	int32_t pid[IMPORTERS];
+	uint32_t lost; /* the exporter freed the memory or exited: what it holds now is garbage */
 };
 
 enum { OP_COPY = 1, OP_MEMSET, OP_RECORD, OP_WAITEV, OP_MARK, OP_HOSTFN };
@@ -476,7 +484,7 @@ static void write_stats(void)
 		"\"ipc_mem_exports\":%llu,\"ipc_mem_opens\":%llu,\"ipc_mem_closes\":%llu,"
 		"\"ipc_event_exports\":%llu,\"ipc_event_opens\":%llu,"
 		"\"event_records\":%llu,\"stream_waits\":%llu,\"getproc_lookups\":%llu,\"api_calls\":%llu,"
-		"\"ipc_freed_while_open\":%llu}\n",
+		"\"ipc_freed_while_open\":%llu,\"ipc_lost_at_exit\":%llu,\"ipc_read_lost\":%llu}\n",
 		(int)getpid(), s.devices,
 		(unsigned long long)s.h2d_bytes, (unsigned long long)s.d2h_bytes, (unsigned long long)s.d2d_bytes,
 		(unsigned long long)s.peer_bytes, (unsigned long long)s.h2h_bytes,
@@ -489,7 +497,8 @@ static void write_stats(void)
 		(unsigned long long)s.ipc_mem_closes, (unsigned long long)s.ipc_event_exports,
 		(unsigned long long)s.ipc_event_opens, (unsigned long long)s.event_records,
 		(unsigned long long)s.stream_waits, (unsigned long long)s.getproc_lookups,
-		(unsigned long long)s.api_calls, (unsigned long long)s.ipc_freed_while_open);
+		(unsigned long long)s.api_calls, (unsigned long long)s.ipc_freed_while_open,
+		(unsigned long long)s.ipc_lost_at_exit, (unsigned long long)s.ipc_read_lost);
 	if (n <= 0 || (size_t)n >= sizeof buf)
 		return;
 	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
@@ -649,6 +658,29 @@ static pid_t open_elsewhere(const struct mem *m)
 	return 0;
 }
 
+/*
+ * Our allocation m is freed, or our context goes: a process that still has it
+ * open finds garbage there from now on (the flag first, so a reader that
+ * sees the flag clear after its copy read the bytes before they changed).
+ */
+static void mem_lose(struct mem *m)
+{
+	uint32_t one = 1;
+	if (pwrite(m->fd, &one, sizeof one, (off_t)(m->maplen + offsetof(struct importers, lost))) != sizeof one)
+		return;
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	memset(m->data, 0xa5, m->maplen);
+}
+
+/* A copy out of m has read its bytes: were they lost by then? (M_IPC we track) */
+static int mem_read_lost(const struct mem *m)
+{
+	if (!m || m->kind != M_IPC || !m->imp)
+		return 0;
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	return __atomic_load_n(&m->imp->lost, __ATOMIC_RELAXED) != 0;
+}
+
 static void mem_unref(struct mem *m)
 {
 	if (!m || --m->refs > 0)
@@ -750,6 +782,8 @@ static void op_exec(struct op *o)
 		if (rate > 0)
 			sleep_until(now_ns() + (uint64_t)((double)o->n / rate * 1e9));
 		memmove(o->dst, o->src, o->n);
+		if (mem_read_lost(o->m[1]))
+			ST_ADD(ipc_read_lost, 1);
 		switch (o->dir) {
 		case D_H2D: ST_ADD(h2d_bytes, o->n); ST_ADD(h2d_calls, 1); break;
 		case D_D2H: ST_ADD(d2h_bytes, o->n); ST_ADD(d2h_calls, 1); break;
@@ -1622,7 +1656,7 @@ API CUresult cuMemFree_v2(CUdeviceptr dptr)
 		say("cuMemFree of %p while process %d has it open through IPC: undefined behaviour on CUDA",
 		    (void *)m->base, (int)importer);
 		ST_ADD(ipc_freed_while_open, 1);
-		memset(m->data, 0xa5, m->maplen);
+		mem_lose(m);
 	}
 	if (r == CUDA_SUCCESS) {
 		mem_remove(m);
@@ -3493,6 +3527,13 @@ __attribute__((destructor)) static void tsemu_fini(void)
 {
 	if (G.forked || !__atomic_load_n(&G.inited, __ATOMIC_ACQUIRE))
 		return;
+	pthread_mutex_lock(&G.mu);
+	for (size_t i = 0; i < G.nmem; i++) /* the context goes: so does its memory, open elsewhere or not */
+		if (G.mems[i]->kind == M_DEV && open_elsewhere(G.mems[i])) {
+			ST_ADD(ipc_lost_at_exit, 1);
+			mem_lose(G.mems[i]);
+		}
+	pthread_mutex_unlock(&G.mu);
 	write_stats();
 	pthread_mutex_lock(&G.mu);
 	__atomic_store_n(&G.stopping, 1, __ATOMIC_RELEASE);

@@ -16,7 +16,7 @@
 
 #include <stdint.h>
 
-#define TSEMU_STATS_VERSION 2
+#define TSEMU_STATS_VERSION 3
 
 struct tsemu_stats {
 	uint32_t version; /* TSEMU_STATS_VERSION */
@@ -32,6 +32,8 @@ struct tsemu_stats {
 	uint64_t getproc_lookups;        /* cuGetProcAddress calls */
 	uint64_t api_calls;              /* driver API calls (all entry points) */
 	uint64_t ipc_freed_while_open;   /* cuMemFree of memory a live process had open through IPC (v2) */
+	uint64_t ipc_lost_at_exit;       /* allocations a live process had open through IPC when we exited (v3) */
+	uint64_t ipc_read_lost;          /* copies out of an IPC mapping whose exporter had freed it or exited (v3) */
 };
 
 #ifdef __cplusplus
