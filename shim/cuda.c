@@ -352,6 +352,7 @@ static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstrea
 		errno_ = errno;                                                                    \
 		if (k_ == TS_HIT_PRODUCER && r_ == (OK) && !batch_captured(&hit_, k_, stream, pt)) \
 			batch_keep(&hit_, dst, stream, sync, pt);                                    \
+		ts_gpu_poll_if_pending(); /* holds of our served copies done: let go soon */      \
 		copy_leave();                                                                      \
 		errno = errno_;                                                                    \
 		return r_;                                                                         \

@@ -7,12 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "feed.h"
 #include "gpu.h"
 #include "gpuring.h"
 #include "log.h"
 #include "real.h"
+#include "shim.h"
 
 /* ---- the driver functions we use, from the loaded libcuda ------------------------- */
 
@@ -276,7 +278,8 @@ struct pending {                 /* one served upload in flight */
 struct ts_gpu {
 	struct ts_feed *f;
 	struct ts_gpuring ring;
-	int ring_state;          /* 0 not tried, 1 open, 2 open but rewritten by a peer (not used), -1 failed */
+	int ring_state;          /* 0 not tried, 1 open, 2 open but rewritten by a peer (not used), 3 drained
+				  * (our context is about to go: see drain), -1 failed */
 	pthread_mutex_t mu;
 	/* producer */
 	struct own_buf own[MAX_OWN];
@@ -320,6 +323,39 @@ struct ts_gpu {
 	unsigned early_waits;    /* uploads that waited before the producer kept anything */
 };
 
+/*
+ * Every ts_gpu of this process, so that a copy of any kind lets go of the
+ * holds of served copies that have completed (ts_gpu_poll), and so that the
+ * ring buffers of all of them are drained before the process's context goes
+ * (drain_at_exit). Lock order: gpus_mu, then a g->mu (only tried, or timed).
+ */
+#define MAX_GPUS 32
+static struct ts_gpu *gpus[MAX_GPUS];
+static pthread_mutex_t gpus_mu = PTHREAD_MUTEX_INITIALIZER;
+_Atomic unsigned ts_gpu_npending;
+
+static void gpus_add(struct ts_gpu *g)
+{
+	pthread_mutex_lock(&gpus_mu);
+	unsigned i;
+	for (i = 0; i < MAX_GPUS && gpus[i]; i++)
+		;
+	if (i < MAX_GPUS)
+		gpus[i] = g;
+	else
+		ts_debug("gpu: more than %d GPU feeds: this one is not drained at exit", MAX_GPUS);
+	pthread_mutex_unlock(&gpus_mu);
+}
+
+static void gpus_remove(struct ts_gpu *g)
+{
+	pthread_mutex_lock(&gpus_mu);
+	for (unsigned i = 0; i < MAX_GPUS; i++)
+		if (gpus[i] == g)
+			gpus[i] = NULL;
+	pthread_mutex_unlock(&gpus_mu);
+}
+
 struct ts_gpu *ts_gpu_new(struct ts_feed *f)
 {
 	struct ts_gpu *g = calloc(1, sizeof(*g));
@@ -331,6 +367,7 @@ struct ts_gpu *ts_gpu_new(struct ts_feed *f)
 		g->own[i].rec = -1;
 	for (unsigned i = 0; i < TS_MAX_DEPTH; i++)
 		g->slot_own[i] = -1;
+	gpus_add(g);
 	return g;
 }
 
@@ -467,6 +504,9 @@ static void in_ctx_end(int switched, CUcontext prev)
 		drv.CtxSetCurrent(prev);
 }
 
+static pthread_once_t drain_once = PTHREAD_ONCE_INIT;
+static void drain_register(void);
+
 /* A fresh exported allocation for `slot`, in the current context. */
 #define IPC_GRAIN (2ull << 20)
 
@@ -508,6 +548,7 @@ static int own_alloc(struct ts_gpu *g, unsigned slot, uint64_t size)
 	o->rec = rec;
 	o->size = size;
 	o->slot = (int)slot;
+	pthread_once(&drain_once, drain_register);
 	return i;
 fail:
 	drv.EventDestroy(o->ev);
@@ -939,20 +980,46 @@ static void release_pending(struct ts_gpu *g, struct pending *pd)
 	drv.EventDestroy(pd->done);
 }
 
-/* Let go of the buffers of copies that have completed (all of them: wait). */
-static void poll_pending(struct ts_gpu *g, int wait)
+/*
+ * Let go of the buffers of copies that have completed (all of them: wait).
+ * A query that fails counts as done (the event is gone, so are our copies),
+ * except from another thread than the copy's (POLL_DONE_ONLY, ts_gpu_poll),
+ * which may not have its context current: only a completed one counts then.
+ */
+enum { POLL_QUERY, POLL_WAIT, POLL_DONE_ONLY };
+
+static void poll_pending(struct ts_gpu *g, int how)
 {
-	unsigned k = 0;
+	unsigned k = 0, before = g->npend;
 	for (unsigned i = 0; i < g->npend; i++) {
 		struct pending *pd = &g->pend[i];
-		CUresult r = wait ? drv.EventSynchronize(pd->done) : drv.EventQuery(pd->done);
-		if (r == CUDA_ERROR_NOT_READY) {
+		CUresult r = how == POLL_WAIT ? drv.EventSynchronize(pd->done) : drv.EventQuery(pd->done);
+		if (r == CUDA_ERROR_NOT_READY || (how == POLL_DONE_ONLY && r != CUDA_SUCCESS)) {
 			g->pend[k++] = *pd;
 			continue;
 		}
 		release_pending(g, pd);
 	}
 	g->npend = k;
+	atomic_fetch_sub_explicit(&ts_gpu_npending, before - k, memory_order_relaxed);
+}
+
+void ts_gpu_poll(void)
+{
+	CUstreamCaptureMode mode;
+	if (pthread_mutex_trylock(&gpus_mu))
+		return;
+	int relaxed = relax_begin(&mode);
+	for (unsigned i = 0; i < MAX_GPUS; i++) {
+		struct ts_gpu *g = gpus[i];
+		if (g && !pthread_mutex_trylock(&g->mu)) {
+			if (g->npend)
+				poll_pending(g, POLL_DONE_ONLY);
+			pthread_mutex_unlock(&g->mu);
+		}
+	}
+	relax_end(relaxed, mode);
+	pthread_mutex_unlock(&gpus_mu);
 }
 
 /* Drop holds taken for h[0..n) that no copy of ours in flight needs. */
@@ -1109,7 +1176,7 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 	pthread_mutex_lock(&g->mu);
 	if (ring_open(g))
 		goto out;
-	poll_pending(g, g->npend == MAX_PENDING);
+	poll_pending(g, g->npend == MAX_PENDING ? POLL_WAIT : POLL_QUERY);
 	close_stale(g);
 	if (hold_pieces(g, pc, npieces, h))
 		goto out;
@@ -1154,6 +1221,7 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 		}
 	}
 	g->pend[g->npend++] = pd;
+	atomic_fetch_add_explicit(&ts_gpu_npending, 1, memory_order_relaxed);
 	uint64_t total = 0;
 	for (i = 0; i < npieces; i++)
 		total += pc[i].len;
@@ -1161,7 +1229,7 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 	atomic_fetch_add_explicit(&g->ring.t->counters.bytes_served, total, memory_order_relaxed);
 	atomic_fetch_add_explicit(&g->f->s.seg->counters.bytes_not_copied, total, memory_order_relaxed);
 	if (sync)
-		poll_pending(g, 1);
+		poll_pending(g, POLL_WAIT);
 	served = 1;
 	goto out;
 unhold:
@@ -1172,13 +1240,152 @@ out:
 	return served;
 }
 
+/* ---- before our context goes ------------------------------------------------------------ */
+
+/*
+ * Our buffers die with our context: at the process's exit the driver
+ * destroys it, and its memory with it, imported elsewhere or not (PyTorch:
+ * "automatically freed upon the producer's exit"). A consumer's copy out of
+ * one that is still queued then (its stream runs behind its host, as any
+ * training loop's does) reads what the memory has become: tsemu overwrites
+ * it and counts the read (ipc_read_lost; gpu_share.sh case 28). So a
+ * producer drains first: its slots are given up (a consumer takes no new
+ * hold; it uploads those batches from the host), then it waits until no
+ * live consumer holds a buffer of it (a hold lasts until the copy out of it
+ * has completed), TSSHIM_TIMEOUT_MS at most, letting go meanwhile of its
+ * own served copies that are done, should another producer be waiting for
+ * it. Done when a feed is closed (the PyTorch layer closes its feeds in an
+ * atexit handler), and for every feed still open by an atexit handler
+ * registered at our first allocation: after the CUDA runtime's, so it runs
+ * before the runtime's own teardown. The destructors come last; the driver
+ * may be finalised by then.
+ */
+static void drain_begin(struct ts_gpu *g)
+{
+	if (g->ring_state != 1)
+		return;
+	for (unsigned i = 0; i < MAX_KEEPS; i++)
+		if (g->k[i].active)
+			ts_gpuring_slot_drop(&g->ring, g->k[i].slot);
+	for (unsigned i = 0; i < MAX_KEEPS; i++)
+		g->k[i].active = 0;
+	for (unsigned sl = 0; sl < ts_gpuring_depth(&g->ring); sl++)
+		if (g->slot_own[sl] >= 0)
+			ts_gpuring_slot_drop(&g->ring, sl);
+	g->ring_state = 3; /* nothing kept or served from now on */
+}
+
+/* Does a live process other than us hold a buffer of ours? */
+static int held_elsewhere(const struct ts_gpu *g)
+{
+	if (g->ring_state != 3)
+		return 0;
+	for (unsigned i = 0; i < MAX_OWN; i++)
+		if (g->own[i].rec >= 0 &&
+		    ts_gpuring_buf_held(&g->ring, g->f->s.seg, (unsigned)g->own[i].rec, g->f->s.self))
+			return 1;
+	return 0;
+}
+
+static uint64_t drain_limit_ns(const struct ts_gpu *g)
+{
+	return (uint64_t)g->f->s.seg->st.timeout_ms * 1000000ull;
+}
+
+static void drain_said(uint64_t start, int held)
+{
+	uint64_t ms = (ts_now_ns() - start) / 1000000ull;
+	if (held)
+		ts_info("gpu: a consumer still holds one of our ring buffers after %llu ms; our context goes all the "
+			"same", (unsigned long long)ms);
+	else if (ms)
+		ts_debug("gpu: waited %llu ms for consumers' copies out of our ring buffers before our context goes",
+			 (unsigned long long)ms);
+}
+
+/* One feed, under g->mu, out of gpus[] (ts_gpu_free). */
+static void drain(struct ts_gpu *g)
+{
+	drain_begin(g);
+	uint64_t start = ts_now_ns(), limit = drain_limit_ns(g);
+	int held;
+	while ((held = held_elsewhere(g)) && ts_now_ns() - start < limit) {
+		ts_gpu_poll(); /* our other feeds' served copies: their producers may be draining too */
+		struct timespec ts = {0, 500000};
+		nanosleep(&ts, NULL);
+	}
+	drain_said(start, held);
+}
+
+static pid_t drain_pid;
+
+/* Every feed of this process, at its exit (atexit: see above). */
+static void drain_at_exit(void)
+{
+	CUstreamCaptureMode mode;
+	struct timespec until;
+	if (atomic_load(&ts_is_fork_child) || getpid() != drain_pid || atomic_load(&drv_state) <= 0)
+		return;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 1; /* a thread inside a call of ours does not hold us for long */
+	if (pthread_mutex_timedlock(&gpus_mu, &until))
+		return;
+	int relaxed = relax_begin(&mode);
+	uint64_t limit = 0, start = ts_now_ns();
+	struct ts_gpu *mine[MAX_GPUS] = {0};
+	for (unsigned i = 0; i < MAX_GPUS; i++) {
+		struct ts_gpu *g = gpus[i];
+		if (!g || pthread_mutex_timedlock(&g->mu, &until))
+			continue;
+		if (g->ring_state == 1 && g->f->s.me.pid == (uint32_t)getpid()) {
+			drain_begin(g);
+			mine[i] = g;
+			if (drain_limit_ns(g) > limit)
+				limit = drain_limit_ns(g);
+		}
+		pthread_mutex_unlock(&g->mu);
+	}
+	int held = 1;
+	while (held) {
+		held = 0;
+		for (unsigned i = 0; i < MAX_GPUS; i++) {
+			struct ts_gpu *g = gpus[i]; /* (gpus_mu held: mine[i] is gpus[i]) */
+			if (!g || pthread_mutex_trylock(&g->mu)) {
+				held |= mine[i] != NULL; /* busy: looked at again */
+				continue;
+			}
+			if (g->npend)
+				poll_pending(g, POLL_DONE_ONLY);
+			held |= held_elsewhere(g);
+			pthread_mutex_unlock(&g->mu);
+		}
+		if (!held || ts_now_ns() - start >= limit)
+			break;
+		struct timespec ts = {0, 500000};
+		nanosleep(&ts, NULL);
+	}
+	relax_end(relaxed, mode);
+	pthread_mutex_unlock(&gpus_mu);
+	drain_said(start, held);
+}
+
+static void drain_register(void)
+{
+	drain_pid = getpid();
+	if (atexit(drain_at_exit))
+		ts_debug("gpu: atexit failed: our ring buffers are not drained at exit");
+}
+
 void ts_gpu_free(struct ts_gpu *g, int exiting)
 {
 	CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 	if (!g)
 		return;
+	gpus_remove(g);
 	int relaxed = !exiting && atomic_load(&drv_state) > 0 && relax_begin(&mode);
 	pthread_mutex_lock(&g->mu);
+	if (!exiting && atomic_load(&drv_state) > 0)
+		drain(g);
 	if (g->allocs)
 		ts_debug("gpu: %llu ring buffers allocated; a spare served a slot %llu times instead",
 			 (unsigned long long)g->allocs, (unsigned long long)g->spares_taken);
@@ -1189,7 +1396,7 @@ void ts_gpu_free(struct ts_gpu *g, int exiting)
 		 * copies die with the process; our allocations go with its context.
 		 */
 		if (!exiting && atomic_load(&drv_state) > 0) {
-			poll_pending(g, 1);
+			poll_pending(g, POLL_WAIT);
 			for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++)
 				peer_close(g, b);
 		}
@@ -1218,6 +1425,7 @@ void ts_gpu_free(struct ts_gpu *g, int exiting)
 		}
 		ts_gpuring_close(&g->ring);
 	}
+	atomic_fetch_sub_explicit(&ts_gpu_npending, g->npend, memory_order_relaxed); /* exiting: left as they are */
 	pthread_mutex_unlock(&g->mu);
 	relax_end(relaxed, mode);
 	pthread_mutex_destroy(&g->mu);

@@ -3,7 +3,7 @@
  * The GPU side of a feed (socket mode): the producer keeps its uploads of
  * stream ranges in device buffers of the GPU ring (core/gpuring.h); a
  * consumer's upload of stream ranges is served from them, device to device
- * (or peer), after waiting on the producer's interprocess event.
+ * (or peer), once the producer's interprocess event says its copy is done.
  *
  * Everything here goes through the CUDA driver API of the libcuda the
  * process has already loaded (never loaded by us); a process where it is
@@ -13,6 +13,7 @@
 #ifndef TSSHIM_SHIM_GPU_H
 #define TSSHIM_SHIM_GPU_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,11 +56,24 @@ CUresult ts_gpu_peer_disable(CUresult (*real)(CUcontext), CUcontext peer);
 
 struct ts_gpu *ts_gpu_new(struct ts_feed *f);
 /*
- * Wait for our copies, let go of every hold, free what we allocated and
- * nobody holds. exiting: the process is exiting: no CUDA call, only the
- * shared table is tidied.
+ * Give up our slots and wait (TSSHIM_TIMEOUT_MS at most) until no consumer
+ * holds a buffer of ours, wait for our copies, let go of every hold, free
+ * what we allocated and nobody holds. exiting: the process is exiting: no
+ * CUDA call, only the shared table is tidied (a producer's buffers were
+ * drained by an atexit handler before, while CUDA was still there).
  */
 void ts_gpu_free(struct ts_gpu *g, int exiting);
+
+/* Served copies of this process still in flight (their buffers held). */
+extern _Atomic unsigned ts_gpu_npending;
+/* Let go of the buffers of served copies that have completed (any thread; never blocks). */
+void ts_gpu_poll(void);
+/* After any copy: one atomic load when no served copy is in flight. */
+static inline void ts_gpu_poll_if_pending(void)
+{
+	if (atomic_load_explicit(&ts_gpu_npending, memory_order_relaxed))
+		ts_gpu_poll();
+}
 
 /*
  * Producer, after the real upload of bytes [off, off + n) of position p of

@@ -30,6 +30,11 @@ back ("dev": 1 when the device bytes equal the host bytes). What must hold:
                     in turn when the successor has finished: the first to
                     take over is the successor.)
 
+  --expect exit     the producer finished and exited while a consumer still
+                    read: that consumer may have taken over afterwards (role
+                    2, then 1); each consumer had at least one batch served
+                    wholly device to device before.
+
 Roles come from the records ("role" per batch: 1 producer, 2 consumer); a
 job must hold one role throughout. Prints one line per job and a summary;
 exit 0 when everything holds, 1 otherwise.
@@ -56,12 +61,14 @@ def load(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--expect", required=True,
-                    choices=["served", "producer-changed", "consumer-changed", "takeover"])
+                    choices=["served", "producer-changed", "consumer-changed", "takeover", "exit"])
     ap.add_argument("--min-served", type=float, default=0.0, metavar="F")
     ap.add_argument("records", nargs="+")
     a = ap.parse_args()
     if a.expect == "takeover":
         return takeover(a.records)
+    if a.expect == "exit":
+        return exited(a.records)
     bad = []
     producers = consumers = 0
     for path in a.records:
@@ -112,6 +119,38 @@ def main():
     for b in bad:
         print("FAIL: " + b)
     print("upload_check (%s): %s" % (a.expect, "OK" if not bad else "%d failures" % len(bad)))
+    return 1 if bad else 0
+
+
+def exited(records):
+    bad, producers, consumers = [], 0, 0
+    for path in records:
+        batches, gpu = load(path)
+        if not batches or gpu is None:
+            bad.append("%s: no uploaded batches or no gpu counters" % path)
+            continue
+        wrong = sum(1 for b in batches if b["dev"] != 1)
+        if wrong:
+            bad.append("%s: %d batches whose device bytes differ from the host's" % (path, wrong))
+        roles = "".join(str(b["role"]) for b in batches)
+        if roles.strip("1") == "":
+            producers += 1
+            print("%s: producer, %d batches" % (path, len(batches)))
+            continue
+        consumers += 1
+        k = roles.find("1")
+        served = sum(1 for b in batches[:k if k >= 0 else len(batches)] if b["h2d"] == 0)
+        print("%s: roles %s, %d batches served wholly device to device%s" %
+              (path, roles, served, ", %d wrong on the device" % wrong if wrong else ""))
+        if roles.rstrip("1").strip("2") != "":
+            bad.append("%s: roles %s: not a consumer that took over at most once" % (path, roles))
+        if served == 0:
+            bad.append("%s: no batch served from the ring" % path)
+    if producers != 1 or consumers < 1:
+        bad.append("%d producers and %d consumers (one producer and consumers expected)" % (producers, consumers))
+    for b in bad:
+        print("FAIL: " + b)
+    print("upload_check (exit): %s" % ("OK" if not bad else "%d failures" % len(bad)))
     return 1 if bad else 0
 
 

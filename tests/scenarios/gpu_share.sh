@@ -18,8 +18,9 @@
 # the stream's do (left early, joined late; verified --strict), uploads
 # inside a CUDA graph capture, or beside one another thread holds open,
 # programs with the CUDA runtime linked in (nvcc's default), a consumer
-# evicted in its first batch (stopped past the stall time), and a producer
-# killed while its copy into the ring is still queued. Every job runs under
+# evicted in its first batch (stopped past the stall time), a producer
+# killed while its copy into the ring is still queued, and one that exits
+# while a consumer's copy out of its ring is still queued. Every job runs under
 # `timeout`; no /dev/shm object of a case's session may survive its jobs.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -1044,6 +1045,30 @@ check "27 (alive, slow): the consumer gave up waiting for a copy after TSSHIM_TI
 	in_range 200 400 $waits27
 echo "# case 27: $((SECONDS - T1)) s"
 
+# === 28. the producer exits while a consumer's copy out of its ring is queued ===============
+# A process's exit destroys its CUDA context, and its memory goes with it,
+# imported elsewhere or not; tsemu overwrites such memory at the exporter's
+# exit and counts a copy that reads it (ipc_read_lost). The consumer's
+# device-to-device copies are slow (TSEMU_D2D_GBPS: about 1.2 s for a batch's
+# images; the bytes are read at the end), so one is nearly always queued
+# when the producer, done with its epoch, exits. The producer now gives up
+# its slots and waits for the consumer's holds before its context goes; the
+# consumer lets go at its next copy of any kind once its copy is done. Before,
+# the consumer's copy read the lost memory (verify: device bytes differ).
+T1=$SECONDS
+S=$(session_name c28)
+job c28p "$S" TSSHIM_TIMEOUT_MS=3000 TSSHIM_LOG=debug -- --seed 1 --batch 16 --limit 96 --pin "$TR"
+for ((i = 0; i < 500; i++)); do shm_list "$S" | grep -q '^tsshim-feed' && break; sleep 0.01; done
+job c28c "$S" TSSHIM_TIMEOUT_MS=3000 TSEMU_D2D_GBPS=0.00004 -- --seed 2 --batch 16 --limit 96 --pin "$TR"
+wait_jobs c28p c28c
+case_end "28" "$S" c28p c28c
+lost28=$(stat c28p ipc_lost_at_exit) read28=$(stat c28c ipc_read_lost)
+wait28=$(sed -n "s/.*waited \([0-9]*\) ms for consumers' copies out of our ring buffers.*/\1/p" "$T_TMP/c28p.err" | xargs)
+check "28: the producer waited for the consumer's copy before its context went (${wait28:-no wait} ms; its buffers still open there at its exit: $lost28); the consumer read none of them lost (ipc_read_lost $read28)" \
+	cond '[ -n "$wait28" ] && [ "$read28" = 0 ]'
+check "28: the consumer was served ($(nlines c28c ' share=served ') batches)" cond '[ "$(nlines c28c " share=served ")" -ge 1 ]'
+echo "# case 28: $((SECONDS - T1)) s"
+
 # Across every case: no producer freed a buffer a live consumer still had open
 # through IPC (undefined on CUDA; tsemu counts it and overwrites the memory).
 freed_open=$(cat "$T_TMP"/*.stats 2>/dev/null | python3 -c '
@@ -1051,6 +1076,12 @@ import json, sys
 print(sum(json.loads(l).get("ipc_freed_while_open", 0) for l in sys.stdin if l.strip()))')
 check "every case: no buffer freed while another process had it open (tsemu ipc_freed_while_open: $freed_open)" \
 	cond '[ "$freed_open" = 0 ]'
+# ... and no consumer copied out of memory its producer had freed or lost at its exit.
+read_lost=$(cat "$T_TMP"/*.stats 2>/dev/null | python3 -c '
+import json, sys
+print(sum(json.loads(l).get("ipc_read_lost", 0) for l in sys.stdin if l.strip()))')
+check "every case: no copy read memory its exporter had freed or lost at exit (tsemu ipc_read_lost: $read_lost)" \
+	cond '[ "$read_lost" = 0 ]'
 
 echo "# total: $((SECONDS - T0)) s"
 finish gpu_share

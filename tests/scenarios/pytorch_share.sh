@@ -1233,6 +1233,31 @@ if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 		sed 's/^/#   /' "$T_TMP/dv.upload" | head -n 12
 	fi
 
+	# --- x: the producer exits while a consumer's copy out of its ring is queued ----
+	# Job 1 produces (job 2 starts 0.3 s later); job 2's device-to-device copies
+	# are slow (TSEMU_D2D_GBPS: about 1 s for a batch's images; the bytes are
+	# read at the end), so job 1, done with its epoch, exits while one of job
+	# 2's copies out of its ring is queued. The exit takes job 1's ring buffers
+	# (tsemu overwrites them), so the layer's close of its feeds at exit gives
+	# up its slots and waits for job 2's hold first. Before, job 2 uploaded
+	# batches whose device bytes were not its host bytes.
+	TSSHIM_TIMEOUT_MS=3000 TSSHIM_LOG=debug job x 1 1 --barrier "$T_TMP/x.go:2" --seed 1 --batch-size 32 \
+		--workers "$GPU_WORKERS" --epochs 1 --sleep 0.3 --emu-cuda "$EMU/libcudart.so.13"
+	TSSHIM_TIMEOUT_MS=3000 TSEMU_D2D_GBPS=0.0004 job x 2 1 --barrier "$T_TMP/x.go:2" --seed 2 --batch-size 32 \
+		--workers "$GPU_WORKERS" --epochs 1 --start-delay 0.3 --emu-cuda "$EMU/libcudart.so.13"
+	finished x 2
+	verify x "the producer exits while a consumer's copy is queued: one stream, complete epochs" $(recs x 2)
+	if "$PY" tests/py/upload_check.py --expect exit $(recs x 2) >"$T_TMP/x.upload" 2>&1; then
+		ok "(x) every batch right on the device; the consumer's $(grep -h -o 'roles [12]*, [0-9]* batches served wholly' \
+			"$T_TMP/x.upload")"
+	else
+		not_ok "(x) $(tail -n 1 "$T_TMP/x.upload")"
+		sed 's/^/#   /' "$T_TMP/x.upload" | head -n 12
+	fi
+	waitx=$(sed -n "s/.*waited \([0-9]*\) ms for consumers' copies out of our ring buffers.*/\1/p" "$T_TMP"/x.[12].err | xargs)
+	check "(x) the producer waited for the consumer's copy before its context went (${waitx:-no wait} ms)" \
+		cond '[ -n "$waitx" ]'
+
 	# Every GPU job above: no producer freed a ring buffer a consumer still had
 	# open (undefined on CUDA; tsemu counts it and overwrites the memory).
 	nstats=$(grep -c . "$T_TMP/tsemu.stats" 2>/dev/null)
@@ -1240,6 +1265,10 @@ if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 		awk -F: '{s += $2} END {print s + 0}')
 	check "(m-dv) no ring buffer freed while a consumer had it open (tsemu, ${nstats:-0} jobs: $freed_open)" \
 		cond '[ "${nstats:-0}" -gt 0 ] && [ "$freed_open" = 0 ]'
+	# ... nor read by a consumer after its producer's exit took it (tsemu overwrites it then)
+	read_lost=$(grep -o '"ipc_read_lost":[0-9]*' "$T_TMP/tsemu.stats" 2>/dev/null | awk -F: '{s += $2} END {print s + 0}')
+	check "(m-dv) no copy read a ring buffer its producer had freed or lost at exit (tsemu ipc_read_lost: $read_lost)" \
+		cond '[ "$read_lost" = 0 ]'
 	unset TSEMU_STATS
 else
 	echo "# (m-dv) skipped: tsemu not built"
