@@ -1054,10 +1054,11 @@ echo "# case 27: $((SECONDS - T1)) s"
 # when the producer, done with its epoch, exits. The producer now gives up
 # its slots and waits for the consumer's holds before its context goes; the
 # consumer lets go at its next copy of any kind once its copy is done. Before,
-# the consumer's copy read the lost memory (verify: device bytes differ).
+# the consumer's copy read the lost memory (verify: device bytes differ). The
+# producer's steps (400 ms) leave the consumer time to join on a busy machine.
 T1=$SECONDS
 S=$(session_name c28)
-job c28p "$S" TSSHIM_TIMEOUT_MS=3000 TSSHIM_LOG=debug -- --seed 1 --batch 16 --limit 96 --pin "$TR"
+job c28p "$S" TSSHIM_TIMEOUT_MS=3000 TSSHIM_LOG=debug -- --seed 1 --batch 16 --limit 96 --pin --step-ms 400 "$TR"
 for ((i = 0; i < 500; i++)); do shm_list "$S" | grep -q '^tsshim-feed' && break; sleep 0.01; done
 job c28c "$S" TSSHIM_TIMEOUT_MS=3000 TSEMU_D2D_GBPS=0.00004 -- --seed 2 --batch 16 --limit 96 --pin "$TR"
 wait_jobs c28p c28c
