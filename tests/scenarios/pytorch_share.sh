@@ -1233,7 +1233,7 @@ if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 		sed 's/^/#   /' "$T_TMP/dv.upload" | head -n 12
 	fi
 
-	# --- x: the producer exits while a consumer's copy out of its ring is queued ----
+	# --- px: the producer exits while a consumer's copy out of its ring is queued ---
 	# Job 1 produces (job 2 starts 0.3 s later); job 2's device-to-device copies
 	# are slow (TSEMU_D2D_GBPS: about 1 s for a batch's images; the bytes are
 	# read at the end), so job 1, done with its epoch, exits while one of job
@@ -1241,21 +1241,21 @@ if [ -e "$EMU/libcudart.so.13" ] && [ -e "$EMU/libcuda.so.1" ]; then
 	# (tsemu overwrites them), so the layer's close of its feeds at exit gives
 	# up its slots and waits for job 2's hold first. Before, job 2 uploaded
 	# batches whose device bytes were not its host bytes.
-	TSSHIM_TIMEOUT_MS=3000 TSSHIM_LOG=debug job x 1 1 --barrier "$T_TMP/x.go:2" --seed 1 --batch-size 32 \
+	TSSHIM_TIMEOUT_MS=3000 TSSHIM_LOG=debug job px 1 1 --barrier "$T_TMP/px.go:2" --seed 1 --batch-size 32 \
 		--workers "$GPU_WORKERS" --epochs 1 --sleep 0.3 --emu-cuda "$EMU/libcudart.so.13"
-	TSSHIM_TIMEOUT_MS=3000 TSEMU_D2D_GBPS=0.0004 job x 2 1 --barrier "$T_TMP/x.go:2" --seed 2 --batch-size 32 \
+	TSSHIM_TIMEOUT_MS=3000 TSEMU_D2D_GBPS=0.0004 job px 2 1 --barrier "$T_TMP/px.go:2" --seed 2 --batch-size 32 \
 		--workers "$GPU_WORKERS" --epochs 1 --start-delay 0.3 --emu-cuda "$EMU/libcudart.so.13"
-	finished x 2
-	verify x "the producer exits while a consumer's copy is queued: one stream, complete epochs" $(recs x 2)
-	if "$PY" tests/py/upload_check.py --expect exit $(recs x 2) >"$T_TMP/x.upload" 2>&1; then
-		ok "(x) every batch right on the device; the consumer's $(grep -h -o 'roles [12]*, [0-9]* batches served wholly' \
-			"$T_TMP/x.upload")"
+	finished px 2
+	verify px "the producer exits while a consumer's copy is queued: one stream, complete epochs" $(recs px 2)
+	if "$PY" tests/py/upload_check.py --expect exit $(recs px 2) >"$T_TMP/px.upload" 2>&1; then
+		ok "(px) every batch right on the device; the consumer's $(grep -h -o 'roles [12]*, [0-9]* batches served wholly' \
+			"$T_TMP/px.upload")"
 	else
-		not_ok "(x) $(tail -n 1 "$T_TMP/x.upload")"
-		sed 's/^/#   /' "$T_TMP/x.upload" | head -n 12
+		not_ok "(px) $(tail -n 1 "$T_TMP/px.upload")"
+		sed 's/^/#   /' "$T_TMP/px.upload" | head -n 12
 	fi
-	waitx=$(sed -n "s/.*waited \([0-9]*\) ms for consumers' copies out of our ring buffers.*/\1/p" "$T_TMP"/x.[12].err | xargs)
-	check "(x) the producer waited for the consumer's copy before its context went (${waitx:-no wait} ms)" \
+	waitx=$(sed -n "s/.*waited \([0-9]*\) ms for consumers' copies out of our ring buffers.*/\1/p" "$T_TMP"/px.[12].err | xargs)
+	check "(px) the producer waited for the consumer's copy before its context went (${waitx:-no wait} ms)" \
 		cond '[ -n "$waitx" ]'
 
 	# Every GPU job above: no producer freed a ring buffer a consumer still had
