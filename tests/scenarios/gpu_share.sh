@@ -1068,6 +1068,21 @@ wait28=$(sed -n "s/.*waited \([0-9]*\) ms for consumers' copies out of our ring 
 check "28: the producer waited for the consumer's copy before its context went (${wait28:-no wait} ms; its buffers still open there at its exit: $lost28); the consumer read none of them lost (ipc_read_lost $read28)" \
 	cond '[ -n "$wait28" ] && [ "$read28" = 0 ]'
 check "28: the consumer was served ($(nlines c28c ' share=served ') batches)" cond '[ "$(nlines c28c " share=served ")" -ge 1 ]'
+# The same with a consumer whose steps (3.5 s) outlast TSSHIM_TIMEOUT_MS
+# (2.5 s): it lets go of the buffer at its read-back right after its copy,
+# not at its next served upload a step later. Without that, the producer's
+# wait ran out ("a consumer still holds one of our ring buffers").
+S=$(session_name c28s)
+job c28p "$S" TSSHIM_TIMEOUT_MS=2500 TSSHIM_LOG=debug -- --seed 1 --batch 16 --limit 64 --pin --step-ms 400 "$TR"
+for ((i = 0; i < 500; i++)); do shm_list "$S" | grep -q '^tsshim-feed' && break; sleep 0.01; done
+job c28c "$S" TSSHIM_TIMEOUT_MS=2500 TSEMU_D2D_GBPS=0.00004 -- --seed 2 --batch 16 --limit 64 --pin --step-ms 3500 "$TR"
+wait_jobs c28p c28c
+case_end "28 (long steps)" "$S" c28p c28c
+read28=$(stat c28c ipc_read_lost)
+wait28=$(sed -n "s/.*waited \([0-9]*\) ms for consumers' copies out of our ring buffers.*/\1/p" "$T_TMP/c28p.err" | xargs)
+out28=$(grep -c 'still holds one of our ring buffers' "$T_TMP/c28p.err")
+check "28 (long steps): the consumer let go after its copy, so the producer's wait did not run out (${wait28:-no} wait, ms; $out28 time-outs); none of it read lost (ipc_read_lost $read28)" \
+	cond '[ "$out28" = 0 ] && [ "$read28" = 0 ] && [ "$(nlines c28c " share=served ")" -ge 1 ]'
 echo "# case 28: $((SECONDS - T1)) s"
 
 # Across every case: no producer freed a buffer a live consumer still had open
