@@ -1386,6 +1386,8 @@ void ts_gpu_free(struct ts_gpu *g, int exiting)
 	pthread_mutex_lock(&g->mu);
 	if (!exiting && atomic_load(&drv_state) > 0)
 		drain(g);
+	else
+		drain_begin(g); /* our slots given up all the same (no CUDA call) */
 	if (g->allocs)
 		ts_debug("gpu: %llu ring buffers allocated; a spare served a slot %llu times instead",
 			 (unsigned long long)g->allocs, (unsigned long long)g->spares_taken);
@@ -1401,15 +1403,9 @@ void ts_gpu_free(struct ts_gpu *g, int exiting)
 				peer_close(g, b);
 		}
 		ts_gpuring_unhold_all(&g->ring, g->f->s.self);
-		for (unsigned i = 0; i < MAX_KEEPS; i++)
-			if (g->k[i].active)
-				ts_gpuring_slot_drop(&g->ring, g->k[i].slot);
 		for (int i = 0; i < (int)MAX_OWN; i++) {
 			if (g->own[i].rec < 0)
 				continue;
-			for (unsigned sl = 0; sl < ts_gpuring_depth(&g->ring); sl++)
-				if (g->slot_own[sl] == i)
-					ts_gpuring_slot_drop(&g->ring, sl);
 			/*
 			 * Leaving while the process goes on: a buffer another process
 			 * still holds or has open is left allocated (until our exit)
