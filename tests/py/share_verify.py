@@ -541,9 +541,12 @@ def check_shared(recs, table, rep):
         if run:
             runs.append((rec, run))
     # a later run that the job produced itself, batch by batch: only an
-    # alignment under which its epochs agree places it (none: noted below)
+    # alignment under which its epochs agree places it (none: noted below).
+    # Later: after another run of the job, or after epochs it broke out of
+    # (--break-epochs: checked apart, in check_breakers)
+    broke = {id(rec) for rec, eps in breakers if any(ep.batches for ep in eps)}
     alone = {j for j, (rec, views) in enumerate(runs)
-             if any(r is rec for r, _ in runs[:j])
+             if (any(r is rec for r, _ in runs[:j]) or id(rec) in broke)
              and all(b.get("role") == 1 for v in views for b in v.ep.batches)}
     jobs = runs
     if len({id(rec) for rec, _ in jobs}) < 2:
@@ -603,7 +606,7 @@ def check_shared(recs, table, rep):
                 if j in placed:
                     continue
                 rec, views = jobs[j]
-                if any(jobs[k][0] is rec for k in placed):  # a later run of a placed job
+                if any(jobs[k][0] is rec for k in placed) or (id(rec) in broke and j in alone):  # a later run
                     rep.note("%s epochs %d..%d: no other job read these stream epochs%s; not compared"
                              % (rec.name, views[0].ep.epoch, views[-1].ep.epoch,
                                 " (it produced them)" if j in alone else ""))

@@ -222,6 +222,15 @@ class Good(unittest.TestCase):
         n, out = run([j, Job([P0, P1])])
         self.assertEqual(n, 0, out)
 
+    def test_breaker_produces_its_next_epochs_alone(self):
+        # it broke out of its first epoch (a checkpoint after it); the others
+        # ended meanwhile, so it produced its next epochs, in its own order
+        j = marked(marked(Job([P0[:4], P2, P3], bs=2, break_after=2, break_epochs=1), 1, role=1), 2, role=1)
+        n, out = run([Job([P0, P1]), j])
+        self.assertEqual(n, 0, out)
+        self.assertIn("%s epochs 1..2: no other job read these stream epochs (it produced them)"
+                      % os.path.basename(j.path), out)
+
     def test_workers(self):
         prod, cons = Job([P0], workers=2), Job([P0])
         n, out = run([prod, cons], workers_zero=[cons.path], one_producer=True)
@@ -313,6 +322,12 @@ class Broken(unittest.TestCase):
             self.fails([Job([P0, P1]), j], "differs from", "stream epoch 1")
         j = marked(marked(Job([P0[2:] + [P0[1], P0[0]], P2[:5]]), 0, 2, pv=2), 1, role=1)
         self.fails([Job([P0, P1]), j], "1 of 6 train images missing")
+
+    def test_breaker_next_epochs_neither_read_nor_produced(self):
+        # as test_breaker_produces_its_next_epochs_alone, but read as a consumer:
+        # they must be the stream's
+        j = marked(marked(Job([P0[:4], P2, P3], bs=2, break_after=2, break_epochs=1), 1, role=2), 2, role=2)
+        self.fails([Job([P0, P1]), j], "differs from", "stream epoch 1")
 
     def test_late_joiner_not_a_suffix(self):
         self.fails([Job([P0, P1]), Job([P0[1:4], P1], bs=1)], "differs from")
