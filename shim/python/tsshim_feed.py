@@ -63,12 +63,14 @@ class _Unshareable(Fallback):
 class _Hold:
     """What producer_waits_too_long knows of a private part under way: when it last
     looked, how many samples the batch since then held, the seconds a
-    sample takes (the job's step included), since when the producer waits."""
+    sample takes (the job's step included), since when the producer waits.
+    Before the first batch is made, pace is the least it can be: the job's
+    step alone (LoaderState.step_floor) over the batch size, or None."""
 
-    def __init__(self):
+    def __init__(self, pace=None):
         self.t = None
         self.made = 0
-        self.pace = None
+        self.pace = pace
         self.since = None
 
 
@@ -756,7 +758,9 @@ class _Epoch:
                     self.copied += 1
                 self.lib.tsshim_feed_served(self.h, 1, n)
                 self.own_draws()  # before our first batch, not before a switch to our own loader
+                out = time.monotonic()
                 yield _build(node, leaves)
+                self.st.note_step(time.monotonic() - out)
             del leaves
             if eoe.value:
                 if lost is not None and len(lost):
@@ -963,7 +967,8 @@ class _Epoch:
             return
         left = max(0, self.st.epoch_samples - npub)
         hook.log("info", "feed %s: finishing the epoch privately (%d samples %s)" % (self.feed.key, left, which))
-        hold = _Hold()
+        floor = self.st.step_floor()
+        hold = _Hold(floor / bs if floor is not None and bs else None)
         made = []
         while True:
             if self.producer_waits_too_long(hold, left):
@@ -1013,7 +1018,11 @@ class _Epoch:
         fit in half the stall time: a short wait once, for every epoch after
         it shared whole. True when they do not: nobody waits on a job that
         is not reading (private_rest gathers the rest from the stream, or
-        leaves the place)."""
+        leaves the place). Before the first batch is made, the job's step
+        alone stands for that pace (_Hold): a job whose steps alone outlast
+        the budget decides at once, without making a batch first. That batch
+        starts the private loader's workers, which may take longer than the
+        stall time, and the producer evicted the job meanwhile."""
         now = time.monotonic()
         prev, hold.t = hold.t, now
         if prev is not None and hold.made:
@@ -1248,6 +1257,7 @@ class LoaderState:
         self.base_gen = None        # persistent workers: the generator as own_draws found it (own_iter)
         self.private_samples = 0    # samples of shared epochs made privately (private_rest), for tests
         self.gathered_samples = 0   # samples of shared epochs gathered from a later stream epoch (gather)
+        self.steps = collections.deque(maxlen=8)  # the job's last steps on shared batches, s (note_step)
         if key:
             data = sys.modules["torch.utils.data"]
             self.nindex = len(loader.dataset)
@@ -1264,6 +1274,16 @@ class LoaderState:
                 self.disabled = self.why = "sampler draws with replacement or not once per sample " \
                     "(a successor could not finish its epoch exactly)"
                 self.key = None
+
+    def note_step(self, s):
+        """The job spent s seconds between our yield of a shared batch and its next
+        next(): its step, which no batch it makes privately can take less than."""
+        self.steps.append(s)
+
+    def step_floor(self):
+        """The shortest of the job's recent steps, or None: a lower bound on
+        what each batch made privately costs (making it, then the step)."""
+        return min(self.steps) if self.steps else None
 
     def disable(self, why):
         if self.disabled:

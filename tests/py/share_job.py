@@ -88,6 +88,7 @@ STD = [0.229, 0.224, 0.225]
 ENV_WORKERS = "SHARE_JOB_WORKERS"
 ENV_LOADER = "SHARE_JOB_LOADER"
 ENV_MAIN = "SHARE_JOB_MAIN"  # the job's pid, for its workers' watchdog
+ENV_WORKER_START = "SHARE_JOB_WORKER_START"  # --worker-start, for the workers
 
 
 def make_transform(name):
@@ -155,6 +156,9 @@ def worker_init(worker_id):
     import torch.utils.data._utils.worker as torch_worker
     if os.name == "posix" and os.environ.get(ENV_MAIN):
         torch_worker.ManagerWatchdog = JobWatchdog
+    start = float(os.environ.get(ENV_WORKER_START) or 0)
+    if start > 0:
+        time.sleep(start)
     path = os.environ.get(ENV_WORKERS)
     if not path:
         return
@@ -382,6 +386,9 @@ def main():
                     help="--break-after only in the first N epochs (default 0: in all)")
     ap.add_argument("--pause-after-first", type=float, default=0.0, metavar="S",
                     help="sleep S seconds after the first training epoch (a checkpoint)")
+    ap.add_argument("--worker-start", type=float, default=0.0, metavar="S",
+                    help="each loader worker sleeps S seconds as it starts (before its first batch), as a "
+                         "worker that loads a large index or opens remote storage does")
     ap.add_argument("--start-delay", type=float, default=0.0, metavar="S",
                     help="sleep S seconds after the barrier, before the first epoch")
     ap.add_argument("--upload-device", type=int, default=0, metavar="N",
@@ -418,6 +425,7 @@ def main():
         a.val_batch_size = a.batch_size
     t0 = time.monotonic()
     os.environ[ENV_MAIN] = str(os.getpid())
+    os.environ[ENV_WORKER_START] = str(a.worker_start)
 
     torch.manual_seed(a.seed)
     if a.threads > 0:

@@ -309,11 +309,22 @@ fi
 # pause with the default stall time); leaving that place (the last policy),
 # its next epochs began where the stream was then, out of step: the rest of
 # a stream epoch, and its head made privately, every epoch.
+# Its loader's workers take 6 s to start (--worker-start), more than the
+# stall time, as workers that load a large index do. Its steps alone (1.2 s
+# for each of the 5-6 batches it lacks) already outlast half the stall time,
+# so it gathers at once, making no batch. Before, it made one first to learn
+# its pace: that batch waited for the workers, and the producer, waiting on
+# its place, evicted it meanwhile (a 5.3 s pause, and its next epochs out of
+# step); make asan's slow workers did the same to this case and db.
 # (dd) The same with drop_last and other batch sizes (36 for the stream, 144
 # samples an epoch, and 24 for the joiner) and a ring of 2: the joiner's
 # reads span the stream's batches, so what it gathers is copied out of
 # them; the samples the stream's next epoch dropped with its last batch are
-# made privately once that epoch ends (its record: "not gathered").
+# made privately once that epoch ends (its record: "not gathered"). Its
+# steps are short (0.2 s, still slower than the stream's 0.1 s for 36
+# samples, so the producer already waits on it when it begins its head)
+# and its workers start in 1 s: its steps alone would fit, so it makes one
+# batch, and what that took tells it to gather.
 # late_go CASE WHEN N: once job 1's record has WHEN, let CASE's joiners go
 # (they wait at a barrier for "joiner-go"); when it never does, say so and
 # wait for the N jobs: 1
@@ -351,9 +362,26 @@ print("%.1f" % max(b - a for a, b in zip(t, t[1:])))' "$T_TMP/$c.1.jsonl" 2>/dev
 	check "($c) back in step: its next epochs are the stream's epochs 2 and 3, whole, as job 1's ($later samples made privately or gathered)" \
 		cond "[ '$later' = 0 ] && grep -q '^note: stream epochs per job: $c\.1\.jsonl 0\.\.3, $c\.2\.jsonl 0\.\.0, $c\.2\.jsonl 2\.\.3' '$T_TMP/$c.verify'"
 }
-slow_joiner dl 4 '"loader":"train","epoch":0,"batch":5,' --batch-size 16 --sleep 0.25 -- --batch-size 16
-slow_joiner dd 2 '"loader":"train","epoch":0,"batch":2,' --batch-size 36 --drop-last --sleep 0.5 -- \
-	--batch-size 24 --drop-last
+# made_first CASE: samples job 2 made privately in epoch 0 before its first gathered one
+made_first() {
+	"$PY" -c 'import json,sys
+n = 0
+for r in map(json.loads, open(sys.argv[1])):
+    if r.get("loader") == "train" and r.get("epoch") == 0 and "h" in r:
+        if r.get("gv"):
+            break
+        n += r.get("pv", 0)
+print(n)' "$T_TMP/$1.2.jsonl" 2>&1
+}
+slow_joiner dl 4 '"loader":"train","epoch":0,"batch":5,' --batch-size 16 --sleep 0.25 -- --batch-size 16 --worker-start 6
+made=$(made_first dl)
+check "(dl) its steps alone outlast the budget: it gathered before making a batch (made $made samples first)" \
+	[ "$made" = 0 ]
+slow_joiner dd 2 '"loader":"train","epoch":0,"batch":2,' --batch-size 36 --drop-last --sleep 0.1 -- \
+	--batch-size 24 --drop-last --sleep 0.2 --worker-start 1
+made=$(made_first dd)
+check "(dd) its steps alone fit the budget: it made a batch, then gathered ($made samples made first)" \
+	cond "[ '$made' -gt 0 ] 2>/dev/null"
 check "(dd) what the stream's next epoch lacked was made privately after it: $(grep -o -m 1 '[0-9]* samples not gathered' "$T_TMP/dd.2.err")" \
 	grep -q "finishing the epoch privately ([0-9]* samples not gathered)" "$T_TMP/dd.2.err"
 
@@ -370,8 +398,10 @@ check "(dd) what the stream's next epoch lacked was made privately after it: $(g
 # next epoch begins afresh (where the ring still holds a stream epoch's
 # start, else at the head, what it missed made privately): whole, in
 # len(loader) batches taken with next(). Before, the head it noted was
-# forgotten as that epoch began, and the job died of StopIteration.
-TSSHIM_TIMEOUT_MS=500 job db 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 4 --sleep 0.25 \
+# forgotten as that epoch began, and the job died of StopIteration. Job 1
+# runs 5 epochs, so it still produces when job 3 is back (with 4, job 3's
+# next epoch began as job 1's last did, 0.2 s before it ended, here).
+TSSHIM_TIMEOUT_MS=500 job db 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 5 --sleep 0.25 \
 	--barrier "$T_TMP/db.go:1"
 for i in 2 3; do
 	extra=()
