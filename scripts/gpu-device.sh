@@ -61,11 +61,15 @@ foreign_needs() {
 }
 
 make_bundle() {
-	local f
+	local f san
 	for f in libtsshim.so tsshim-train tsshim-verify tsshim-mkdata tests/ts-cudaemu-check \
 		tests/ts-train-linked python emu; do
 		[ -e "$BUILD/$f" ] || die "$BUILD/$f not built (make gpu-bundle builds what it needs)"
 	done
+	# a sanitizer build needs its runtimes, which the GPU machines lack (and
+	# ASan reserves address space a GPU driver may want): the plain build goes
+	san=$(ldd "$BUILD/libtsshim.so" 2>/dev/null | grep -Eo 'lib[at]san\.so[.0-9]*' | head -n 1)
+	[ -z "$san" ] || die "$BUILD is a sanitizer build (it needs $san): bundle the plain build (make gpu-bundle)"
 	# (built by make gpu-bundle where the toolkit has libcudart_static.a)
 	[ -e "$BUILD/tests/ts-train-cudart-static" ] ||
 		echo "gpu-device: no $BUILD/tests/ts-train-cudart-static: gpu-check's case 8 (static runtime) will not run"

@@ -14,6 +14,15 @@ B=$T_TMP/bundle
 
 GPU_BUNDLE=$B bash "$DEV" bundle >"$T_TMP/bundle.out" 2>&1
 rc=$?
+# make asan / make tsan: such a build is refused, by name, and what follows
+# needs a bundle: make test checks it with the plain build
+if ldd "$BUILD/libtsshim.so" 2>/dev/null | grep -Eq 'lib[at]san\.so'; then
+	check "bundle: a sanitizer build is refused ($(head -n 1 "$T_TMP/bundle.out")), exit 2 ($rc)" \
+		cond "[ $rc = 2 ] && grep -q 'is a sanitizer build (it needs lib[at]san' '$T_TMP/bundle.out' && [ ! -e '$B' ]"
+	echo "# the bundle's other checks need the plain build (make test)"
+	finish gpu_bundle
+	exit
+fi
 check "bundle: made (exit $rc: $(tail -n 2 "$T_TMP/bundle.out" | head -n 1))" test $rc = 0
 
 # every $BUILD/PATH the checks it runs name (gpu-check.sh; the PyTorch
