@@ -66,8 +66,8 @@ make_bundle() {
 		tests/ts-train-linked python emu; do
 		[ -e "$BUILD/$f" ] || die "$BUILD/$f not built (make gpu-bundle builds what it needs)"
 	done
-	# a sanitizer build needs its runtimes, which the GPU machines lack (and
-	# ASan reserves address space a GPU driver may want): the plain build goes
+	# a sanitizer build needs its runtimes, which the GPU machines lack: the
+	# plain build goes
 	san=$(ldd "$BUILD/libtsshim.so" 2>/dev/null | grep -Eo 'lib[at]san\.so[.0-9]*' | head -n 1)
 	[ -z "$san" ] || die "$BUILD is a sanitizer build (it needs $san): bundle the plain build (make gpu-bundle)"
 	# (built by make gpu-bundle where the toolkit has libcudart_static.a)
