@@ -28,6 +28,7 @@ import itertools
 import json
 import os
 import sys
+import threading
 import time
 import weakref
 
@@ -72,6 +73,57 @@ class _Hold:
         self.made = 0
         self.pace = pace
         self.since = None
+
+
+class _Pending:
+    """next(src) for a private batch, run on a thread of its own while the main
+    thread looks at the producer (private_rest): a multiprocess loader's first
+    batch waits for its workers to start, which may take longer than the
+    stall time, and nothing the job does tells how long. Only the loader's
+    iterator machinery runs on that thread (the batch comes from a worker; the
+    iterator is made, its workers started, on the job's thread). drop(): the
+    batch is not wanted; src is closed (its workers stopped) once next()
+    returns, on that thread, without the job waiting for it."""
+
+    def __init__(self, src):
+        self.src, self.out, self.dropped = src, None, False
+        self.lock, self.done = threading.Lock(), threading.Event()
+        threading.Thread(target=self.run, name="tsshim-private", daemon=True).start()
+
+    def run(self):
+        try:
+            self.out = (next(self.src), None)
+        except BaseException as e:  # StopIteration included: the job's thread raises it
+            self.out = (None, e)
+        with self.lock:
+            self.done.set()
+            dropped = self.dropped
+        if dropped:
+            self.close()
+
+    def result(self):
+        batch, exc = self.out
+        if exc is not None:
+            raise exc
+        return batch
+
+    def drop(self):
+        with self.lock:
+            self.dropped = True
+            done = self.done.is_set()
+        if done:
+            self.close()
+
+    def close(self):
+        try:
+            self.src.close()
+        except Exception as e:
+            hook.log("debug", "a private loader dropped did not close: %s: %s" % (type(e).__name__, e))
+
+
+class _GatherNow(Exception):
+    """A private batch under way outlasts what the producer may wait on our place
+    (watched_next): the rest is gathered from the stream's next epoch."""
 
 
 class _PlaceLost(Exception):
@@ -958,9 +1010,11 @@ class _Epoch:
         self.own_draws()  # the private loader draws from a generator of its own
         n0 = carry[1][0].shape[0] if carry else 0
         plan = []
+        # its batches come from workers: waited for on a thread (_Pending), the iterator made here
+        start = [] if self.loader.num_workers > 0 else None
         try:
             src = self.st.remainder(self.loader, self.orig_iter, rest, npub, first=bs - n0,
-                                    pin=bool(self.loader.pin_memory), plan=plan)
+                                    pin=bool(self.loader.pin_memory), plan=plan, start=start)
         except Fallback:  # nothing left: what we carry is the epoch's last batch
             if carry:
                 yield _build(*carry)
@@ -972,18 +1026,23 @@ class _Epoch:
         made = []
         while True:
             if self.producer_waits_too_long(hold, left):
+                why = "the %d samples we have left to make take about %.1f s" % (left, left * hold.pace)
                 if may_gather and self.can_gather():
                     src.close()  # its workers stop now; what they made ahead is dropped
-                    need = torch.as_tensor(plan, dtype=torch.int64)
-                    if made:
-                        need = need[~torch.isin(need, torch.as_tensor(made, dtype=torch.int64))]
-                    yield from self.gather(need, carry, left * hold.pace)
+                    yield from self.gather(self.lacking(plan, made), carry, why)
                     return
-                self.leave_place(left, hold.pace)
+                self.leave_place(why)
             try:
-                batch, cut, _ = _user(next, src)
+                if start:
+                    start[0]()
+                    batch, cut, _ = self.watched_next(src, hold, left, may_gather)
+                else:
+                    batch, cut, _ = _user(next, src)
             except StopIteration:
                 break
+            except _GatherNow as g:
+                yield from self.gather(self.lacking(plan, made), carry, str(g))
+                return
             made.extend(cut)
             hold.made = 0 if type(batch) is _Raised else len(cut)
             self.st.private_samples += hold.made
@@ -1020,9 +1079,9 @@ class _Epoch:
         is not reading (private_rest gathers the rest from the stream, or
         leaves the place). Before the first batch is made, the job's step
         alone stands for that pace (_Hold): a job whose steps alone outlast
-        the budget decides at once, without making a batch first. That batch
-        starts the private loader's workers, which may take longer than the
-        stall time, and the producer evicted the job meanwhile."""
+        the budget decides at once, without making a batch first (that batch
+        starts the private loader's workers). While a batch is under way, the
+        rule is looked at again as time passes (watched_next)."""
         now = time.monotonic()
         prev, hold.t = hold.t, now
         if prev is not None and hold.made:
@@ -1038,13 +1097,71 @@ class _Epoch:
             return False  # one batch more, to know our pace
         return now - hold.since + left * hold.pace > self.feed.stall_ms / 2000.0
 
-    def leave_place(self, left, pace):
+    def watched_next(self, src, hold, left, may_gather):
+        """next(src) for a private loader whose batches come from its workers,
+        looking at the producer every 20 ms meanwhile: while the batch is under
+        way, the rule of producer_waits_too_long still holds as time passes
+        (batch_overdue). The first batch waits for the workers to start, which
+        nothing before it tells: spawned workers that load a large index may
+        take longer than the stall time, and the producer, waiting on our place,
+        evicted us meanwhile. Raises _GatherNow (the batch dropped) when we
+        gather instead; leaves the place, and waits on, when we cannot."""
+        t0 = look = time.monotonic()
+        pending = _Pending(src)
+        try:
+            while not pending.done.wait(0.02):
+                if not self.batch_overdue(hold, left, t0, look):
+                    look = time.monotonic()
+                    continue
+                why = "our private loader has not made its next batch in %.1f s (%d samples left to make)" \
+                    % (time.monotonic() - t0, left)
+                if may_gather and self.can_gather():
+                    raise _GatherNow(why)
+                self.leave_place(why)
+        except BaseException:
+            pending.drop()  # _GatherNow, or the job interrupted (KeyboardInterrupt)
+            raise
+        try:
+            return pending.result()
+        except StopIteration:
+            raise
+        except Exception as e:
+            raise _UserError(e) from e
+
+    def batch_overdue(self, hold, left, t0, look):
+        """A private batch asked for at t0 is under way (we last looked at look):
+        True when the producer's wait on our place so far, and what we have
+        left at our pace less what this batch has taken so far, no longer fit
+        in half the stall time. With no pace known yet (the first batch of a
+        job whose steps we have not seen), the wait alone decides."""
+        now = time.monotonic()
+        if not self.feed.attached or self.feed.h != self.h:
+            return False
+        if self.lib.tsshim_feed_holds_producer(self.h) != 1:
+            hold.since = None
+            return False
+        if hold.since is None:
+            hold.since = look  # it may have waited since our last look
+        rest = 0.0
+        if hold.pace is not None:
+            k = min(left, self.loader.batch_size)
+            rest = max((left - k) * hold.pace, left * hold.pace - (now - t0))
+        return now - hold.since + rest > self.feed.stall_ms / 2000.0
+
+    def lacking(self, plan, made):
+        """The dataset indices of plan (what the private loader was to make) not made."""
+        torch = self.torch
+        need = torch.as_tensor(plan, dtype=torch.int64)
+        if made:
+            need = need[~torch.isin(need, torch.as_tensor(made, dtype=torch.int64))]
+        return need
+
+    def leave_place(self, why):
         """Detach: our next epoch begins where the stream is then, and what it
         lacks of it is made privately the same way."""
         self.lib.tsshim_feed_detach(self.h)
         self.feed.attached = False
-        hook.log("info", "feed %s: the producer waits on our place, and the %d samples we have left to make take "
-                 "about %.1f s: leaving it" % (self.feed.key, left, left * pace))
+        hook.log("info", "feed %s: the producer waits on our place, and %s: leaving it" % (self.feed.key, why))
 
     def can_gather(self):
         """We hold a place in the stream (where its next epoch begins, when we
@@ -1059,7 +1176,7 @@ class _Epoch:
             return None
         return out[:n]
 
-    def gather(self, need, carry, private_s):
+    def gather(self, need, carry, why):
         """The samples our epoch still lacks (need: dataset indices), picked out
         of the stream's next epoch as it comes, in its order, cut at our batch
         size after the part of a batch we carry: the stream epoch holds each of
@@ -1072,8 +1189,8 @@ class _Epoch:
         node, nodes, dtypes, sample_bytes = self.layout
         npos = len(nodes)
         want = (ctypes.c_uint64 * npos)(*[bs * sb for sb in sample_bytes])
-        hook.log("info", "feed %s: the producer waits on our place, and the %d samples we have left to make take "
-                 "about %.1f s: gathering them from the stream's next epoch" % (self.feed.key, len(need), private_s))
+        hook.log("info", "feed %s: the producer waits on our place, and %s: gathering them from the stream's "
+                 "next epoch" % (self.feed.key, why))
         # what is still missing, over the dataset: a chunk costs its own length, not the epoch's
         missing = torch.zeros(st.nindex, dtype=torch.bool)
         missing[need] = True
@@ -1332,11 +1449,16 @@ class LoaderState:
         finally:
             object.__setattr__(loader, "generator", mine)
 
-    def remainder(self, loader, orig_iter, rest, npub, first=None, pin=False, plan=None):
+    def remainder(self, loader, orig_iter, rest, npub, first=None, pin=False, plan=None, start=None):
         """(batch, indices, last) for the samples of the stream epoch not published yet,
         in batches of the loader's size (the first one of `first` samples if given;
         pinned if asked: batches the job trains on, not ones it publishes). The
-        indices it will make, in order, are appended to plan if given."""
+        indices it will make, in order, are appended to plan if given. start, a
+        list if given, receives a function that makes the private loader's
+        iterator (its workers start) on the thread that calls it, if the first
+        next() has not: called before a next() run on another thread
+        (_Pending). It is made no earlier: shutting down workers that are still
+        starting waits for them (5 s a worker)."""
         torch = sys.modules["torch"]
         data = sys.modules["torch.utils.data"]
         count = self.epoch_samples - npub
@@ -1367,16 +1489,29 @@ class LoaderState:
         private = data.DataLoader(loader.dataset, **kw)
         private._tsshim_private = True
 
+        iters = []  # the private iterator, once made
+
+        def make():
+            """The private iterator, made once (gen; start)."""
+            if not iters:
+                iters.append(orig_iter(private))
+
+        if start is not None:
+            start.append(lambda: _user(make))
+
         def gen():
-            it = orig_iter(private)
-            for k, cut in enumerate(cuts):
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    return
-                except Exception as e:  # the job's dataset raised: its iterator goes on
-                    batch = _Raised(e)
-                yield batch, cut, k == len(cuts) - 1
+            make()
+            try:
+                for k, cut in enumerate(cuts):
+                    try:
+                        batch = next(iters[0])
+                    except StopIteration:
+                        return
+                    except Exception as e:  # the job's dataset raised: its iterator goes on
+                        batch = _Raised(e)
+                    yield batch, cut, k == len(cuts) - 1
+            finally:
+                iters.clear()  # closed: its workers stop now, on the thread that closes it
         return gen()
 
 

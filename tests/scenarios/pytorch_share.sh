@@ -352,8 +352,8 @@ slow_joiner() {
 	pause=$("$PY" -c 'import json,sys
 t = [r["t"] for r in map(json.loads, open(sys.argv[1])) if r.get("loader") == "train" and "h" in r]
 print("%.1f" % max(b - a for a, b in zip(t, t[1:])))' "$T_TMP/$c.1.jsonl" 2>/dev/null)
-	check "($c) the slow joiner gathered the rest of its head when the producer waited on it: $(grep -o 'the [0-9]* samples we have left to make take about [0-9.]* s' "$T_TMP/$c.2.err")" \
-		grep -q "the producer waits on our place, and the [0-9]* samples we have left to make take about [0-9.]* s: gathering them from the stream's next epoch" "$T_TMP/$c.2.err"
+	check "($c) the slow joiner gathered the rest of its head when the producer waited on it: $(grep -o 'our place, and .*: gathering' "$T_TMP/$c.2.err" | sed 's/^our place, and //; s/: gathering$//')" \
+		grep -q "the producer waits on our place, and .*: gathering them from the stream's next epoch" "$T_TMP/$c.2.err"
 	check "($c) the producer did not have to evict it (its longest pause ${pause:-?} s)" \
 		cond "! grep -q 'evicted (too slow)' '$T_TMP/$c.2.err'"
 	verify "$c" "slow late joiner: each epoch the stream's (whole, or its suffix then its head made privately and gathered)" $(recs "$c" 2)
@@ -384,6 +384,19 @@ check "(dd) its steps alone fit the budget: it made a batch, then gathered ($mad
 	cond "[ '$made' -gt 0 ] 2>/dev/null"
 check "(dd) what the stream's next epoch lacked was made privately after it: $(grep -o -m 1 '[0-9]* samples not gathered' "$T_TMP/dd.2.err")" \
 	grep -q "finishing the epoch privately ([0-9]* samples not gathered)" "$T_TMP/dd.2.err"
+# (dw) A joiner whose steps are short (0.3 s, so its head fits the budget at
+# that pace) but whose workers take 6 s to start: nothing before its first
+# batch tells it. The layer waits for that batch on a thread and looks at the
+# producer meanwhile: once the producer's wait on its place passes half the
+# stall time, it drops the batch and gathers. Before, it waited for the
+# batch, and the producer evicted it (by hand: a 5.3 s pause; the joiner,
+# evicted, made its whole head privately, 14 s, and its next epochs were its
+# own, not the stream's).
+slow_joiner dw 4 '"loader":"train","epoch":0,"batch":5,' --batch-size 16 --sleep 0.25 -- \
+	--batch-size 16 --sleep 0.3 --worker-start 6
+made=$(made_first dw)
+check "(dw) its first private batch outlasted the producer's wait: it dropped it and gathered (made $made samples first)" \
+	cond "[ '$made' = 0 ] && grep -q 'our private loader has not made its next batch in [0-9.]* s ([0-9]* samples left to make): gathering' '$T_TMP/dw.2.err'"
 
 # --- db: joiners that break out of an epoch while they gather ---------------------
 # Jobs 2 and 3 join late in epoch 0 and train slowly in it (1.2 s a batch):
