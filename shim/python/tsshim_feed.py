@@ -1107,7 +1107,11 @@ class _Epoch:
         evicted us meanwhile. Raises _GatherNow (the batch dropped) when we
         gather instead; leaves the place, and waits on, when we cannot."""
         t0 = look = time.monotonic()
-        pending = _Pending(src)
+        try:
+            pending = _Pending(src)
+        except RuntimeError as e:  # no thread to be had (a limit, the interpreter exiting): wait here
+            hook.log("debug", "a private batch is waited for on the job's thread: %s" % e)
+            return _user(next, src)
         try:
             while not pending.done.wait(0.02):
                 if not self.batch_overdue(hold, left, t0, look):
