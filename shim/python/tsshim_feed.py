@@ -1086,16 +1086,23 @@ class _Epoch:
         prev, hold.t = hold.t, now
         if prev is not None and hold.made:
             hold.pace = (now - prev) / hold.made
+        waited = self.producer_waited(hold, prev if prev is not None else now, now)
+        if waited is None or hold.pace is None:
+            return False  # not waiting; or one batch more, to know our pace
+        return waited + left * hold.pace > self.feed.stall_ms / 2000.0
+
+    def producer_waited(self, hold, look, now):
+        """Seconds the producer has waited on our place by now, or None when it
+        does not: from our first look that found it waiting, or from the look
+        before it (look), since it may have waited since then."""
         if not self.feed.attached or self.feed.h != self.h:
-            return False
+            return None
         if self.lib.tsshim_feed_holds_producer(self.h) != 1:
             hold.since = None
-            return False
+            return None
         if hold.since is None:
-            hold.since = prev if prev is not None else now  # it may have waited since our last look
-        if hold.pace is None:
-            return False  # one batch more, to know our pace
-        return now - hold.since + left * hold.pace > self.feed.stall_ms / 2000.0
+            hold.since = look
+        return now - hold.since
 
     def watched_next(self, src, hold, left, may_gather):
         """next(src) for a private loader whose batches come from its workers,
@@ -1139,18 +1146,14 @@ class _Epoch:
         in half the stall time. With no pace known yet (the first batch of a
         job whose steps we have not seen), the wait alone decides."""
         now = time.monotonic()
-        if not self.feed.attached or self.feed.h != self.h:
+        waited = self.producer_waited(hold, look, now)
+        if waited is None:
             return False
-        if self.lib.tsshim_feed_holds_producer(self.h) != 1:
-            hold.since = None
-            return False
-        if hold.since is None:
-            hold.since = look  # it may have waited since our last look
         rest = 0.0
         if hold.pace is not None:
             k = min(left, self.loader.batch_size)
             rest = max((left - k) * hold.pace, left * hold.pace - (now - t0))
-        return now - hold.since + rest > self.feed.stall_ms / 2000.0
+        return waited + rest > self.feed.stall_ms / 2000.0
 
     def lacking(self, plan, made):
         """The dataset indices of plan (what the private loader was to make) not made."""
