@@ -92,8 +92,8 @@ class _Pending:
 
     def run(self):
         try:
-            self.out = (next(self.src), None)
-        except BaseException as e:  # StopIteration included: the job's thread raises it
+            self.out = (_user(next, self.src), None)
+        except BaseException as e:  # StopIteration and _UserError included: the job's thread raises them
             self.out = (None, e)
         with self.lock:
             self.done.set()
@@ -1132,12 +1132,7 @@ class _Epoch:
         except BaseException:
             pending.drop()  # _GatherNow, or the job interrupted (KeyboardInterrupt)
             raise
-        try:
-            return pending.result()
-        except StopIteration:
-            raise
-        except Exception as e:
-            raise _UserError(e) from e
+        return pending.result()
 
     def batch_overdue(self, hold, left, t0, look):
         """A private batch asked for at t0 is under way (we last looked at look):
