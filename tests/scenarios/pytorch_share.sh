@@ -80,8 +80,11 @@ check "verifier table: $NTRAIN train and 16 val images hashed without the shim" 
 # 120 s is hung: SIGABRT, and Python's fault handler writes every thread's
 # traceback to its stderr (timeout exits 124), which the failure report shows.
 JOB_LIMIT=(timeout -s ABRT -k 10 120)
+export PYTHONFAULTHANDLER=1 # also in the small jobs written below
 declare -A JPID
-# (Under an ASan preload share_job.py spawns its workers: see its main().)
+# (Under an ASan preload share_job.py spawns its workers: see its main(). The
+# small jobs below do the same: a forked worker of case v hung in gcc 12's ASan
+# allocator lock, held by another thread of its job at the fork.)
 job() {
 	local c=$1 i=$2 shim=$3; shift 3
 	local base="$T_TMP/$c.$i"
@@ -772,29 +775,34 @@ verify t "a stream this torch cannot read, a fault in the layer: every epoch of 
 # keeps no record of its batches' indices however many epochs it runs (it kept
 # every batch's, for good).
 cat >"$T_TMP/u_job.py" <<'PY'
-import os, pickle, sys, time, torch
+import multiprocessing, os, pickle, sys, time, torch
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
-root, out, go = sys.argv[1], sys.argv[2], sys.argv[3]
-os.makedirs(go, exist_ok=True)
-open(os.path.join(go, str(os.getpid())), "w").close()
-while len(os.listdir(go)) < 2:  # both jobs iterate together: one of them is a consumer
-    time.sleep(0.01)
-ds = datasets.ImageFolder(root + "/train", transform=transforms.Compose([transforms.Resize((32, 32)), transforms.ToTensor()]))
-sizes = []
-for epoch in range(2):
-    for x, y in DataLoader(ds, batch_size=16, shuffle=True):
-        sizes.append(len(pickle.dumps(y)))
 def named(batch):
     return [str(i) for i in range(len(batch))], torch.utils.data.default_collate(batch)
-dl = DataLoader(ds, batch_size=16, num_workers=1, persistent_workers=True, collate_fn=named)
-for epoch in range(4):
-    for names, b in dl:
-        pass
-st = dl.__dict__.get("_tsshim_state")
-notes = len(st.rec.notes) if st is not None and st.rec is not None else 0
-with open(out, "w") as f:
-    f.write("max_label_pickle=%d notes=%d\n" % (max(sizes), notes))
+def main():
+    root, out, go = sys.argv[1], sys.argv[2], sys.argv[3]
+    os.makedirs(go, exist_ok=True)
+    open(os.path.join(go, str(os.getpid())), "w").close()
+    while len(os.listdir(go)) < 2:  # both jobs iterate together: one of them is a consumer
+        time.sleep(0.01)
+    ds = datasets.ImageFolder(root + "/train", transform=transforms.Compose([transforms.Resize((32, 32)), transforms.ToTensor()]))
+    sizes = []
+    for epoch in range(2):
+        for x, y in DataLoader(ds, batch_size=16, shuffle=True):
+            sizes.append(len(pickle.dumps(y)))
+    dl = DataLoader(ds, batch_size=16, num_workers=1, persistent_workers=True, collate_fn=named)
+    for epoch in range(4):
+        for names, b in dl:
+            pass
+    st = dl.__dict__.get("_tsshim_state")
+    notes = len(st.rec.notes) if st is not None and st.rec is not None else 0
+    with open(out, "w") as f:
+        f.write("max_label_pickle=%d notes=%d\n" % (max(sizes), notes))
+if __name__ == "__main__":
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        multiprocessing.set_start_method("spawn")  # as share_job.py's main() does: see there
+    main()
 PY
 for i in 1 2; do
 	LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name u)" "${JOB_LIMIT[@]}" "$PY" "$T_TMP/u_job.py" "$DATA" "$T_TMP/u.$i.res" "$T_TMP/u.go" \
@@ -813,17 +821,8 @@ check "(u) labels of a batch pickle to their own size, not the slot's; no index 
 # see what one job sees without the shim: 4 batches and 1 error per epoch, 3 epochs
 # (the error ended the layer's iterator: the rest of every epoch was lost).
 cat >"$T_TMP/v_job.py" <<'PY'
-import os, sys, time, torch
+import multiprocessing, os, sys, time, torch
 from torch.utils.data import Dataset, DataLoader
-go = sys.argv[1]
-role = sys.argv[2] if len(sys.argv) > 2 else ""  # "quitter": leaves after its first batch; "late": starts later
-if go != "-":
-    os.makedirs(go, exist_ok=True)
-    open(os.path.join(go, str(os.getpid())), "w").close()
-    while len(os.listdir(go)) < 2:
-        time.sleep(0.01)
-    if role == "late":
-        time.sleep(0.5)
 class Raising(Dataset):
     def __len__(self):
         return 20
@@ -832,24 +831,38 @@ class Raising(Dataset):
         if i == 9:
             raise ValueError("bad sample %d" % i)
         return torch.tensor([float(i)])
-dl = DataLoader(Raising(), batch_size=4, num_workers=2)
-for epoch in range(3):
-    it, got, errs = iter(dl), [], 0
-    while True:
-        try:
-            b = next(it)
-        except StopIteration:
-            break
-        except ValueError:
-            errs += 1
-            continue
-        got.append(len(b))
-        if role == "quitter":  # once the late job read it and waits for the next
-            print("left after", got)
-            sys.stdout.flush()
-            time.sleep(1.5)
-            sys.exit(0)
-    print("epoch", epoch, "batches", got, "errors", errs)
+def main():
+    go = sys.argv[1]
+    role = sys.argv[2] if len(sys.argv) > 2 else ""  # "quitter": leaves after its first batch; "late": starts later
+    if go != "-":
+        os.makedirs(go, exist_ok=True)
+        open(os.path.join(go, str(os.getpid())), "w").close()
+        while len(os.listdir(go)) < 2:
+            time.sleep(0.01)
+        if role == "late":
+            time.sleep(0.5)
+    dl = DataLoader(Raising(), batch_size=4, num_workers=2)
+    for epoch in range(3):
+        it, got, errs = iter(dl), [], 0
+        while True:
+            try:
+                b = next(it)
+            except StopIteration:
+                break
+            except ValueError:
+                errs += 1
+                continue
+            got.append(len(b))
+            if role == "quitter":  # once the late job read it and waits for the next
+                print("left after", got)
+                sys.stdout.flush()
+                time.sleep(1.5)
+                sys.exit(0)
+        print("epoch", epoch, "batches", got, "errors", errs)
+if __name__ == "__main__":
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        multiprocessing.set_start_method("spawn")  # as share_job.py's main() does: see there
+    main()
 PY
 env -u LD_PRELOAD "${JOB_LIMIT[@]}" "$PY" "$T_TMP/v_job.py" - >"$T_TMP/v.ref" 2>"$T_TMP/v.ref.err"
 for i in 1 2; do
