@@ -17,8 +17,10 @@ three things the job's iteration is:
              with a private DataLoader built from the job's own settings,
              and reads them back like any consumer.
 
-Any failure falls back to the job's own DataLoader for the rest of the
-epoch (and for good), with one notice; user exceptions pass through as is.
+Any failure turns sharing off for the loader, with one notice: the rest of
+the epoch is the samples the job was not given yet (a private loader makes
+them), and later epochs are the job's own DataLoader's; user exceptions pass
+through as is.
 """
 import collections
 import ctypes
@@ -432,10 +434,9 @@ def _run(loader, st, orig_iter, length):
             st.disable(_why_off(e))
         if user_exc is not None:
             raise user_exc
-        # the rest of the epoch from the job's own loader
         rest = length - yielded
         if rest > 0:
-            yield from itertools.islice(st.own_iter(loader, orig_iter), rest)
+            yield from ep.unshared_rest(rest)
     finally:
         try:
             ep.finish()
@@ -468,6 +469,63 @@ class _Epoch:
         self.layout = None        # (schema node, tensor nodes, dtypes, bytes per sample) of the stream (consume)
         self.gathering = False    # reading the stream's next epoch for what ours lacks (gather)
         self.skipping = False     # reading past the rest of a stream epoch (skip_to_epoch_start)
+        self.given = None         # samples handed to the job this epoch (give); False: not known
+        self.carry_ids = None     # dataset indices of the part of a batch we hold (carry), or None
+
+    # -- what this epoch handed to the job --
+    def give(self, ids):
+        """Note the samples of a batch we hand to the job now (ids: their dataset
+        indices; None, or any not an index: not known, and a fallback runs the
+        job's own loader as before). What an epoch was given is what
+        unshared_rest leaves out when the layer fails part-way."""
+        torch, n = self.torch, self.st.nindex
+        if self.given is False:
+            return
+        if ids is None or (len(ids) and (bool((ids < 0).any()) or bool((ids >= n).any()))):
+            self.given = False
+            return
+        if self.given is None:
+            self.given = torch.zeros(n, dtype=torch.bool)
+        self.given[ids] = True
+
+    def give_carry(self, cut=None):
+        """give() for the part of a batch we held (its ids as hold_carry noted
+        them: none noted is not known), joined to the batch of `cut` if given."""
+        torch = self.torch
+        ids, self.carry_ids = self.carry_ids, None
+        if ids is not None and cut is not None:
+            ids = torch.cat([ids, torch.as_tensor(cut, dtype=torch.int64)])
+        self.give(ids)
+
+    def hold_carry(self, ids, n):
+        """We now hold the part of a batch (n samples; none when n is 0) whose
+        samples are ids (None: not known)."""
+        self.carry_ids = ids[:n] if ids is not None and n else None
+
+    def unshared_rest(self, nbatches):
+        """The rest of the epoch once sharing went off part-way (the layer failed):
+        the samples of the job's epoch it was not given yet, made by a private
+        loader, so the epoch holds every sample once, as without the shim. When
+        that is not known (a batch whose samples the stream did not say), the
+        job's own loader restarts for the epoch's remaining nbatches, as before,
+        and may repeat samples of it."""
+        torch, st = self.torch, self.st
+        if self.given is False or not nbatches:
+            yield from itertools.islice(st.own_iter(self.loader, self.orig_iter), nbatches)
+            return
+        given = self.given if self.given is not None else torch.zeros(st.nindex, dtype=torch.bool)
+        left = (~given).nonzero().flatten()
+        npub = int(given.sum())
+        if st.kind == "subset":
+            npub = int(given[st.subset].sum())
+        try:
+            src = st.remainder(self.loader, self.orig_iter, left, npub)
+        except Fallback:  # nothing left of it
+            return
+        hook.log("warn", "DataLoader layer: the rest of this epoch (%d samples it was not given yet) "
+                 "is made by a private loader" % (st.epoch_samples - npub))
+        for batch, cut, _ in src:
+            yield batch
 
     # -- helpers --
     def role(self):
@@ -728,6 +786,7 @@ class _Epoch:
                 # len(loader) batches (range(len(dl)), zip, islice) closes us on
                 # this yield and never asks for the StopIteration after it.
                 self.done_clean = True
+            self.give(None if indices is None else self.torch.as_tensor(indices, dtype=self.torch.int64))
             yield batch
         self.done_clean = True
 
@@ -776,11 +835,13 @@ class _Epoch:
                                                                     ms))
                 except _Unshareable:
                     n = got[0] // sample_bytes[0]
+                    self.hold_carry(self.read_ids(n) if n else None, n)
                     self.plan_rest((node, [t[:n] for t in outs]) if n else None)
                     raise
                 except _EpochGone:
                     n = got[0] // sample_bytes[0]
                     self.pending = None
+                    self.hold_carry(self.read_ids(n) if n else None, n)
                     yield from self.epoch_gone((node, [t[:n] for t in outs]) if n else None)
                     return
                 finally:
@@ -789,6 +850,7 @@ class _Epoch:
                 leaves = [t[:n] if n < bs else t for t in outs]
             self.waited_ms = 0
             n = got[0] // sample_bytes[0]
+            ids = self.read_ids(n) if n else None  # what the job is given (give)
             if eoe.value:
                 # whole before its last batch goes out: a loop that takes exactly
                 # len(loader) batches closes us on that yield (produce_real)
@@ -796,6 +858,7 @@ class _Epoch:
                 lost = self.take_lost() if self.loss_noted else None
                 if lost is not None and len(lost) and n < bs:
                     # the epoch's last, partial batch is the first of what we make privately
+                    self.hold_carry(ids, n)
                     self.finish_lost(lost, (node, leaves) if n else None)
                     yield from self.private_rest()
                     return
@@ -811,6 +874,7 @@ class _Epoch:
                 self.lib.tsshim_feed_served(self.h, 1, n)
                 self.own_draws()  # before our first batch, not before a switch to our own loader
                 out = time.monotonic()
+                self.give(ids)
                 yield _build(node, leaves)
                 self.st.note_step(time.monotonic() - out)
             del leaves
@@ -864,6 +928,7 @@ class _Epoch:
             self.lib.tsshim_feed_detach(self.h)
             self.feed.attached = False
             if carry and (carry[1][0].shape[0] == self.loader.batch_size or not self.loader.drop_last):
+                self.give_carry()
                 yield _build(*carry)
             return
         hook.log("info", "feed %s: the stream's epoch ended while we were away; this epoch ends here, "
@@ -1017,6 +1082,7 @@ class _Epoch:
                                     pin=bool(self.loader.pin_memory), plan=plan, start=start)
         except Fallback:  # nothing left: what we carry is the epoch's last batch
             if carry:
+                self.give_carry()
                 yield _build(*carry)
             return
         left = max(0, self.st.epoch_samples - npub)
@@ -1049,6 +1115,7 @@ class _Epoch:
             left = max(0, left - hold.made)
             if type(batch) is _Raised:  # the job sees it at this next(), and goes on
                 if carry:
+                    self.give_carry()
                     yield _build(*carry)
                     carry = None
                 yield batch
@@ -1062,10 +1129,16 @@ class _Epoch:
                     hook.log("info", "feed %s: the part of a batch held does not match the next one; "
                              "both go to the job as they are" % self.feed.key)
                     if not self.loader.drop_last:
+                        self.give_carry()
                         yield _build(*carry)
+                    self.carry_ids = None
+                    self.give(torch.as_tensor(cut, dtype=torch.int64))
                 else:
                     batch = joined
+                    self.give_carry(cut)
                 carry = None
+            else:
+                self.give(torch.as_tensor(cut, dtype=torch.int64))
             yield batch
 
     def producer_waits_too_long(self, hold, left):
@@ -1199,6 +1272,9 @@ class _Epoch:
         left = len(need)
         parts = [[t] for t in carry[1]] if carry else [[] for _ in range(npos)]
         have = from_carry = carry[1][0].shape[0] if carry else 0
+        # the dataset indices of what parts holds, while known (give)
+        idparts = ([self.carry_ids] if self.carry_ids is not None else None) if carry else []
+        self.carry_ids = None
         passed, at_start, why = 0, False, None
         self.gathering = True
         try:
@@ -1236,6 +1312,8 @@ class _Epoch:
                 if len(take):
                     for p in range(npos):
                         parts[p].append(leaves[p].index_select(0, take))
+                    if idparts is not None:
+                        idparts.append(ids[take])
                     missing[ids[take]] = False
                     left -= len(take)
                     have += len(take)
@@ -1244,6 +1322,9 @@ class _Epoch:
                     k = min(bs, have)
                     whole = [torch.cat(q) if len(q) > 1 else q[0] for q in parts]
                     parts = [[t[k:]] for t in whole]
+                    wids = (torch.cat(idparts) if idparts else torch.empty(0, dtype=torch.int64)) \
+                        if idparts is not None else None
+                    idparts = [wids[k:]] if wids is not None else None
                     have -= k
                     mine = k - min(k, from_carry)
                     from_carry -= k - mine
@@ -1252,6 +1333,7 @@ class _Epoch:
                     if k == bs or not self.loader.drop_last:
                         self.yielded += 1
                         self.copied += 1
+                        self.give(wids[:k] if wids is not None else None)
                         yield _build(node, [t[:k] for t in whole])
                 if at_start:
                     if left:
@@ -1271,6 +1353,7 @@ class _Epoch:
         # made privately, after what we hold
         hook.log("info", "feed %s: %d samples not gathered (%s)" % (self.feed.key, len(need), why))
         carry = (node, [torch.cat(q) if len(q) > 1 else q[0] for q in parts]) if have else None
+        self.hold_carry(torch.cat(idparts) if idparts else None, have)
         st.gathered_samples += have - from_carry  # they go out with the first batch made
         self.lib.tsshim_feed_served(self.h, 1 if have > from_carry else 0, have - from_carry)
         self.rest_plan = (need, st.epoch_samples - len(need), carry, "not gathered")

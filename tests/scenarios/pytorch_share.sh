@@ -360,6 +360,8 @@ print("%.1f" % max(b - a for a, b in zip(t, t[1:])))' "$T_TMP/$c.1.jsonl" 2>/dev
 	check "($c) the producer did not have to evict it (its longest pause ${pause:-?} s)" \
 		cond "! grep -q 'evicted (too slow)' '$T_TMP/$c.2.err'"
 	verify "$c" "slow late joiner: each epoch the stream's (whole, or its suffix then its head made privately and gathered)" $(recs "$c" 2)
+	# a loader whose sharing went off says why (dw under make asan, once: unknown)
+	grep -h 'sharing off for this loader' "$T_TMP/$c.1.err" "$T_TMP/$c.2.err" | sed "s/^/# ($c) /"
 	grep '^note: .*made privately\|^note: stream' "$T_TMP/$c.verify" | sed "s/^note: /# ($c) /"
 	later=$(grep '"loader":"train","epoch":[1-9][0-9]*,"batch"' "$T_TMP/$c.2.jsonl" | grep -o '"[pg]v":[0-9]*' | cut -d: -f2 | total)
 	check "($c) back in step: its next epochs are the stream's epochs 2 and 3, whole, as job 1's ($later samples made privately or gathered)" \
@@ -766,6 +768,42 @@ check "(t) job 2 said the stream's dtype is unknown to it, and ran on its own" \
 check "(t) job 3 said the layer failed, and ran on its own" \
 	grep -q "sharing off for this loader: internal error: RuntimeError: injected" "$T_TMP/t.3.err"
 verify t "a stream this torch cannot read, a fault in the layer: every epoch of each job whole" --mode plain $(recs t 3)
+
+# --- tf: the layer fails in the middle of a consumer's epoch ------------------------
+# Job 2's layer is patched to fail (RuntimeError) at its 4th read of the feed,
+# after 3 batches of its first epoch. Sharing goes off for that loader, and the
+# rest of the epoch must be the samples it was not given yet, made by a
+# private loader: the epoch holds every sample once. Before, the job's own
+# loader restarted for the 7 batches left, a fresh permutation, so its epoch
+# repeated 36 of its first 48 samples and missed as many (2 of 2 runs); under
+# make asan case dw once failed the same way. Its second epoch is its own
+# loader's.
+cat >"$T_TMP/fault_job.py" <<'PY'
+import os, runpy, sys
+sys.argv = [os.environ["SHARE_JOB"]] + sys.argv[1:]
+import tsshim_feed  # the layer, as the bootstrap put it on sys.path
+plain, calls = tsshim_feed._Epoch.read_view, [0]
+def read_view(self, *args):
+    calls[0] += 1
+    if calls[0] == int(os.environ["FAULT_AT"]):
+        raise RuntimeError("injected mid-epoch")
+    return plain(self, *args)
+tsshim_feed._Epoch.read_view = read_view
+runpy.run_path(sys.argv[0], run_name="__main__")
+PY
+job tf 1 1 --barrier "$T_TMP/tf.go:2" --seed 1 --batch-size 16 --workers 0 --epochs 2 --sleep 0.05
+JOB_PLAIN=$JOB
+JOB="$T_TMP/fault_job.py"
+SHARE_JOB=$JOB_PLAIN FAULT_AT=4 job tf 2 1 --barrier "$T_TMP/tf.go:2" --seed 2 --batch-size 16 --workers 0 --epochs 2 \
+	--exact-len
+JOB=$JOB_PLAIN
+finished tf 2
+check "(tf) job 2 said the layer failed, and made the rest of its epoch privately: $(grep -o 'the rest of this epoch ([0-9]* samples' "$T_TMP/tf.2.err")" \
+	cond "grep -q 'sharing off for this loader: internal error: RuntimeError: injected mid-epoch' '$T_TMP/tf.2.err' &&
+		grep -q 'the rest of this epoch (112 samples it was not given yet) is made by a private loader' '$T_TMP/tf.2.err'"
+shared_first=$(grep '"loader":"train","epoch":0,"batch"' "$T_TMP/tf.2.jsonl" | head -n 3 | grep -c '"role":2')
+check "(tf) job 2's first 3 batches came from the stream, as a consumer's ($shared_first of 3)" [ "$shared_first" = 3 ]
+verify tf "a layer that fails after 3 shared batches: every epoch of each job whole, len(loader) batches" --mode plain $(recs tf 2)
 
 # --- u: what a consumer's tensors are, and what a persistent loader keeps --------------
 # Two jobs of u_job.py (batch 16 both: every consumer batch is a view of the feed):
