@@ -585,8 +585,33 @@ def check_shared(recs, table, rep):
                 best = (score, d)
         return best
 
-    # root: most complete epochs, then the first given
-    order = sorted(range(len(jobs)), key=lambda i: (-sum(1 for v in jobs[i][1] if v.ep.end is not None), i))
+    def span(j):
+        return min(v.k for v in jobs[j][1]), max(v.k for v in jobs[j][1])
+
+    def in_order(j, at):
+        """Run j placed at `at` comes after its job's earlier runs placed so far, before its later ones."""
+        lo, hi = span(j)
+        for i, ai in placed.items():
+            if jobs[i][0] is jobs[j][0] and ((i < j and at + lo <= ai + span(i)[1]) or
+                                             (i > j and at + hi >= ai + span(i)[0])):
+                return False
+        return True
+
+    def after_previous(j):
+        """The first place for run j after its job's placed earlier runs where no
+        other job's placed epoch stands."""
+        lo, hi = span(j)
+        at = max(ai + span(i)[1] for i, ai in placed.items() if jobs[i][0] is jobs[j][0] and i < j) + 1 - lo
+        taken = {ak + e for k, ak in placed.items() if jobs[k][0] is not jobs[j][0]
+                 for e in range(span(k)[0], span(k)[1] + 1)}
+        while any(at + e in taken for e in range(lo, hi + 1)):
+            at += 1
+        return at
+
+    # root: a job's first run (a later one is placed after it), most complete
+    # epochs, then the first given
+    order = sorted(range(len(jobs)), key=lambda i: (any(jobs[k][0] is jobs[i][0] for k in range(i)),
+                                                     -sum(1 for v in jobs[i][1] if v.ep.end is not None), i))
     placed = {order[0]: 0}
     while len(placed) < len(jobs):
         best = None
@@ -599,9 +624,26 @@ def check_shared(recs, table, rep):
                 r = alignment(jobs[j][1], jobs[k][1])
                 if r and j in alone and not (r[0][0] and r[0][1]):
                     continue
+                # an alignment whose epochs disagree is no evidence of where a run
+                # stands: not one that puts it before its own job's previous run
+                if r and not (r[0][0] and r[0][1]) and not in_order(j, ak + r[1]):
+                    continue
                 if r and (best is None or r[0] > best[0]):
                     best = (r[0], j, ak + r[1])
         if best is None:
+            # A run after a private epoch that no placed job's epochs match (the
+            # stream epochs it read were read by no job placed so far: every job
+            # that read the one before made it partly privately, say, and its
+            # producer died): after its job's previous run, where nobody else
+            # stands, so that the other jobs' runs of those epochs align with it.
+            nxt = next((j for j in range(len(jobs)) if j not in placed and j not in alone and
+                        any(jobs[i][0] is jobs[j][0] and i < j for i in placed)), None)
+            if nxt is not None:
+                placed[nxt] = after_previous(nxt)
+                rec, views = jobs[nxt]
+                rep.note("%s epochs %d..%d: no job placed so far read these stream epochs; placed after its "
+                         "previous ones" % (rec.name, views[0].ep.epoch, views[-1].ep.epoch))
+                continue
             for j in range(len(jobs)):
                 if j in placed:
                     continue

@@ -212,6 +212,28 @@ class Good(unittest.TestCase):
         n, out = run([Job([P0, P1]), w, Job([P0, P1], bs=3)])
         self.assertEqual(n, 0, out)
 
+    def test_late_joiners_both_make_their_heads_and_the_producer_dies(self):
+        # pytorch_share case e, once: the producer is killed right after its
+        # epoch 0; both late joiners made their heads privately, and one of them
+        # produces the next epochs (role 1), which the other reads. No run links
+        # stream epoch 0 to 1; before, the verifier placed the later runs at
+        # epoch 0 and failed them ("differs from", "not after its previous")
+        killed = Job([P0], done=False, workers=2)
+        killed.lines = [d for d in killed.lines if not d.get("end")]
+        j1 = marked(marked(marked(Job([P0[3:] + [P0[2], P0[1], P0[0]], P1, P2]), 0, 1, pv=1), 0, 2, pv=2), 1,
+                    role=2)
+        marked(j1, 2, role=2)
+        j3 = marked(marked(marked(Job([P0[2:] + [P0[1], P0[0]], P1, P2]), 0, 2, pv=2), 1, role=1), 2, role=1)
+        n, out = run([killed.write(), j1, j3])
+        self.assertEqual(n, 0, out)
+        self.assertIn("no job placed so far read these stream epochs; placed after its previous ones", out)
+        self.assertIn("%s 1..2" % os.path.basename(j3.path), out)
+        # the same records with the second run of one joiner out of the stream's order: still caught
+        j3 = marked(marked(marked(Job([P0[2:] + [P0[1], P0[0]], P2, P1]), 0, 2, pv=2), 1, role=1), 2, role=1)
+        n, out = run([killed.write(), j1, j3])
+        self.assertGreater(n, 0, out)
+        self.assertIn("differs from", out)
+
     def test_break_after(self):
         j = Job([P0[:4], P1[:4]], bs=2, break_after=2)
         n, out = run([j, Job([P0, P1])])
