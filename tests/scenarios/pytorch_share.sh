@@ -782,28 +782,57 @@ cat >"$T_TMP/fault_job.py" <<'PY'
 import os, runpy, sys
 sys.argv = [os.environ["SHARE_JOB"]] + sys.argv[1:]
 import tsshim_feed  # the layer, as the bootstrap put it on sys.path
-plain, calls = tsshim_feed._Epoch.read_view, [0]
-def read_view(self, *args):
-    calls[0] += 1
-    if calls[0] == int(os.environ["FAULT_AT"]):
-        raise RuntimeError("injected mid-epoch")
-    return plain(self, *args)
-tsshim_feed._Epoch.read_view = read_view
+at = int(os.environ["FAULT_AT"])
+if os.environ.get("FAULT_IN") == "private_rest":  # after that many batches made privately
+    plain_rest = tsshim_feed._Epoch.private_rest
+    def private_rest(self, *args, **kw):
+        for n, batch in enumerate(plain_rest(self, *args, **kw), 1):
+            yield batch
+            if n == at:
+                raise RuntimeError("injected while making the head")
+    tsshim_feed._Epoch.private_rest = private_rest
+else:  # at that read of the feed
+    plain, calls = tsshim_feed._Epoch.read_view, [0]
+    def read_view(self, *args):
+        calls[0] += 1
+        if calls[0] == at:
+            raise RuntimeError("injected mid-epoch")
+        return plain(self, *args)
+    tsshim_feed._Epoch.read_view = read_view
 runpy.run_path(sys.argv[0], run_name="__main__")
 PY
-job tf 1 1 --barrier "$T_TMP/tf.go:2" --seed 1 --batch-size 16 --workers 0 --epochs 2 --sleep 0.05
+# Job 2 starts once job 1 has trained a batch: it is the consumer, and the
+# ring (depth 4) still holds the epoch's start.
+job tf 1 1 --barrier "$T_TMP/tf.go:1" --seed 1 --batch-size 16 --workers 0 --epochs 2 --sleep 0.2
 JOB_PLAIN=$JOB
 JOB="$T_TMP/fault_job.py"
-SHARE_JOB=$JOB_PLAIN FAULT_AT=4 job tf 2 1 --barrier "$T_TMP/tf.go:2" --seed 2 --batch-size 16 --workers 0 --epochs 2 \
+SHARE_JOB=$JOB_PLAIN FAULT_AT=4 job tf 2 1 --barrier "$T_TMP/tf.go:3" --seed 2 --batch-size 16 --workers 0 --epochs 2 \
 	--exact-len
 JOB=$JOB_PLAIN
-finished tf 2
+late_go tf '"loader":"train","epoch":0,"batch":0,' 2 && finished tf 2
 check "(tf) job 2 said the layer failed, and made the rest of its epoch privately: $(grep -o 'the rest of this epoch ([0-9]* samples' "$T_TMP/tf.2.err")" \
 	cond "grep -q 'sharing off for this loader: internal error: RuntimeError: injected mid-epoch' '$T_TMP/tf.2.err' &&
 		grep -q 'the rest of this epoch (112 samples it was not given yet) is made by a private loader' '$T_TMP/tf.2.err'"
 shared_first=$(grep '"loader":"train","epoch":0,"batch"' "$T_TMP/tf.2.jsonl" | head -n 3 | grep -c '"role":2')
 check "(tf) job 2's first 3 batches came from the stream, as a consumer's ($shared_first of 3)" [ "$shared_first" = 3 ]
 verify tf "a layer that fails after 3 shared batches: every epoch of each job whole, len(loader) batches" --mode plain $(recs tf 2)
+# (tg) The same while a late joiner makes its head privately (case d's, 2 jobs):
+# the layer fails after its first private batch. What it was given (the rest
+# of the stream's epoch, and that batch) is left out of what is made then.
+job tg 1 1 --barrier "$T_TMP/tg.go:1" --seed 1 --batch-size 16 --workers 0 --epochs 2 --sleep 0.2
+JOB="$T_TMP/fault_job.py"
+SHARE_JOB=$JOB_PLAIN FAULT_IN=private_rest FAULT_AT=1 job tg 2 1 --barrier "$T_TMP/tg.go:3" --seed 2 --batch-size 16 \
+	--workers 0 --epochs 2 --sleep 0.2 --exact-len
+JOB=$JOB_PLAIN
+if late_go tg '"loader":"train","epoch":0,"batch":4,' 2; then
+	finished tg 2
+	made=$(grep '"loader":"train","epoch":0,"batch"' "$T_TMP/tg.2.jsonl" | grep -o '"pv":[0-9]*' | cut -d: -f2 | total)
+	check "(tg) job 2 made a batch of its head privately, then the layer failed, and the rest was made privately: $made samples, $(grep -o 'the rest of this epoch ([0-9]* samples' "$T_TMP/tg.2.err")" \
+		cond "[ '$made' -ge 16 ] && grep -q 'sharing off for this loader: internal error: RuntimeError: injected while making the head' '$T_TMP/tg.2.err' &&
+			grep -q 'the rest of this epoch ([0-9]* samples it was not given yet) is made by a private loader' '$T_TMP/tg.2.err'"
+	verify tg "a layer that fails while a joiner makes its head: every epoch of each job whole, len(loader) batches" \
+		--mode plain $(recs tg 2)
+fi
 
 # --- u: what a consumer's tensors are, and what a persistent loader keeps --------------
 # Two jobs of u_job.py (batch 16 both: every consumer batch is a view of the feed):
