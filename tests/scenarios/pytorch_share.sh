@@ -344,6 +344,7 @@ late_go() {
 slow_joiner() {
 	local c=$1 depth=$2 when=$3 a1=() pause later
 	shift 3
+	SJ_KEPT=
 	while [ "$1" != -- ]; do a1+=("$1"); shift; done
 	shift
 	TSSHIM_DEPTH=$depth TSSHIM_TIMEOUT_MS=500 job "$c" 1 1 --seed 1 --model a --workers 2 --epochs 4 "${a1[@]}" \
@@ -355,8 +356,20 @@ slow_joiner() {
 	pause=$("$PY" -c 'import json,sys
 t = [r["t"] for r in map(json.loads, open(sys.argv[1])) if r.get("loader") == "train" and "h" in r]
 print("%.1f" % max(b - a for a, b in zip(t, t[1:])))' "$T_TMP/$c.1.jsonl" 2>/dev/null)
-	check "($c) the slow joiner gathered the rest of its head when the producer waited on it: $(grep -o 'our place, and .*: gathering' "$T_TMP/$c.2.err" | sed 's/^our place, and //; s/: gathering$//')" \
-		grep -q "the producer waits on our place, and .*: gathering them from the stream's next epoch" "$T_TMP/$c.2.err"
+	# The case's premise is a producer that waits on the joiner. One that
+	# itself pauses longer than the stall time while the joiner makes its head
+	# (make asan: its spawned workers restart at each epoch, 9.3 s once) never
+	# does, and the joiner rightly keeps its place, making its whole head
+	# privately: its next epochs are then the stream's epochs 1 and 2.
+	if ! grep -q ': gathering them from' "$T_TMP/$c.2.err" && awk "BEGIN {exit !(${pause:-0} >= 5)}"; then
+		SJ_KEPT=1
+		echo "# ($c) the producer paused ${pause} s on its own, past the stall time: the joiner kept its place"
+		check "($c) the slow joiner made its head privately while the producer paused on its own" \
+			grep -q 'finishing the epoch privately ([0-9]* samples published before it joined)' "$T_TMP/$c.2.err"
+	else
+		check "($c) the slow joiner gathered the rest of its head when the producer waited on it: $(grep -o 'our place, and .*: gathering' "$T_TMP/$c.2.err" | sed 's/^our place, and //; s/: gathering$//')" \
+			grep -q "the producer waits on our place, and .*: gathering them from the stream's next epoch" "$T_TMP/$c.2.err"
+	fi
 	check "($c) the producer did not have to evict it (its longest pause ${pause:-?} s)" \
 		cond "! grep -q 'evicted (too slow)' '$T_TMP/$c.2.err'"
 	verify "$c" "slow late joiner: each epoch the stream's (whole, or its suffix then its head made privately and gathered)" $(recs "$c" 2)
@@ -364,8 +377,19 @@ print("%.1f" % max(b - a for a, b in zip(t, t[1:])))' "$T_TMP/$c.1.jsonl" 2>/dev
 	grep -h 'sharing off for this loader' "$T_TMP/$c.1.err" "$T_TMP/$c.2.err" | sed "s/^/# ($c) /"
 	grep '^note: .*made privately\|^note: stream' "$T_TMP/$c.verify" | sed "s/^note: /# ($c) /"
 	later=$(grep '"loader":"train","epoch":[1-9][0-9]*,"batch"' "$T_TMP/$c.2.jsonl" | grep -o '"[pg]v":[0-9]*' | cut -d: -f2 | total)
-	check "($c) back in step: its next epochs are the stream's epochs 2 and 3, whole, as job 1's ($later samples made privately or gathered)" \
-		cond "[ '$later' = 0 ] && grep -q '^note: stream epochs per job: $c\.1\.jsonl 0\.\.3, $c\.2\.jsonl 0\.\.0, $c\.2\.jsonl 2\.\.3' '$T_TMP/$c.verify'"
+	local next=2
+	[ -n "$SJ_KEPT" ] && next=1
+	check "($c) back in step: its next epochs are the stream's epochs $next and $((next + 1)), whole, as job 1's ($later samples made privately or gathered)" \
+		cond "[ '$later' = 0 ] && grep -q '^note: stream epochs per job: $c\.1\.jsonl 0\.\.3, $c\.2\.jsonl 0\.\.0, $c\.2\.jsonl $next\.\.$((next + 1))' '$T_TMP/$c.verify'"
+}
+# gathered CASE CHECK...: CHECK (a check of how the joiner gathered) unless it kept its place (SJ_KEPT)
+gathered() {
+	if [ -n "$SJ_KEPT" ]; then
+		echo "# ($1) not checked, the joiner kept its place: ${2%%:*}"
+		return
+	fi
+	shift
+	check "$@"
 }
 # made_first CASE: samples job 2 made privately in epoch 0 before its first gathered one
 made_first() {
@@ -380,14 +404,14 @@ print(n)' "$T_TMP/$1.2.jsonl" 2>&1
 }
 slow_joiner dl 4 '"loader":"train","epoch":0,"batch":5,' --batch-size 16 --sleep 0.25 -- --batch-size 16 --worker-start 6
 made=$(made_first dl)
-check "(dl) its steps alone outlast the budget: it gathered before making a batch (made $made samples first)" \
+gathered dl "(dl) its steps alone outlast the budget: it gathered before making a batch (made $made samples first)" \
 	[ "$made" = 0 ]
 slow_joiner dd 2 '"loader":"train","epoch":0,"batch":2,' --batch-size 36 --drop-last --sleep 0.1 -- \
 	--batch-size 24 --drop-last --sleep 0.2 --worker-start 1
 made=$(made_first dd)
-check "(dd) its steps alone fit the budget: it made a batch, then gathered ($made samples made first)" \
+gathered dd "(dd) its steps alone fit the budget: it made a batch, then gathered ($made samples made first)" \
 	cond "[ '$made' -gt 0 ] 2>/dev/null"
-check "(dd) what the stream's next epoch lacked was made privately after it: $(grep -o -m 1 '[0-9]* samples not gathered' "$T_TMP/dd.2.err")" \
+gathered dd "(dd) what the stream's next epoch lacked was made privately after it: $(grep -o -m 1 '[0-9]* samples not gathered' "$T_TMP/dd.2.err")" \
 	grep -q "finishing the epoch privately ([0-9]* samples not gathered)" "$T_TMP/dd.2.err"
 # (dw) A joiner whose steps are short (0.3 s, so its head fits the budget at
 # that pace) but whose workers take 6 s to start: nothing before its first
@@ -400,7 +424,7 @@ check "(dd) what the stream's next epoch lacked was made privately after it: $(g
 slow_joiner dw 4 '"loader":"train","epoch":0,"batch":5,' --batch-size 16 --sleep 0.25 -- \
 	--batch-size 16 --sleep 0.3 --worker-start 6
 made=$(made_first dw)
-check "(dw) its first private batch outlasted the producer's wait: it dropped it and gathered (made $made samples first)" \
+gathered dw "(dw) its first private batch outlasted the producer's wait: it dropped it and gathered (made $made samples first)" \
 	cond "[ '$made' = 0 ] && grep -q 'our private loader has not made its next batch in [0-9.]* s ([0-9]* samples left to make): gathering' '$T_TMP/dw.2.err'"
 
 # --- db: joiners that break out of an epoch while they gather ---------------------
