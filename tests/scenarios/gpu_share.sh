@@ -950,8 +950,12 @@ o25=c25a
 [ "$said25b" = 1 ] && o25=c25b
 check "25: one consumer read the successor's batches and said once that it passes over what it was served (a: $said25a, b: $said25b; $(vsum passed) passed)" \
 	cond '[ "$((said25a + said25b))" = 1 ] && [ "$(vsum passed)" -gt 0 ]'
-check "25: $o25's epochs hold each sample once (tsshim-verify --strict: $(grep -c "$o25.rec:" "$T_TMP/25s.verify") of its lines named)" \
-	cond '[ "$(grep -c "$o25.rec:" "$T_TMP/25s.verify")" = 0 ]' || grep "$o25.rec:" "$T_TMP/25s.verify" | head -n 3 | sed 's/^/#   /'
+# --strict also names served samples of a batch the killed producer published
+# and died before recording (their ids are unknown: not a repeat); once under
+# make asan the kill fell there (c25b's line 18, 10 samples of batch 35)
+named25=$(grep "$o25.rec:" "$T_TMP/25s.verify" | grep -vc ': unverifiable: ')
+check "25: $o25's epochs hold each sample once (tsshim-verify --strict: $named25 of its lines named, $(grep "$o25.rec:" "$T_TMP/25s.verify" | grep -c ': unverifiable: ') unverifiable)" \
+	cond '[ "$named25" = 0 ]' || grep "$o25.rec:" "$T_TMP/25s.verify" | head -n 3 | sed 's/^/#   /'
 echo "# case 25: $((SECONDS - T1)) s"
 
 # === 26. a producer that leaves its epochs early =============================================
