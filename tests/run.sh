@@ -9,13 +9,13 @@ BUILD=${BUILD:-build}
 TESTS=${TESTS:-all}
 export BUILD
 
-# An ASan build of the shim must come after the ASan runtime in the preload
-# list when it goes into programs that were not built with ASan.
 # A scenario still running after SCENARIO_LIMIT seconds fails (exit 124);
 # instrumented jobs run two to three times slower (pytorch_share: about 5
 # minutes plain, past 10 under make asan on 2 cores), so theirs is doubled.
-TS_PRELOAD="$PWD/$BUILD/libtsshim.so"
+# An ASan build of the shim must come after the ASan runtime in the preload
+# list when it goes into programs that were not built with ASan.
 SCENARIO_LIMIT=${SCENARIO_LIMIT:-600}
+TS_PRELOAD="$PWD/$BUILD/libtsshim.so"
 if ldd "$BUILD/libtsshim.so" 2>/dev/null | grep -q libasan; then
 	SCENARIO_LIMIT=$((SCENARIO_LIMIT * 2))
 	TS_PRELOAD="$(${CC:-cc} -print-file-name=libasan.so) $TS_PRELOAD"

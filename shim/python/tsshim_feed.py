@@ -524,7 +524,7 @@ class _Epoch:
             return
         hook.log("warn", "DataLoader layer: the rest of this epoch (%d samples it was not given yet) "
                  "is made by a private loader" % (st.epoch_samples - npub))
-        for batch, cut, _ in src:
+        for batch, _, _ in src:
             yield batch
 
     # -- helpers --
@@ -1322,8 +1322,7 @@ class _Epoch:
                     k = min(bs, have)
                     whole = [torch.cat(q) if len(q) > 1 else q[0] for q in parts]
                     parts = [[t[k:]] for t in whole]
-                    wids = (torch.cat(idparts) if idparts else torch.empty(0, dtype=torch.int64)) \
-                        if idparts is not None else None
+                    wids = torch.cat(idparts) if idparts is not None else None  # have > 0: a part at least
                     idparts = [wids[k:]] if wids is not None else None
                     have -= k
                     mine = k - min(k, from_carry)
