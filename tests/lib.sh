@@ -70,13 +70,16 @@ start_member() {
 	printf -v "$__var" '%s' "$pid"
 }
 
-# wait_for FILE PATTERN [TIMEOUT_S]: wait until FILE has a line matching PATTERN.
+# wait_for FILE PATTERN [TIMEOUT_S]: wait until FILE has a line matching
+# PATTERN. A wait that runs out says so in the log: a case that stopped a job
+# for the wait (gpu_share case 20) fails later, far from its cause.
 wait_for() {
 	local f=$1 pat=$2 t=${3:-10} i
 	for ((i = 0; i < t * 100; i++)); do
 		grep -qE "$pat" "$f" 2>/dev/null && return 0
 		sleep 0.01
 	done
+	echo "# waited ${t} s in vain for /$pat/ in ${f#"$T_TMP"/}"
 	return 1
 }
 
