@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 import weakref
 
 import tsshim_hook as hook
@@ -164,7 +165,24 @@ def _why_off(e):
         return str(e)
     if isinstance(e, NotCarried):
         return "batches cannot be shared: %s" % e
-    return "internal error: %s: %s" % (type(e).__name__, e)  # a fault of the layer, not the job's
+    # a fault of the layer, not the job's: where it was is what a report needs
+    return "internal error: %s: %s%s" % (type(e).__name__, e, _where(e))
+
+
+def _where(e):
+    """ " (at FILE:LINE in FUNC[; raised in FILE:LINE in FUNC])": the innermost
+    frame of e's traceback in the layer's own files, and the innermost of all
+    where that is elsewhere (torch, a peer's data); "" without a traceback."""
+    frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ is not None else []
+    if not frames:
+        return ""
+    here = os.path.dirname(os.path.abspath(__file__))
+    ours = [f for f in frames if os.path.dirname(os.path.abspath(f.filename)) == here]
+    spot = lambda f: "%s:%d in %s" % (os.path.basename(f.filename), f.lineno, f.name)
+    where = " (at %s" % spot(ours[-1]) if ours else " (raised in %s" % spot(frames[-1])
+    if ours and frames[-1] is not ours[-1]:
+        where += "; raised in %s" % spot(frames[-1])
+    return where + ")"
 
 
 def _user(fn, *args):

@@ -837,6 +837,10 @@ late_go tf '"loader":"train","epoch":0,"batch":0,' 2 && finished tf 2
 check "(tf) job 2 said the layer failed, and made the rest of its epoch privately: $(grep -o 'the rest of this epoch ([0-9]* samples' "$T_TMP/tf.2.err")" \
 	cond "grep -q 'sharing off for this loader: internal error: RuntimeError: injected mid-epoch' '$T_TMP/tf.2.err' &&
 		grep -q 'the rest of this epoch (112 samples it was not given yet) is made by a private loader' '$T_TMP/tf.2.err'"
+# (the line names the layer's frame and the raising one: dw's one fault, stop 35, said only its type)
+where=$(grep -o "injected mid-epoch ([^)]*)" "$T_TMP/tf.2.err" | head -n 1)
+check "(tf) the line says where the layer failed: ${where#injected mid-epoch }" \
+	grep -qE 'injected mid-epoch \(at tsshim_feed\.py:[0-9]+ in [A-Za-z_]+; raised in fault_job\.py:[0-9]+ in read_view\)' "$T_TMP/tf.2.err"
 shared_first=$(grep '"loader":"train","epoch":0,"batch"' "$T_TMP/tf.2.jsonl" | head -n 3 | grep -c '"role":2')
 check "(tf) job 2's first 3 batches came from the stream, as a consumer's ($shared_first of 3)" [ "$shared_first" = 3 ]
 verify tf "a layer that fails after 3 shared batches: every epoch of each job whole, len(loader) batches" --mode plain $(recs tf 2)
