@@ -32,7 +32,6 @@ import os
 import sys
 import threading
 import time
-import traceback
 import weakref
 
 import tsshim_hook as hook
@@ -166,23 +165,7 @@ def _why_off(e):
     if isinstance(e, NotCarried):
         return "batches cannot be shared: %s" % e
     # a fault of the layer, not the job's: where it was is what a report needs
-    return "internal error: %s: %s%s" % (type(e).__name__, e, _where(e))
-
-
-def _where(e):
-    """ " (at FILE:LINE in FUNC[; raised in FILE:LINE in FUNC])": the innermost
-    frame of e's traceback in the layer's own files, and the innermost of all
-    where that is elsewhere (torch, a peer's data); "" without a traceback."""
-    frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ is not None else []
-    if not frames:
-        return ""
-    here = os.path.dirname(os.path.abspath(__file__))
-    ours = [f for f in frames if os.path.dirname(os.path.abspath(f.filename)) == here]
-    spot = lambda f: "%s:%d in %s" % (os.path.basename(f.filename), f.lineno, f.name)
-    where = " (at %s" % spot(ours[-1]) if ours else " (raised in %s" % spot(frames[-1])
-    if ours and frames[-1] is not ours[-1]:
-        where += "; raised in %s" % spot(frames[-1])
-    return where + ")"
+    return "internal error: %s: %s%s" % (type(e).__name__, e, hook.where(e))
 
 
 def _user(fn, *args):
@@ -459,7 +442,8 @@ def _run(loader, st, orig_iter, length):
         try:
             ep.finish()
         except Exception as e:  # releasing must not fail the job either
-            hook.log("warn", "DataLoader layer: leaving the epoch failed: %s: %s" % (type(e).__name__, e))
+            hook.log("warn", "DataLoader layer: leaving the epoch failed: %s: %s%s"
+                     % (type(e).__name__, e, hook.where(e)))
         feed.busy = False
 
 

@@ -12,6 +12,7 @@ the job: an error leaves the program with its own DataLoader and one line.
 """
 import os
 import sys
+import traceback
 
 TARGET = "torch.utils.data"
 _LEVELS = {"error": 0, "warn": 1, "info": 2, "debug": 3}
@@ -26,6 +27,25 @@ def log(level, msg):
         os.write(2, ("tsshim[%d]: %s\n" % (os.getpid(), msg)).encode("utf-8", "replace"))
     except OSError:
         pass
+
+
+def where(e):
+    """ " (at FILE:LINE in FUNC[; raised in FILE:LINE in FUNC])": the innermost
+    frame of e's traceback in the layer's own files, and the innermost of all
+    where that is elsewhere (torch, a peer's data); "" without a traceback."""
+    frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ is not None else []
+    if not frames:
+        return ""
+    here = os.path.dirname(os.path.abspath(__file__))
+    ours = [f for f in frames if os.path.dirname(os.path.abspath(f.filename)) == here]
+
+    def spot(f):
+        return "%s:%d in %s" % (os.path.basename(f.filename), f.lineno, f.name)
+
+    text = " (at %s" % spot(ours[-1]) if ours else " (raised in %s" % spot(frames[-1])
+    if ours and frames[-1] is not ours[-1]:
+        text += "; raised in %s" % spot(frames[-1])
+    return text + ")"
 
 
 def on_torch_data(module):
@@ -48,8 +68,8 @@ def on_torch_data(module):
             import tsshim_feed
             it = tsshim_feed.iterate(self, orig_iter)
         except Exception as e:  # the job runs on with its own DataLoader
-            log("warn", "DataLoader sharing failed (%s: %s); this loader runs on its own"
-                % (type(e).__name__, e))
+            log("warn", "DataLoader sharing failed (%s: %s%s); this loader runs on its own"
+                % (type(e).__name__, e, where(e)))
             try:
                 self.__dict__["_tsshim_state"] = None
                 self.__dict__["_tsshim_private"] = True
