@@ -81,13 +81,14 @@ check "verifier table: $NTRAIN train and 16 val images hashed without the shim" 
 # traceback to its stderr (timeout exits 124), which the failure report shows.
 JOB_LIMIT=(timeout -s ABRT -k 10 120)
 export PYTHONFAULTHANDLER=1 # also in the small jobs written below
-declare -A JPID
+declare -A JPID CSTART  # CSTART: when a case started its first job (the time finished says)
 # (Under an ASan preload share_job.py spawns its workers: see its main(). The
 # small jobs below do the same: a forked worker of case v hung in gcc 12's ASan
 # allocator lock, held by another thread of its job at the fork.)
 job() {
 	local c=$1 i=$2 shim=$3; shift 3
 	local base="$T_TMP/$c.$i"
+	[ -n "${CSTART[$c]:-}" ] || CSTART[$c]=$SECONDS
 	if [ "$shim" = 1 ]; then
 		LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name "$c")" \
 			PYTHONFAULTHANDLER=1 "${JOB_LIMIT[@]}" "$PY" "$JOB" --root "$DATA" --record "$base.jsonl" "$@" >"$base.out" 2>"$base.err" &
@@ -114,10 +115,12 @@ finished() {
 			bad+=" job $i exit $rc"
 		fi
 	done
+	local took=$((SECONDS - ${CSTART[$c]:-$SECONDS}))
+	unset "CSTART[$c]"
 	if [ -z "$bad" ]; then
-		ok "($c) the $n jobs finished${killed:+ (job $killed SIGKILLed)}"
+		ok "($c) the $n jobs finished${killed:+ (job $killed SIGKILLed)} in $took s"
 	else
-		not_ok "($c) the $n jobs finished:$bad"
+		not_ok "($c) the $n jobs finished:$bad (after $took s)"
 		for i in $(seq 1 "$n"); do
 			# the shim's lines and where an exception came from, then the end
 			{ echo "[$c.$i]"; grep -E '^tsshim\[|Caught|Error' "$T_TMP/$c.$i.err" | head -n 20
