@@ -115,12 +115,13 @@ finished() {
 			bad+=" job $i exit $rc"
 		fi
 	done
-	local took=$((SECONDS - ${CSTART[$c]:-$SECONDS}))
+	local took=  # (jobs started without job(), by hand, have no start here)
+	[ -n "${CSTART[$c]:-}" ] && took=" in $((SECONDS - CSTART[$c])) s"
 	unset "CSTART[$c]"
 	if [ -z "$bad" ]; then
-		ok "($c) the $n jobs finished${killed:+ (job $killed SIGKILLed)} in $took s"
+		ok "($c) the $n jobs finished${killed:+ (job $killed SIGKILLed)}$took"
 	else
-		not_ok "($c) the $n jobs finished:$bad (after $took s)"
+		not_ok "($c) the $n jobs finished:$bad${took:+ (${took# })}"
 		for i in $(seq 1 "$n"); do
 			# the shim's lines and where an exception came from, then the end
 			{ echo "[$c.$i]"; grep -E '^tsshim\[|Caught|Error' "$T_TMP/$c.$i.err" | head -n 20
