@@ -1597,8 +1597,28 @@ class LoaderState:
                         batch = _Raised(e)
                     yield batch, cut, k == len(cuts) - 1
             finally:
+                if iters:
+                    _unwatch_workers(iters[0])
                 iters.clear()  # closed: its workers stop now, on the thread that closes it
         return gen()
+
+
+def _unwatch_workers(it):
+    """Take a private iterator's workers out of torch's SIGCHLD watch before it
+    is shut down. For a watched worker that dies other than by exiting 0, torch
+    raises in the main thread, wherever the job then is; a private loader the
+    layer closes before its end (its batches no longer wanted) is the layer's,
+    and how its workers go is not the job's business. Under make asan a worker
+    of the dropped loader of case dw aborted on its way out, and the error,
+    raised in the job's thread while it read the stream, turned sharing off. An
+    iterator run to its end has unwatched its workers itself."""
+    if not getattr(it, "_worker_pids_set", False):
+        return
+    try:
+        sys.modules["torch.utils.data"]._utils.signal_handling._remove_worker_pids(id(it))
+        it._worker_pids_set = False
+    except Exception as e:  # a torch without them: its workers stay watched, as before
+        hook.log("debug", "a private loader's workers stay watched: %s: %s" % (type(e).__name__, e))
 
 
 def _generator_copy(gen, torch):

@@ -1,0 +1,120 @@
+# SPDX-License-Identifier: MIT
+"""The PyTorch layer's own private loaders (shim/python/tsshim_feed.py), in a
+plain Python process: what needs no shim and no feed.
+
+Run by tests/scenarios/layer.sh with /usr/bin/python3 (needs torch):
+  python3 tests/py/test_layer.py      (TSSHIM_PYDIR: the layer's directory)
+"""
+import multiprocessing.process
+import multiprocessing.util
+import os
+import resource
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.environ.get("TSSHIM_PYDIR") or os.path.join(HERE, "..", "..", "shim", "python")
+sys.path.insert(0, os.path.abspath(PYDIR))
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+import tsshim_feed  # noqa: E402
+
+N = 64
+
+
+class Squares(Dataset):
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return torch.tensor([i * i])
+
+
+def _abort(marks):
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
+    with open(marks, "a") as f:
+        f.write("%d\n" % os.getpid())
+    os.abort()
+
+
+def abort_at_exit(worker_id):
+    """worker_init_fn: the worker aborts as it exits, after its loop (fork and
+    spawn alike), as one of case dw's did under make asan."""
+    multiprocessing.util.Finalize(None, _abort, args=(os.environ["TEST_LAYER_MARKS"],), exitpriority=0)
+
+
+class DroppedPrivateLoader(unittest.TestCase):
+    def setUp(self):
+        fd, self.marks = tempfile.mkstemp(prefix="test_layer.")
+        os.close(fd)
+        os.environ["TEST_LAYER_MARKS"] = self.marks
+
+    def tearDown(self):
+        os.unlink(self.marks)
+
+    def drop_after_one_batch(self):
+        """A private loader (2 workers that abort at exit) made by the layer, one
+        batch taken, then closed on a thread of its own as _Pending drops one,
+        while the main thread goes on (sleeps): the RuntimeError torch raised in it, or
+        None; and how many workers aborted."""
+        loader = DataLoader(Squares(), batch_size=4, shuffle=True, num_workers=2, worker_init_fn=abort_at_exit)
+        st = tsshim_feed.LoaderState(loader, "0" * 16, "shareable")
+        gen = st.remainder(loader, DataLoader.__iter__, torch.arange(N), 0)
+        batch, cut, _ = next(gen)
+        self.assertEqual(sorted(i * i for i in cut), sorted(batch.flatten().tolist()))
+        closer = threading.Thread(target=gen.close, name="tsshim-private")
+        raised = None
+        # torch finds a dead worker only until the closing thread's join reaps
+        # it: the join is made slow, so that a watched worker's death is always
+        # seen (under make asan the job's thread saw it in 1 of 30 runs of dw)
+        plain_join = multiprocessing.process.BaseProcess.join
+
+        def slow_join(proc, timeout=None):
+            time.sleep(1)
+            return plain_join(proc, timeout)
+        multiprocessing.process.BaseProcess.join = slow_join
+        try:
+            closer.start()
+            deadline = time.monotonic() + 20
+            calm = None  # from when the closer is done and both workers aborted
+            while time.monotonic() < deadline and (calm is None or time.monotonic() - calm < 0.5):
+                try:
+                    time.sleep(0.01)
+                except RuntimeError as e:  # each watched worker's death, as it is seen
+                    raised = raised or e
+                if calm is None and not closer.is_alive() and self.aborted() == 2:
+                    calm = time.monotonic()
+        finally:
+            multiprocessing.process.BaseProcess.join = plain_join
+        return raised, self.aborted()
+
+    def aborted(self):
+        with open(self.marks) as f:
+            return len(f.read().split())
+
+    def test_its_workers_dying_do_not_raise_in_the_job(self):
+        raised, aborted = self.drop_after_one_batch()
+        self.assertEqual(aborted, 2, "the workers did not abort: this tested nothing")
+        self.assertIsNone(raised, "a worker of a loader the layer dropped raised in the job's thread")
+
+    def test_watched_they_would(self):
+        """The premise: with its workers left in torch's watch (the layer before
+        _unwatch_workers), the same drop raises in the job's thread."""
+        plain = tsshim_feed._unwatch_workers
+        tsshim_feed._unwatch_workers = lambda it: None
+        try:
+            raised, aborted = self.drop_after_one_batch()
+        finally:
+            tsshim_feed._unwatch_workers = plain
+        self.assertEqual(aborted, 2)
+        self.assertIsInstance(raised, RuntimeError)
+        self.assertIn("killed by signal", str(raised))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
