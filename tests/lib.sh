@@ -83,6 +83,23 @@ wait_for() {
 	return 1
 }
 
+# layer_py_tests LABEL SCRIPT [MODULES]: one check for a unittest SCRIPT of
+# tests/py, run with Debian's python3 (TS_PYTHON: another Python with torch)
+# against the PyTorch layer as built (build/python; the source if not built).
+# Exits 77 (skip) without that Python or its MODULES (default torch).
+layer_py_tests() {
+	local label=$1 script=$2 mods=${3:-torch} py=${TS_PYTHON:-/usr/bin/python3} dir=$PWD/shim/python
+	[ -x "$py" ] || { echo "needs $py"; exit 77; }
+	"$py" -c "import $mods" 2>/dev/null || { echo "$py cannot import $mods"; exit 77; }
+	[ -f "$BUILD/python/tsshim_feed.py" ] && dir=$(realpath "$BUILD/python")
+	if TSSHIM_PYDIR="$dir" "$py" "$script" >"$T_TMP/out" 2>&1; then
+		ok "$label ($(grep -oE '^Ran [0-9]+ tests in [0-9.]+s' "$T_TMP/out"), layer from $dir)"
+	else
+		not_ok "$label (layer from $dir)"
+		sed 's/^/#   /' "$T_TMP/out"
+	fi
+}
+
 # Last role a member printed: producer | consumer | worker | none.
 last_role() {
 	grep -oE 'role=[a-z]+' "$T_TMP/$1.out" | tail -n 1 | cut -d= -f2
