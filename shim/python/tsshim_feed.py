@@ -325,6 +325,48 @@ def describe_batch(batch, torch):
     return schema, [t.contiguous() for t in leaves], n
 
 
+def stream_layout(node, sample_bytes, torch):
+    """(tensor nodes in position order, their dtypes) of a stream's schema node,
+    checked against the bytes per sample the slot says; Fallback if they disagree."""
+    nodes = _tensor_nodes(node, [])
+    nodes.sort(key=lambda n: n["t"])
+    dtypes = [getattr(torch, n.get("dtype", "?"), None) for n in nodes]
+    if len(nodes) != len(sample_bytes):
+        raise Fallback("the stream's schema names %d tensors, its batches hold %d" % (len(nodes), len(sample_bytes)))
+    if not all(isinstance(dt, torch.dtype) for dt in dtypes):  # a newer torch's, or a peer's garbage
+        raise Fallback("the stream's tensors have a dtype this torch does not know: %s"
+                       % ", ".join(str(n.get("dtype")) for n in nodes))
+    for n, dt, sb in zip(nodes, dtypes, sample_bytes):
+        per = torch.empty((), dtype=dt).element_size()
+        for d in n["shape"]:
+            per *= d
+        if per != sb:
+            raise Fallback("stream's sample size disagrees with its schema")
+    return nodes, dtypes
+
+
+def view_tensors(lib, h, view_id, ptr, got, n, nodes, dtypes, torch):
+    """The n samples of a view (tsshim_feed_read_view: ptr, got per position)
+    as tensors of the stream's layout. One storage per tensor, as the job's own
+    batch has (pickling one, or sending it through a queue, carries that
+    tensor, not the whole slot). Each keeps its buffer alive; when the last
+    buffer goes, the view is released."""
+    npos = len(nodes)
+    left = [npos]
+
+    def one_gone():
+        left[0] -= 1
+        if left[0] == 0:
+            lib.tsshim_feed_release_view(h, view_id)
+    bufs = [(ctypes.c_char * max(1, got[p])).from_address(ptr[p]) for p in range(npos)]
+    for b in bufs:
+        weakref.finalize(b, one_gone)
+    if n == 0:
+        return []
+    return [torch.frombuffer(b, dtype=torch.uint8)[:got[p]].view(dt).view([n] + nd["shape"])
+            for p, (b, nd, dt) in enumerate(zip(bufs, nodes, dtypes))]
+
+
 def _join(carry, batch, torch):
     """The part of a batch we hold, (schema node, tensors), followed by the
     samples of `batch`, or None when their structure, dtypes or sample shapes differ."""
@@ -381,9 +423,10 @@ class SharedIter:
     closed at once and releases what it holds, as DataLoader's own iterator
     shuts its workers down at once."""
 
-    def __init__(self, loader, state, orig_iter):
+    def __init__(self, loader, state, orig_iter, gen=None):
         self._len = len(loader)
-        self._gen = _run(loader, state, orig_iter, self._len)
+        # gen: batches of another mechanism's making (tsshim_exact), yielded as ours are
+        self._gen = gen if gen is not None else _run(loader, state, orig_iter, self._len)
 
     def __iter__(self):
         return self
@@ -802,20 +845,8 @@ class _Epoch:
         except _EpochGone:
             yield from self.epoch_gone(None)
             return
-        nodes = _tensor_nodes(node, [])
-        nodes.sort(key=lambda n: n["t"])
+        nodes, dtypes = stream_layout(node, sample_bytes, torch)
         npos = len(nodes)
-        dtypes = [getattr(torch, n.get("dtype", "?"), None) for n in nodes]
-        if not all(isinstance(dt, torch.dtype) for dt in dtypes):  # a newer torch's, or a peer's garbage
-            raise Fallback("the stream's tensors have a dtype this torch does not know: %s"
-                           % ", ".join(str(n.get("dtype")) for n in nodes))
-        for n, dt, sb in zip(nodes, dtypes, sample_bytes):
-            el = torch.empty((), dtype=dt).element_size()
-            per = el
-            for d in n["shape"]:
-                per *= d
-            if per != sb:
-                raise Fallback("stream's sample size disagrees with its schema")
         self.layout = (node, nodes, dtypes, sample_bytes)
         want = (ctypes.c_uint64 * npos)(*[bs * sb for sb in sample_bytes[:npos]])
         while True:
@@ -995,24 +1026,7 @@ class _Epoch:
             raise
         if ret:
             return None  # -EXDEV
-        n = got[0] // sample_bytes[0]
-        # One storage per tensor, as the job's own batch has (pickling one, or
-        # sending it through a queue, carries that tensor, not the whole slot).
-        # Each keeps its buffer alive; when the last buffer goes, the view goes.
-        left = [npos]
-        lib, h, view_id = self.lib, self.h, vid.value
-
-        def one_gone():
-            left[0] -= 1
-            if left[0] == 0:
-                lib.tsshim_feed_release_view(h, view_id)
-        bufs = [(ctypes.c_char * max(1, got[p])).from_address(ptr[p]) for p in range(npos)]
-        for b in bufs:
-            weakref.finalize(b, one_gone)
-        if n == 0:
-            return []
-        return [torch.frombuffer(b, dtype=torch.uint8)[:got[p]].view(dt).view([n] + nd["shape"])
-                for p, (b, nd, dt) in enumerate(zip(bufs, nodes, dtypes))]
+        return view_tensors(self.lib, self.h, vid.value, ptr, got, got[0] // sample_bytes[0], nodes, dtypes, torch)
 
     def next_info(self):
         """Wait for the batch at our position: (schema node, bytes per sample per position)."""

@@ -57,16 +57,21 @@ def on_torch_data(module):
     if cls.__dict__.get("_tsshim_hooked"):
         return
     mode = os.environ.get("TSSHIM_MODE", "auto")
-    if mode not in ("auto", "socket"):
+    if mode not in ("auto", "socket", "exact"):
         log("debug", "TSSHIM_MODE=%s: DataLoaders are not shared" % mode)
         return
     orig_iter = cls.__iter__
+    exact = mode == "exact"  # whole batches only between jobs whose epochs are the same (tsshim_exact)
 
     def __iter__(self):
         it = None
         try:
-            import tsshim_feed
-            it = tsshim_feed.iterate(self, orig_iter)
+            if exact:
+                import tsshim_exact
+                it = tsshim_exact.iterate(self, orig_iter)
+            else:
+                import tsshim_feed
+                it = tsshim_feed.iterate(self, orig_iter)
         except Exception as e:  # the job runs on with its own DataLoader
             log("warn", "DataLoader sharing failed (%s: %s%s); this loader runs on its own"
                 % (type(e).__name__, e, where(e)))
