@@ -17,7 +17,12 @@ Configurations (job counts by --jobs):
             tiny models a/b/c), seeds 1..K: with the shim they share one
             DataLoader (TSSHIM_MODE=socket)
   exact3    3 same-seed PyTorch jobs; with the shim TSSHIM_MODE=exact (their
-            JPEG decodes are shared, each job runs its own loader)
+            models a/b/c draw differently from torch's generator before the
+            loader does, so their epochs differ: their JPEG decodes are
+            shared, each job runs its own loader)
+  exact3lr  3 same-seed jobs of one model, learning rates 0.1/0.03/0.01 (a
+            sweep), TSSHIM_MODE=exact: their epochs are the same, so whole
+            batches are shared (one job runs its loader)
   starved3  socket3 with every job pinned to one core (taskset): the jobs
             want more CPU than they get, so samples/s is the figure
   gpu3      3 tsshim-train --device cuda --tsshim jobs on the CUDA test
@@ -103,10 +108,15 @@ def run_jobs(cmds, env, tmp, barrier=None):
     return cpu, time.monotonic() - t0, rss, outputs
 
 
-def torch_jobs(args, k, seeds, barrier, pin=False, emu=None):
+SWEEP_LR = ("0.1", "0.03", "0.01")
+
+
+def torch_jobs(args, k, seeds, barrier, pin=False, emu=None, sweep=False):
+    """sweep: one model, learning rates SWEEP_LR (a learning-rate sweep), else models a/b/c"""
     cmds = []
     for i in range(k):
-        cmd = [PY, JOB, "--root", args.data, "--seed", str(seeds[i]), "--model", "abc"[i % 3],
+        model = ["--model", "a", "--lr", SWEEP_LR[i % 3]] if sweep else ["--model", "abc"[i % 3]]
+        cmd = [PY, JOB, "--root", args.data, "--seed", str(seeds[i])] + model + [
                "--batch-size", "64", "--workers", str(args.workers), "--epochs", str(args.epochs),
                "--transform", args.transform,
                "--barrier", "%s:%d" % (barrier, k)] + (["--emu-cuda", emu] if emu else [])
@@ -114,7 +124,7 @@ def torch_jobs(args, k, seeds, barrier, pin=False, emu=None):
     return cmds
 
 
-def run_torch(args, name, k, shim, mode, same_seed=False, pin=False, gpu=False, rnd=0):
+def run_torch(args, name, k, shim, mode, same_seed=False, pin=False, gpu=False, rnd=0, sweep=False):
     tmp = tempfile.mkdtemp(prefix="tsshim-bench.")
     try:
         env = dict(os.environ)
@@ -128,7 +138,7 @@ def run_torch(args, name, k, shim, mode, same_seed=False, pin=False, gpu=False, 
             env.update(LD_LIBRARY_PATH=os.path.dirname(emu), TSEMU_DEVICES="1", TSEMU_STATS=stats)
         seeds = [1] * k if same_seed else list(range(1, k + 1))
         go = os.path.join(tmp, "go")
-        cpu, wall, rss, outs = run_jobs(torch_jobs(args, k, seeds, go, pin, emu), env, tmp, barrier=go)
+        cpu, wall, rss, outs = run_jobs(torch_jobs(args, k, seeds, go, pin, emu, sweep), env, tmp, barrier=go)
         samples = sum(int(m.group(1)) for o in outs for m in re.finditer(r"^job: .*samples=(\d+)", o, re.M))
         startup = sum(float(m.group(1)) for o in outs for m in re.finditer(r"^job: .*startup_cpu_s=([\d.]+)", o, re.M))
         h2d = None
@@ -208,6 +218,8 @@ def configs(args):
         out.append(("socket%d" % k, lambda shim, r, k=k: run_torch(args, "socket%d" % k, k, shim, "socket", rnd=r)))
     if not args.only_socket:
         out.append(("exact3", lambda shim, r: run_torch(args, "exact3", 3, shim, "exact", same_seed=True, rnd=r)))
+        out.append(("exact3lr", lambda shim, r: run_torch(args, "exact3lr", 3, shim, "exact", same_seed=True, rnd=r,
+                                                          sweep=True)))
         out.append(("starved3", lambda shim, r: run_torch(args, "starved3", 3, shim, "socket", pin=True, rnd=r)))
         if os.path.exists(os.path.join(args.build, "emu", "libcudart.so.13")):
             out.append(("gpu3", lambda shim, r: run_gpu(args, "gpu3", 3, shim, rnd=r)))

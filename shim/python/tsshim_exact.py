@@ -222,11 +222,13 @@ def iterate(loader, orig_iter):
     except BaseException:
         _close(feed)
         raise
-    return feedmod.SharedIter(loader, None, None, gen=ep.run())
+    return feedmod.SharedIter(loader, None, None, gen=ep.run(), on_close=lambda: _close(feed))
 
 
 def _close(feed):
-    feedmod._feeds.pop(feed.key, None)
+    """Leave an epoch's feed (again: a no-op)."""
+    if feedmod._feeds.get(feed.key) is feed:
+        del feedmod._feeds[feed.key]
     feed.close()
 
 
@@ -256,7 +258,7 @@ class _ExactEpoch:
             ret = self.lib.tsshim_feed_attach(self.h, 1)  # at the stream epoch's first batch
             if ret:
                 self.mirror_only = "cannot attach to the feed: %s" % feedmod._err(ret)
-        self.served = 0
+        self.served = self.copied = 0
 
     def _recorded_iter(self):
         """The job's own iterator (its own draws), its batch sampler recorded."""
@@ -280,8 +282,10 @@ class _ExactEpoch:
         finally:
             _close(self.feed)
             if not self.producer:
-                hook.log("info", "exact feed %s: iteration %d of this loader: %d of %d batches read from the feed"
-                         % (self.feed.key, self.st.iters, self.served, self.nb))
+                hook.log("info", "exact feed %s: iteration %d of this loader: %d of %d batches read from the feed%s"
+                         % (self.feed.key, self.st.iters, self.served, self.nb,
+                            " (%d of them copied: the job held every view the feed lends)" % self.copied
+                            if self.copied else ""))
 
     # -- producer --
     def produce(self):
@@ -406,7 +410,13 @@ class _ExactEpoch:
             vid, eoe = ctypes.c_uint64(), ctypes.c_int()
             ret = self.wait(lambda ms: lib.tsshim_feed_read_view(h, npos, want, ptr, got, ctypes.byref(eoe),
                                                                  ctypes.byref(vid), ms))
-            leaves = feedmod.view_tensors(lib, h, vid.value, ptr, got, ns, nodes, dtypes, torch)
+            if ret == 0:
+                leaves = feedmod.view_tensors(lib, h, vid.value, ptr, got, ns, nodes, dtypes, torch)
+            else:  # -EXDEV: the job holds too many of our views (it keeps its batches): a copy
+                leaves = [torch.empty([ns] + nd["shape"], dtype=dt) for nd, dt in zip(nodes, dtypes)]
+                dst = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in leaves])
+                self.wait(lambda ms: lib.tsshim_feed_read(h, npos, want, dst, got, ctypes.byref(eoe), ms))
+                self.copied += 1
             if any(got[p] != want[p] for p in range(npos)):
                 raise _Stop("batch %d was not whole in the feed" % k)
             ids = self.read_ids(ns)
@@ -453,8 +463,8 @@ class _ExactEpoch:
         limit = WAIT_TIMEOUTS * self.feed.timeout_ms
         while True:
             ret = call(feedmod.SLICE_MS)
-            if ret == 0:
-                return 0
+            if ret in (0, -errno.EXDEV):
+                return ret
             if ret != -errno.ETIMEDOUT:
                 raise _Stop("reading the feed failed: %s" % feedmod._err(ret))
             if self.lib.tsshim_feed_flags(self.h) & feedmod.UNSHAREABLE:

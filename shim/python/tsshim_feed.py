@@ -423,10 +423,12 @@ class SharedIter:
     closed at once and releases what it holds, as DataLoader's own iterator
     shuts its workers down at once."""
 
-    def __init__(self, loader, state, orig_iter, gen=None):
+    def __init__(self, loader, state, orig_iter, gen=None, on_close=None):
         self._len = len(loader)
-        # gen: batches of another mechanism's making (tsshim_exact), yielded as ours are
+        # gen: batches of another mechanism's making (tsshim_exact), yielded as ours are;
+        # on_close: what closing gen does not release when gen never started
         self._gen = gen if gen is not None else _run(loader, state, orig_iter, self._len)
+        self._on_close = on_close
 
     def __iter__(self):
         return self
@@ -441,11 +443,15 @@ class SharedIter:
         return self._len
 
     def close(self):
-        self._gen.close()
+        try:
+            self._gen.close()
+        finally:
+            if self._on_close is not None:
+                self._on_close()
 
     def __del__(self):
         try:
-            self._gen.close()
+            self.close()
         except Exception:
             pass
 

@@ -48,6 +48,7 @@ def main():
     ap.add_argument("--sleep", type=float, default=0.0, help="seconds of 'training' after every batch")
     ap.add_argument("--batches", type=int, default=0, help="leave each epoch after this many batches")
     ap.add_argument("--start-delay", type=float, default=0.0, help="sleep this long before the first iter()")
+    ap.add_argument("--keep", action="store_true", help="keep every batch until the job ends")
     ap.add_argument("--barrier", metavar="DIR:N",
                     help="before the first iter(), wait (60 s at most) until N jobs are ready in DIR")
     a = ap.parse_args()
@@ -75,6 +76,7 @@ def main():
 
     total = hashlib.sha256()
     batches = samples = 0
+    kept = []
     t0 = time.monotonic()
     for epoch in range(a.epochs):
         for i, (images, labels) in enumerate(dl):
@@ -87,6 +89,8 @@ def main():
                 print(f"batch {batches} epoch {epoch} n={len(labels)} {h.hexdigest()[:16]}", flush=True)
             batches += 1
             samples += len(labels)
+            if a.keep:
+                kept.append((images, labels))
             if a.sleep:
                 time.sleep(a.sleep)
             if a.batches and i + 1 >= a.batches:

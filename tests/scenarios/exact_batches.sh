@@ -17,6 +17,7 @@
 #            their own (the batches they had read made again first)
 #   early    a job that leaves each epoch after 2 batches, with two that do not
 #   late     a job that starts 1 s after the others
+#   keep     jobs that keep every batch: past the views the feed lends, copies
 #   workers0 no workers: not shared, one info line
 set -u
 cd "$(dirname "$0")/../.."
@@ -171,6 +172,21 @@ wait "${PIDS[@]}"
 exact_all late l l l
 echo "# late: $(reads late) batches read from feeds"
 no_leftovers late
+
+# --- keep: a job that keeps every batch (more than the feed lends views) -------------
+# An epoch of 80 batches of 1, every one kept: the feed lends 64 views at most.
+"$MKDATA" --classes 4 --train 20 --val 1 --seed 7 "$T_TMP/data80" >/dev/null 2>&1 || { echo "mkdata failed"; exit 1; }
+DATA0=$DATA DATA="$T_TMP/data80/train" NB=80
+plain kp --seed 11 --batch 1 --keep
+begin keep 2
+for j in 1 2; do start keep $j --seed 11 --batch 1 --keep; done
+wait "${PIDS[@]}"
+exact_all keep kp kp
+copied=$(sed -n 's/.*(\([0-9]*\) of them copied.*/\1/p' "$T_TMP"/keep.[0-9].err)
+check "keep: the consumer read all its 80 batches from the feed ($(reads keep)), the last ${copied:-0} as copies" \
+	cond "[ $(reads keep) = 80 ] && [ '${copied:-0}' -ge 16 ]"
+no_leftovers keep
+DATA=$DATA0 NB=6
 
 # --- workers0: no workers, no batch sharing -----------------------------------------
 plain w0 --seed 11 --workers 0
