@@ -23,6 +23,11 @@ static void *heartbeat_main(void *arg)
 	while (!atomic_load(&hb->stop)) {
 		uint32_t ev = atomic_load(&seg->election_ev);
 		beat(hb);
+		if (!atomic_load_explicit(&hb->started, memory_order_relaxed)) {
+			/* up and beating: ts_heartbeat_start may return */
+			atomic_store_explicit(&hb->started, 1, memory_order_release);
+			ts_futex_wake_all(&hb->started);
+		}
 		/*
 		 * Sleep until the next beat, or until the producer changes (a leaving
 		 * producer bumps election_ev, so its successor starts at once).
@@ -32,6 +37,25 @@ static void *heartbeat_main(void *arg)
 		(void)r;
 	}
 	return NULL;
+}
+
+/*
+ * Until the thread has beaten once, 1 s at most. A thread that is still
+ * starting may hold a lock of the allocator (its thread cache, TLS); a fork()
+ * right after the start copies that lock held into a child where nobody
+ * releases it. A DataLoader forks its workers right after the layer opens an
+ * epoch's feed (exact mode opens one per epoch): under make asan a worker
+ * hung for good in malloc, on ASan's allocator lock (1 run of 2).
+ */
+static void wait_started(struct ts_heartbeat *hb)
+{
+	uint64_t end = ts_now_ns() + 1000000000ull;
+	while (!atomic_load_explicit(&hb->started, memory_order_acquire)) {
+		uint64_t now = ts_now_ns();
+		if (now >= end)
+			return; /* a slow start is not an error: the thread beats when it runs */
+		(void)ts_futex_wait(&hb->started, 0, end - now); /* EINTR, spurious: look again */
+	}
 }
 
 int ts_heartbeat_start(struct ts_heartbeat *hb, struct ts_session *s, ts_role_fn on_role, void *arg)
@@ -51,6 +75,8 @@ int ts_heartbeat_start(struct ts_heartbeat *hb, struct ts_session *s, ts_role_fn
 	int ret = -pthread_create(&hb->thread, NULL, heartbeat_main, hb);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	hb->running = ret == 0;
+	if (ret == 0)
+		wait_started(hb);
 	return ret;
 }
 

@@ -20,6 +20,7 @@ struct ts_heartbeat {
 	ts_role_fn on_role;
 	void *arg;
 	_Atomic uint32_t stop;   /* futex word: set to 1 to stop */
+	_Atomic uint32_t started; /* futex word: 1 once the thread has beaten (start waits for it) */
 	enum ts_role role;
 	pthread_t thread;
 	int running;
@@ -27,7 +28,9 @@ struct ts_heartbeat {
 
 /* interval: a quarter of the session timeout, so takeover happens within
  * timeout + one beat. on_role reports the initial role on the caller's
- * thread, then every change on the heartbeat thread. */
+ * thread, then every change on the heartbeat thread. Returns once the thread
+ * has beaten once (1 s at most), so that a fork() right after it never
+ * copies a lock the starting thread holds. */
 int ts_heartbeat_start(struct ts_heartbeat *hb, struct ts_session *s, ts_role_fn on_role, void *arg);
 void ts_heartbeat_stop(struct ts_heartbeat *hb);
 /* In a forked child the thread does not exist: forget it without joining. */

@@ -1498,6 +1498,32 @@ Test(heartbeat, stop_is_prompt_even_with_a_long_interval)
 	cr_expect(!path_exists(path));
 }
 
+/*
+ * A fork() right after ts_heartbeat_start must not catch the new thread
+ * starting (holding an allocator lock the child would inherit held): start
+ * returns once the thread has beaten. With a 15 s interval, only that first
+ * beat can have moved the member's heartbeat by the time start returns.
+ */
+Test(heartbeat, start_returns_once_the_thread_has_beaten)
+{
+	char name[64], path[TS_PATH_MAX];
+	unique_name(name, sizeof(name), path);
+	const struct ts_session_params p = { .depth = 4, .timeout_ms = 60000 }; /* 15 s interval */
+	struct ts_session a;
+	cr_assert_eq(ts_session_join(&a, name, &p), 0, "%s", a.why);
+	for (int round = 0; round < 20; round++) {
+		uint64_t before = atomic_load(&a.seg->members[a.self].heartbeat_ns);
+		ts_sleep_ns(1000000); /* a beat now stamps a later time */
+		struct ts_heartbeat hb;
+		cr_assert_eq(ts_heartbeat_start(&hb, &a, NULL, NULL), 0);
+		uint64_t after = atomic_load(&a.seg->members[a.self].heartbeat_ns);
+		cr_expect_gt(after, before, "round %d: start returned before its thread's first beat", round);
+		ts_heartbeat_stop(&hb);
+	}
+	ts_session_leave(&a);
+	cr_expect(!path_exists(path));
+}
+
 Test(heartbeat, successor_of_leaving_producer_reports_at_once)
 {
 	char name[64], path[TS_PATH_MAX];
