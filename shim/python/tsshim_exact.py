@@ -135,6 +135,15 @@ class _Generators:
         h.update(b"same" if self.same else b"apart")
         return h.hexdigest()
 
+    def restore(self, loader):
+        """Put the job's generators back as they stood (what we drew is undone)."""
+        self.torch.set_rng_state(self.default)
+        if loader.generator is not None and self.loader_gen is not None:
+            loader.generator.set_state(self.loader_gen.get_state())
+        sg = getattr(loader.sampler, "generator", None)
+        if sg is not None and not self.same and self.sampler_gen is not None:
+            sg.set_state(self.sampler_gen.get_state())
+
     def own_iter(self, loader, orig_iter):
         """The loader's own iterator, made from fresh copies of the generators as
         they stood: every draw it makes is its own, none touches the job's. Its
@@ -220,7 +229,9 @@ def iterate(loader, orig_iter):
     try:
         ep = _ExactEpoch(loader, orig_iter, st, feed, gens, torch)
     except BaseException:
+        # the job's own iterator is made next (the hook) and must draw as without us
         _close(feed)
+        gens.restore(loader)
         raise
     return feedmod.SharedIter(loader, None, None, gen=ep.run(), on_close=lambda: _close(feed))
 
@@ -309,6 +320,12 @@ class _ExactEpoch:
                 yield feedmod._Raised(e)
                 continue
             indices = rec.notes.popleft() if rec.notes else None
+            if publishing and k == 0 and self.lib.tsshim_feed_others(self.h) == 0:
+                # Nobody to read it: a job alone pays nothing. One who comes later
+                # would miss this batch and make its epoch itself anyway; the flag
+                # tells it so at once.
+                self.lib.tsshim_feed_set_unshareable(self.h)
+                publishing = False
             if publishing:
                 try:
                     publishing = self.publish(batch, indices, k == self.nb - 1, time.process_time_ns() - t0)

@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: MIT
+"""Exact mode's stand-ins for a DataLoader iterator (shim/python/tsshim_exact.py),
+checked against torch's own iterator in a plain Python process (no shim):
+
+  _Mirror        draws from the job's generators what the iterator draws, at
+                 the same points, and yields the index batches it would
+  _Generators    own_iter(): the iterator made from copies of the generators
+                 as they stood gives the same batches and touches no job
+                 generator; restore() undoes draws made since
+
+Run by tests/scenarios/layer.sh with /usr/bin/python3 (needs torch):
+  python3 tests/py/test_exact.py      (TSSHIM_PYDIR: the layer's directory)
+"""
+import os
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.environ.get("TSSHIM_PYDIR") or os.path.join(HERE, "..", "..", "shim", "python")
+sys.path.insert(0, os.path.abspath(PYDIR))
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, SubsetRandomSampler  # noqa: E402
+
+import tsshim_exact  # noqa: E402
+import tsshim_feed  # noqa: E402
+
+N = 50
+
+
+class Noisy(Dataset):
+    """Each sample draws from the worker's torch generator, as an augmentation does."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)]) + torch.rand(1), i
+
+
+def states(loader):
+    """torch's default generator and the loader's, as bytes."""
+    g = loader.generator
+    return (torch.get_rng_state().numpy().tobytes(), None if g is None else g.get_state().numpy().tobytes())
+
+
+def make(kind):
+    if kind == "default":  # no generator: shuffling draws from torch's default one
+        return DataLoader(Noisy(), batch_size=4, shuffle=True, num_workers=2)
+    if kind == "own":  # the loader's generator drives the sampler, to its end
+        g = torch.Generator()
+        g.manual_seed(5)
+        return DataLoader(Noisy(), batch_size=4, shuffle=True, num_workers=2, generator=g)
+    if kind == "subset":
+        return DataLoader(Noisy(), batch_size=3, sampler=SubsetRandomSampler(list(range(0, N, 2))),
+                          num_workers=2, prefetch_factor=3)
+    if kind == "sequential":
+        return DataLoader(Noisy(), batch_size=7, num_workers=2, drop_last=True)
+    raise ValueError(kind)
+
+
+KINDS = ("default", "own", "subset", "sequential")
+
+
+def real_run(loader, take=None):
+    """(batches, index batches, generator states after) of torch's own iterator
+    taken for `take` batches (all when None), with a draw after each batch."""
+    rec = tsshim_feed.RecordingBatchSampler(loader.batch_sampler)
+    rec.recording = True
+    inner = loader.batch_sampler
+    object.__setattr__(loader, "batch_sampler", rec)
+    try:
+        it = iter(loader)
+    finally:
+        object.__setattr__(loader, "batch_sampler", inner)
+    out, steps = [], []
+    for k, b in enumerate(it):
+        out.append(b)
+        steps.append(torch.rand(1).item())  # the job's training step draws between batches
+        if take is not None and k + 1 >= take:
+            break
+    del it
+    return out, list(rec.notes)[:len(out)], steps, states(loader)
+
+
+class Mirror(unittest.TestCase):
+    def check(self, kind, take=None):
+        torch.manual_seed(3)
+        loader = make(kind)
+        before_default = torch.get_rng_state()
+        before_gen = None if loader.generator is None else loader.generator.get_state()
+        batches, idx, steps, after = real_run(loader, take)
+        # the same job again, from the same state, with the mirror in the iterator's place
+        torch.set_rng_state(before_default)
+        if before_gen is not None:
+            loader.generator.set_state(before_gen)
+        m = tsshim_exact._Mirror(loader, torch)
+        got, msteps = [], []
+        for _ in range(len(batches)):
+            got.append(m.take())
+            m.put()
+            msteps.append(torch.rand(1).item())
+        self.assertEqual(got, idx, "%s: the mirror's index batches are the iterator's" % kind)
+        self.assertEqual(msteps, steps, "%s: draws between batches see the same generator" % kind)
+        self.assertEqual(states(loader), after, "%s: generators end where the iterator leaves them" % kind)
+
+    def test_whole_epochs(self):
+        for kind in KINDS:
+            self.check(kind)
+
+    def test_epochs_left_early(self):
+        # With the loader's own generator the sampler draws again at its end, as it
+        # makes its last batch (the 13th of "own"): the iterator gets there with
+        # prefetch_factor * num_workers = 4 batches asked ahead, so after the job's
+        # 9th batch; leaving after the 8th it never does, and neither may the mirror.
+        for kind in KINDS:
+            for take in (3, 8, 9, 11):
+                self.check(kind, take=take)
+
+    def test_premise_the_mirror_without_the_base_seed_draw_is_caught(self):
+        torch.manual_seed(3)
+        loader = make("default")
+        before = torch.get_rng_state()
+        _, idx, _, after = real_run(loader)
+        torch.set_rng_state(before)
+        it = iter(loader._index_sampler)  # the sampler's draws without the base seed's before them
+        self.assertNotEqual([list(next(it))], idx[:1], "a mirror off by one draw must give other batches")
+
+
+class OwnIter(unittest.TestCase):
+    def test_the_batches_of_the_iterator_made_at_iter_and_no_job_generator_touched(self):
+        for kind in KINDS:
+            torch.manual_seed(3)
+            loader = make(kind)
+            gens = tsshim_exact._Generators(loader, torch)
+            batches, _, _, _ = real_run(loader)
+            now = states(loader)
+            again = list(gens.own_iter(loader, type(loader).__iter__))
+            self.assertEqual(states(loader), now, "%s: own_iter drew from the job's generators" % kind)
+            self.assertEqual(len(again), len(batches))
+            for a, b in zip(again, batches):
+                self.assertTrue(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]),
+                                "%s: own_iter's batches are the iterator's at iter()" % kind)
+
+    def test_restore_undoes_the_draws(self):
+        for kind in KINDS:
+            torch.manual_seed(3)
+            loader = make(kind)
+            was = states(loader)
+            gens = tsshim_exact._Generators(loader, torch)
+            m = tsshim_exact._Mirror(loader, torch)
+            for _ in range(3):
+                m.put()
+            torch.rand(2)
+            gens.restore(loader)
+            self.assertEqual(states(loader), was, "%s: restore puts the generators back" % kind)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
