@@ -151,7 +151,9 @@ static struct feed_track *track_room(int h, struct ts_feed *f, uint64_t want0, u
  * Every feed session this process has been in (under feeds_lock), swept once
  * more at exit: the PyTorch layer closes its feeds in an atexit handler, and
  * a member still there then may be SIGKILLed before this process is gone.
- * Nobody would remove its feed after that; the sweep at exit does.
+ * Nobody would remove its feed after that; the sweep at exit does. Exact
+ * mode opens a feed per epoch: with the table full, the oldest is swept now
+ * and forgotten, so the newest are always the ones swept at exit.
  */
 static char been_in[MAX_FEEDS][TS_NAME_MAX];
 static unsigned nbeen_in;
@@ -162,8 +164,10 @@ static void remember_feed(const char *name)
 		if (strcmp(been_in[i], name) == 0)
 			return;
 	if (nbeen_in == MAX_FEEDS) {
-		ts_debug("feed '%s' is not swept at exit: %u feeds already are", name, MAX_FEEDS);
-		return;
+		if (ts_feed_clean_stale(been_in[0], 0) > 0)
+			ts_info("feed '%s' removed: its last members died after we left it", been_in[0]);
+		memmove(been_in[0], been_in[1], sizeof(been_in[0]) * (MAX_FEEDS - 1));
+		nbeen_in--;
 	}
 	snprintf(been_in[nbeen_in++], TS_NAME_MAX, "%s", name);
 }

@@ -18,6 +18,7 @@
 #   early    a job that leaves each epoch after 2 batches, with two that do not
 #   late     a job that starts 1 s after the others
 #   keep     jobs that keep every batch: past the views the feed lends, copies
+#   many     40 epochs: 40 feeds, more than a process remembers for its exit sweep
 #   workers0 no workers: not shared, one info line
 set -u
 cd "$(dirname "$0")/../.."
@@ -187,6 +188,15 @@ check "keep: the consumer read all its 80 batches from the feed ($(reads keep)),
 	cond "[ $(reads keep) = 80 ] && [ '${copied:-0}' -ge 16 ]"
 no_leftovers keep
 DATA=$DATA0 NB=6
+
+# --- many: 40 epochs, one feed each (a process remembers 32 for its sweep at exit) ---
+plain mn --seed 11 --epochs 40 --batches 1
+begin many 2
+for j in 1 2; do start many $j --seed 11 --epochs 40 --batches 1; done
+wait "${PIDS[@]}"
+exact_all many mn mn
+check "many: epochs shared past the 32 feeds a process remembers ($(reads many) batches read)" [ "$(reads many)" -gt 32 ]
+no_leftovers many
 
 # --- workers0: no workers, no batch sharing -----------------------------------------
 plain w0 --seed 11 --workers 0
