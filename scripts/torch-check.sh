@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The PyTorch scenarios (pytorch_share, pytorch_exact, exact_batches, fingerprint, stress)
+# The PyTorch scenarios (pytorch_share, pytorch_exact, exact_batches, layer, fingerprint, stress)
 # with another torch than Debian's 1.13, which make test uses: by default
 # torch 2.11.0 and torchvision 0.26.0, the versions on the GPU machines
 # scripts/gpu-check.sh runs on. They come from PyPI into a virtual
@@ -43,7 +43,7 @@ export TS_PRELOAD
 failed=0 end=$((SECONDS + ${TORCH_CHECK_TIMEOUT:-4800}))
 mkdir -p "$BUILD/test-logs"
 TORCH=$("$PY" -c 'import torch; print(torch.__version__)')
-for s in pytorch_share pytorch_exact exact_batches fingerprint stress; do
+for s in pytorch_share pytorch_exact exact_batches layer fingerprint stress; do
 	log=$BUILD/test-logs/torch-$TORCH-$s.log
 	t0=$SECONDS left=$((end - SECONDS))
 	[ $left -gt 1200 ] && left=1200
