@@ -111,3 +111,17 @@ json_query() {
 }
 
 seg_path() { echo "/dev/shm/tsshim.$(id -u).$1"; }
+
+# imagefolder_data: what the scenarios running tests/py/imagefolder_job.py
+# need: PY (Debian's python3; TS_PYTHON: another Python with torch), JOB,
+# MKDATA, and DATA, a small ImageFolder (4 classes of 12 JPEGs) made under
+# $T_TMP/data. Exits 77 (skip) without torch/torchvision/Pillow or tsshim-mkdata.
+imagefolder_data() {
+	PY=${TS_PYTHON:-/usr/bin/python3}
+	"$PY" -c 'import torch, torchvision, PIL' 2>/dev/null || { echo "python3-torch/torchvision/pil not installed"; exit 77; }
+	JOB="$PWD/tests/py/imagefolder_job.py"
+	MKDATA="$PWD/$BUILD/tsshim-mkdata"
+	[ -x "$MKDATA" ] || { echo "needs $MKDATA"; exit 77; }
+	"$MKDATA" --classes 4 --train 12 --val 1 --seed 7 "$T_TMP/data" >/dev/null 2>&1 || { echo "mkdata failed"; exit 1; }
+	DATA="$T_TMP/data/train"
+}

@@ -7,14 +7,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib.sh
-PY=${TS_PYTHON:-/usr/bin/python3} # TS_PYTHON: another Python with torch (another torch version)
-"$PY" -c 'import torch, torchvision, PIL' 2>/dev/null || { echo "python3-torch/torchvision/pil not installed"; exit 77; }
-JOB="$PWD/tests/py/imagefolder_job.py"
-MKDATA="$PWD/$BUILD/tsshim-mkdata"
-[ -x "$MKDATA" ] || { echo "needs $MKDATA"; exit 77; }
-
-"$MKDATA" --classes 4 --train 12 --val 1 --seed 7 "$T_TMP/data" >/dev/null 2>&1 || { echo "mkdata failed"; exit 1; }
-DATA="$T_TMP/data/train"
+imagefolder_data
 NIMG=$(find "$DATA" -name '*.jpg' | wc -l)
 S=$(session_name exact)
 export TSSHIM_SESSION=$S TSSHIM_MODE=exact
