@@ -44,8 +44,9 @@ static void *heartbeat_main(void *arg)
  * starting may hold a lock of the allocator (its thread cache, TLS); a fork()
  * right after the start copies that lock held into a child where nobody
  * releases it. A DataLoader forks its workers right after the layer opens an
- * epoch's feed (exact mode opens one per epoch): under make asan a worker
- * hung for good in malloc, on ASan's allocator lock (1 run of 2).
+ * epoch's feed (exact mode opens one per epoch): in the first ASan run of
+ * scenario exact_batches a worker hung for good in malloc, on ASan's
+ * allocator lock.
  */
 static void wait_started(struct ts_heartbeat *hb)
 {

@@ -261,6 +261,7 @@ class _ExactEpoch:
         self.nb = len(loader)
         self.producer = feed.role() == feedmod.ROLE_PRODUCER
         self.real = self.rec = self.mirror = None
+        self.attach_failed = None  # why the consumer cannot read the feed at all
         if self.producer:
             self.real, self.rec = self._recorded_iter()
         else:
@@ -268,7 +269,7 @@ class _ExactEpoch:
             self.lib.tsshim_feed_epoch_begin(self.h)  # the reads note their samples' indices (read_ids)
             ret = self.lib.tsshim_feed_attach(self.h, 1)  # at the stream epoch's first batch
             if ret:
-                self.mirror_only = "cannot attach to the feed: %s" % feedmod._err(ret)
+                self.attach_failed = "cannot attach to the feed: %s" % feedmod._err(ret)
         self.served = self.copied = 0
 
     def _recorded_iter(self):
@@ -276,13 +277,7 @@ class _ExactEpoch:
         loader = self.loader
         rec = feedmod.RecordingBatchSampler(loader.batch_sampler)
         rec.recording = True
-        inner = loader.batch_sampler
-        object.__setattr__(loader, "batch_sampler", rec)  # put back at once (DataLoader refuses the change)
-        try:
-            it = self.orig_iter(loader)
-        finally:
-            object.__setattr__(loader, "batch_sampler", inner)
-        return it, rec
+        return feedmod.with_batch_sampler(loader, rec, lambda: self.orig_iter(loader)), rec
 
     def run(self):
         try:
@@ -335,29 +330,15 @@ class _ExactEpoch:
                              % (self.feed.key, feedmod._why_off(e)))
                     publishing = False
             yield batch
-        rec.recording = False
-        rec.notes.clear()
 
     def publish(self, batch, indices, last, cpu_ns):
         """Publish one batch; False: not any more (we were replaced)."""
-        torch, lib = self.torch, self.lib
+        torch = self.torch
         schema, leaves, n = feedmod.describe_batch(batch, torch)
-        npos = len(leaves)
-        lens = (ctypes.c_uint64 * npos)(*[t.numel() * t.element_size() for t in leaves])
-        srcs = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in leaves])
-        idx = torch.tensor(indices, dtype=torch.int64) if indices is not None and len(indices) == n else None
-        if idx is None:
+        if indices is None or len(indices) != n:
             raise feedmod.NotCarried("a batch's dataset indices are not known")
-        waited = 0
-        while True:
-            ret = lib.tsshim_feed_publish(self.h, npos, feedmod.EOE if last else 0, n, lens, srcs, idx.data_ptr(),
-                                          0, schema, len(schema), cpu_ns, feedmod.SLICE_MS)
-            if ret != -errno.ETIMEDOUT:
-                break
-            waited += feedmod.SLICE_MS
-            if waited >= self.feed.stall_ms:  # a consumer stopped reading: it makes its own, we go on
-                lib.tsshim_feed_evict_laggards(self.h)
-                waited = 0
+        idx = torch.tensor(indices, dtype=torch.int64)
+        ret = feedmod.publish_leaves(self.lib, self.h, self.feed.stall_ms, leaves, n, schema, idx, last, 0, cpu_ns)
         if ret in (-errno.EPERM, -errno.EDEADLK):
             return False
         if ret:
@@ -367,7 +348,7 @@ class _ExactEpoch:
     # -- consumer --
     def consume(self):
         k = 0
-        why = getattr(self, "mirror_only", None)
+        why = self.attach_failed
         if why is None:
             try:
                 for batch in self.read_all():
@@ -409,13 +390,12 @@ class _ExactEpoch:
     def read_all(self):
         torch, lib, h = self.torch, self.lib, self.h
         pin = bool(self.loader.pin_memory) and torch.cuda.is_available()
-        layout = None
+        seen = None  # (schema node, bytes per sample) whose layout nodes, dtypes are
         for k in range(self.nb):
             node, ns, sample_bytes = self.next_info()
-            if layout is None or layout[0] != node or layout[2] != sample_bytes:
+            if seen != (node, sample_bytes):
                 nodes, dtypes = feedmod.stream_layout(node, sample_bytes, torch)
-                layout = (node, (nodes, dtypes), sample_bytes)
-            nodes, dtypes = layout[1]
+                seen = (node, sample_bytes)
             expected = self.mirror.take()
             if expected is None or ns != len(expected):
                 raise _Stop("batch %d holds %d samples, the job's sampler %s"
@@ -449,12 +429,10 @@ class _ExactEpoch:
             del leaves
 
     def read_ids(self, n):
-        out = self.torch.empty(n, dtype=self.torch.int64)
-        got = ctypes.c_uint64()
-        ret = self.lib.tsshim_feed_read_ids(self.h, ctypes.c_void_p(out.data_ptr()), n, ctypes.byref(got))
-        if ret or got.value != n:
-            raise _Stop("the feed did not say which samples batch holds")
-        return out.tolist()
+        ids = feedmod.read_ids(self.lib, self.h, n, self.torch)
+        if ids is None:
+            raise _Stop("the feed did not say which samples a batch holds")
+        return ids.tolist()
 
     def next_info(self):
         npos, ns, se = ctypes.c_uint32(), ctypes.c_uint64(), ctypes.c_uint64()

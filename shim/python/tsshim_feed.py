@@ -413,6 +413,46 @@ class RecordingBatchSampler:
         return len(self.inner)
 
 
+def with_batch_sampler(loader, sampler, make):
+    """make() (an iterator of the loader) while loader.batch_sampler is sampler.
+    DataLoader refuses batch_sampler changes after __init__; it is put back at once."""
+    inner = loader.batch_sampler
+    object.__setattr__(loader, "batch_sampler", sampler)
+    try:
+        return make()
+    finally:
+        object.__setattr__(loader, "batch_sampler", inner)
+
+
+def publish_leaves(lib, h, stall_ms, leaves, n, schema, idx, eoe, stream_epoch, cpu_ns):
+    """tsshim_feed_publish of a described batch (describe_batch), in slices of
+    SLICE_MS; a consumer that stops reading for the stall time is evicted (it
+    loses its place, not we our job). The call's last result."""
+    npos = len(leaves)
+    lens = (ctypes.c_uint64 * npos)(*[t.numel() * t.element_size() for t in leaves])
+    srcs = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in leaves])
+    waited = 0
+    while True:
+        ret = lib.tsshim_feed_publish(h, npos, EOE if eoe else 0, n, lens, srcs,
+                                      idx.data_ptr() if idx is not None else None,
+                                      stream_epoch, schema, len(schema), cpu_ns, SLICE_MS)
+        if ret != -errno.ETIMEDOUT:
+            return ret
+        waited += SLICE_MS
+        if waited >= stall_ms:
+            lib.tsshim_feed_evict_laggards(h)
+            waited = 0
+
+
+def read_ids(lib, h, n, torch):
+    """The dataset indices of the n samples the last read brought, or None."""
+    out = torch.empty(max(1, n), dtype=torch.int64)
+    got = ctypes.c_uint64()
+    if lib.tsshim_feed_read_ids(h, out.data_ptr(), n, ctypes.byref(got)) or got.value != n:
+        return None
+    return out[:n]
+
+
 # --- one epoch -------------------------------------------------------------------
 
 class SharedIter:
@@ -657,23 +697,11 @@ class _Epoch:
             self.schema = schema
         elif schema != self.schema:
             raise NotCarried("batch structure or sample shape changed between batches")
-        npos = len(leaves)
-        lens = (ctypes.c_uint64 * npos)(*[t.numel() * t.element_size() for t in leaves])
-        srcs = (ctypes.c_void_p * npos)(*[t.data_ptr() for t in leaves])
         idx = self.torch.tensor(indices, dtype=self.torch.int64) if indices is not None else None
         if idx is not None and idx.numel() != n:
             idx = None
-        waited = 0
-        while True:
-            ret = self.lib.tsshim_feed_publish(self.h, npos, EOE if eoe else 0, n, lens, srcs,
-                                              idx.data_ptr() if idx is not None else None,
-                                              self.stream_epoch, schema, len(schema), cpu_ns, SLICE_MS)
-            if ret != -errno.ETIMEDOUT:
-                break
-            waited += SLICE_MS
-            if waited >= self.feed.stall_ms:  # a consumer stopped reading: it loses its place, not us our job
-                self.lib.tsshim_feed_evict_laggards(self.h)
-                waited = 0
+        ret = publish_leaves(self.lib, self.h, self.feed.stall_ms, leaves, n, schema, idx, eoe, self.stream_epoch,
+                             cpu_ns)
         # EPERM: replaced while we worked. EDEADLK: elected again, but behind our own
         # place in the ring (a successor published while we were stopped): either way
         # the stream goes on without this batch and we read it like everyone else.
@@ -1267,11 +1295,7 @@ class _Epoch:
 
     def read_ids(self, n):
         """The dataset indices of the n samples the last read brought, or None."""
-        out = self.torch.empty(max(1, n), dtype=self.torch.int64)
-        got = ctypes.c_uint64()
-        if self.lib.tsshim_feed_read_ids(self.h, out.data_ptr(), n, ctypes.byref(got)) or got.value != n:
-            return None
-        return out[:n]
+        return read_ids(self.lib, self.h, n, self.torch)
 
     def gather(self, need, carry, why):
         """The samples our epoch still lacks (need: dataset indices), picked out
@@ -1528,13 +1552,7 @@ class LoaderState:
             self.rec = RecordingBatchSampler(loader.batch_sampler)
         self.rec.notes.clear()
         self.rec.recording = True
-        inner = loader.batch_sampler
-        # DataLoader refuses batch_sampler changes after __init__; we put it back at once
-        object.__setattr__(loader, "batch_sampler", self.rec)
-        try:
-            it = self.own_iter(loader, orig_iter)
-        finally:
-            object.__setattr__(loader, "batch_sampler", inner)
+        it = with_batch_sampler(loader, self.rec, lambda: self.own_iter(loader, orig_iter))
         self.own_iter_made = True
         return it, self.rec
 
