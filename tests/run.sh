@@ -3,6 +3,16 @@
 # multi-process scenarios (tests/scenarios/*.sh: exit 0 pass, 77 skip, else
 # fail). Prints one line per suite and a final "N passed, M failed" line.
 # TESTS=unit runs only the unit suites (make tsan).
+#
+# Two lanes. The PyTorch scenarios (LANE_HEAVY) run one after the other in a
+# lane of their own while everything else runs in order beside them: alone,
+# pytorch_share keeps one of CI's 2 cores busy for 87% of its 6 minutes (most
+# of what it waits on is its jobs' steps and stall times), so the suite left
+# half the machine idle and took 17 minutes. Every scenario names its sessions,
+# feeds and caches after its own pid (tests/lib.sh session_name) and looks at
+# nothing else in /dev/shm, so lanes do not see each other. TEST_LANES=1 runs
+# everything in one lane, in the old order; ASan builds do that by default
+# (their scenarios run near their time limit already).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -16,30 +26,59 @@ export BUILD
 # list when it goes into programs that were not built with ASan.
 SCENARIO_LIMIT=${SCENARIO_LIMIT:-600}
 TS_PRELOAD="$PWD/$BUILD/libtsshim.so"
+lanes_default=2
+[ "$(nproc 2>/dev/null || echo 1)" -ge 2 ] || lanes_default=1
 if ldd "$BUILD/libtsshim.so" 2>/dev/null | grep -q libasan; then
 	SCENARIO_LIMIT=$((SCENARIO_LIMIT * 2))
 	TS_PRELOAD="$(${CC:-cc} -print-file-name=libasan.so) $TS_PRELOAD"
 	export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:verify_asan_link_order=0}
 	export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+	lanes_default=1
 fi
 export TS_PRELOAD
+TEST_LANES=${TEST_LANES:-$lanes_default}
+LANE_HEAVY=${LANE_HEAVY:-pytorch_share exact_batches}
 
-passed=0 failed=0 skipped=0 failures=()
 logdir="$BUILD/test-logs"
+results="$logdir/results"
 mkdir -p "$logdir"
+: >"$results"
 
-run_one() { # name, command...
+# run_one NAME COMMAND...: one result line on stdout and in $results
+# ("STATUS NAME"); a failure's log tail is printed at the end, so that two
+# lanes' lines do not interleave with it.
+run_one() {
 	local name=$1; shift
-	local log="$logdir/${name//\//_}.log" start=$SECONDS rc
+	local log="$logdir/${name//\//_}.log" start=$SECONDS rc line
 	"$@" >"$log" 2>&1
 	rc=$?
 	case $rc in
-	0) passed=$((passed + 1)); printf 'PASS  %-28s %3ss\n' "$name" $((SECONDS - start)) ;;
-	77) skipped=$((skipped + 1)); printf 'SKIP  %-28s %s\n' "$name" "$(tail -n 1 "$log")" ;;
-	*) failed=$((failed + 1)); failures+=("$name")
-	   printf 'FAIL  %-28s (exit %d)\n' "$name" "$rc"; tail -n 30 "$log" | sed 's/^/      /' ;;
+	0) line=$(printf 'PASS  %-28s %3ss' "$name" $((SECONDS - start))) ;;
+	77) line=$(printf 'SKIP  %-28s %s' "$name" "$(tail -n 1 "$log")") ;;
+	*) line=$(printf 'FAIL  %-28s (exit %d, %ss)' "$name" "$rc" $((SECONDS - start))) ;;
 	esac
+	echo "$line"
+	echo "${line%% *} $name" >>"$results"
 }
+
+run_scenario() { # FILE
+	run_one "scenario/$(basename "$1" .sh)" timeout "$SCENARIO_LIMIT" bash "$1"
+}
+
+is_heavy() { # FILE: whether it runs in the heavy lane
+	local s=$(basename "$1" .sh) h
+	for h in $LANE_HEAVY; do [ "$s" = "$h" ] && return 0; done
+	return 1
+}
+
+lane_pid=
+if [ "$TESTS" != unit ] && [ "$TEST_LANES" -ge 2 ]; then
+	(for s in tests/scenarios/*.sh; do is_heavy "$s" && run_scenario "$s"; done) &
+	lane_pid=$!
+	# Interrupted: the lane and the scenarios it runs (each under its own
+	# timeout, which passes TERM on to the scenario) go too.
+	trap 'pkill -TERM -P "$lane_pid" 2>/dev/null; pkill -TERM -P $$ 2>/dev/null; exit 130' INT TERM
+fi
 
 for t in "$BUILD"/tests/test_*; do
 	[ -x "$t" ] || continue
@@ -48,10 +87,20 @@ done
 for s in tests/scenarios/*.sh; do
 	[ "$TESTS" = unit ] && break
 	[ -f "$s" ] || continue
-	run_one "scenario/$(basename "$s" .sh)" timeout "$SCENARIO_LIMIT" bash "$s"
+	[ -n "$lane_pid" ] && is_heavy "$s" && continue
+	run_scenario "$s"
 done
+[ -n "$lane_pid" ] && wait "$lane_pid"
 
+passed=$(grep -c '^PASS ' "$results")
+failed=$(grep -c '^FAIL ' "$results")
+skipped=$(grep -c '^SKIP ' "$results")
+failures=$(awk '$1 == "FAIL" {print $2}' "$results" | xargs)
+for name in $failures; do
+	echo "--- $name: the end of $logdir/${name//\//_}.log"
+	tail -n 30 "$logdir/${name//\//_}.log" | sed 's/^/      /'
+done
 echo "logs: $logdir"
-[ ${#failures[@]} -eq 0 ] || echo "failed: ${failures[*]}"
+[ -z "$failures" ] || echo "failed: $failures"
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
