@@ -1054,7 +1054,7 @@ static void copy_index(struct ts_feed *f, const struct ts_feed_hdr *h, const cha
 	uint64_t sb = h->len[0] / h->nsamples; /* both validated: the sample size, > 0 */
 	const int64_t *idx = (const int64_t *)(base + h->index_off); /* 8-aligned, bounded by hdr_fits */
 	uint64_t from = r->off / sb, n = r->len / sb, to = at / sb;
-	for (uint64_t i = 0; i < n && from + i < h->nsamples; i++) {
+	for (uint64_t i = 0; i < n && from + i < h->nsamples && to + i < f->read_index_len; i++) {
 		int64_t x = __atomic_load_n(&idx[from + i], __ATOMIC_RELAXED); /* a peer's: checked */
 		f->read_index[to + i] = x >= 0 && (uint64_t)x < f->nindex ? x : -1;
 	}

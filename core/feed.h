@@ -103,11 +103,14 @@ struct ts_feed {
 	/*
 	 * Optional: ts_feed_read (ts_feed_read_view) stores the dataset index
 	 * of each sample of position 0 it copies (hands out) at read_index[j],
-	 * j its sample number in dst[0] (ptr[0]); the caller sizes it for
-	 * want[0]. -1 where the producer gave none or one outside [0, nindex).
-	 * Valid where the bytes are (the same advance).
+	 * j its sample number in dst[0] (ptr[0]), for j < read_index_len (the
+	 * room the caller gave it). -1 where the producer gave none or one
+	 * outside [0, nindex). Valid where the bytes are (the same advance).
+	 * Numbered by each slot's own sample size, which a peer chooses: a
+	 * batch sized by one slot's may hold more samples in the next.
 	 */
 	int64_t *read_index;
+	uint64_t read_index_len;
 };
 
 /* What the slot at a reader's position holds. */

@@ -145,6 +145,7 @@ static struct feed_track *track_room(int h, struct ts_feed *f, uint64_t want0, u
 	for (size_t j = from; j < n; j++)
 		t->ids[j] = -1;
 	f->read_index = t->ids;
+	f->read_index_len = n;
 	return t;
 }
 /*
@@ -594,6 +595,7 @@ static int read_noted(int h, struct ts_feed *f, uint32_t npos, const uint64_t *w
 	int ret = ts_feed_read(f, npos, want, dst, got, eoe, timeout_ns);
 	f->on_range = NULL;
 	f->read_index = NULL;
+	f->read_index_len = 0;
 	if (t) {
 		track_read(f, t, from, got[0] / t->sample0);
 		t->ids_n = got[0] / t->sample0;
@@ -609,6 +611,7 @@ static int read_view_noted(int h, struct ts_feed *f, uint32_t npos, const uint64
 	int ret = ts_feed_read_view(f, npos, want, ptr, got, eoe, id, timeout_ns);
 	f->on_range = NULL;
 	f->read_index = NULL;
+	f->read_index_len = 0;
 	if (t && ret == 0) {
 		track_read(f, t, 0, got[0] / t->sample0);
 		t->ids_n = got[0] / t->sample0;

@@ -690,7 +690,10 @@ static int read_batch(struct loader *L, unsigned npos, const size_t *bytes, size
 	for (unsigned p = 0; p < npos; p++)
 		want[p] = bytes[p];
 	ts_batch_ranges_reset(&L->rg);
+	for (size_t j = 0; j < L->ids_cap; j++)
+		L->ids[j] = -1; /* a sample the read numbers no index for is nobody's, not the last read's */
 	f->read_index = L->ids;
+	f->read_index_len = L->ids_cap;
 	uint64_t marked = 0; /* the stage's samples [0, marked) were marked served by keep_unserved */
 	while (got[0] < want[0]) {
 		uint64_t from = got[0] / sb0;
@@ -714,6 +717,7 @@ static int read_batch(struct loader *L, unsigned npos, const size_t *bytes, size
 		}
 	}
 	f->read_index = NULL;
+	f->read_index_len = 0;
 	if (got[0] < want[0])
 		mark_served(L, L->ids, 0, marked); /* dropped with the batch: not served after all */
 	return got[0] < want[0] ? ret : 0;

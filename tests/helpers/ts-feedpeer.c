@@ -215,6 +215,7 @@ static int tail_reader(int at_epoch_start, int ready_fd)
 	uint64_t seen = 0, k = 0;
 	int64_t index[10];
 	f.read_index = index;
+	f.read_index_len = 10;
 	for (int eoe = 0; !eoe;) {
 		uint32_t p0[3 * 10];
 		uint64_t p1[10], got[2] = { 0, 0 }, want[2] = { 10 * 12, 10 * 8 };
@@ -279,6 +280,7 @@ static int view_keeper(int ready_fd)
 	f.on_range = note_range;
 	f.on_range_arg = &seen;
 	f.read_index = index;
+	f.read_index_len = 10;
 	while ((ret = ts_feed_read_view(&f, 2, want, ptr, got, &eoe, &id, 5 * SEC)) == -ETIMEDOUT)
 		;
 	f.on_range = NULL;

@@ -685,3 +685,57 @@ Test(feed, a_successor_behind_the_head_reads_before_it_publishes)
 	cr_expect(got[0] == want[0] && p0[0] == (uint32_t)perm(20), "and reads its own batch next");
 	ts_feed_close(&b);
 }
+
+/* ---- what a peer's slot headers may not do ---------------------------------------- */
+
+static int publish_bytes(struct ts_feed *f, uint64_t nsamples, uint64_t len0, int64_t first)
+{
+	static unsigned char src[64];
+	int64_t idx[64];
+	for (uint64_t i = 0; i < nsamples; i++)
+		idx[i] = first + (int64_t)i;
+	uint64_t len[1] = { len0 };
+	const void *s[1] = { src };
+	struct ts_feed_batch b = { .npos = 1, .nsamples = nsamples, .len = len, .src = s, .index = idx,
+				   .schema = "S", .schema_len = 1 };
+	return ts_feed_publish(f, &b, SEC);
+}
+
+/*
+ * A consumer sizes its read_index by the sample size ts_feed_next told it;
+ * a later slot of the same schema may cut its bytes into smaller samples
+ * (a peer chooses). Before, copy_index wrote one index per such sample
+ * past the caller's room (ASan: heap-buffer-overflow in copy_index). The
+ * consumer is a second member in this process: no peer program needed.
+ */
+Test(feed, a_slot_of_smaller_samples_writes_no_index_past_the_room_given)
+{
+	struct ts_feed p, c;
+	cr_assert_eq(ts_feed_open(&p, name, &params, 2000), 0);
+	cr_assert_eq(ts_feed_open(&c, name, &params, 2000), 0);
+	cr_assert_eq(ts_feed_attach(&c, 0), 0);
+	cr_assert_eq(publish_bytes(&p, 1, 4, 0), 0, "one sample of 4 bytes");
+	struct ts_feed_info info;
+	cr_assert_eq(ts_feed_next(&c, SEC, &info), 0);
+	cr_assert_eq(info.sample_bytes[0], 4u);
+	cr_assert_eq(publish_bytes(&p, 8, 8, 100), 0, "8 samples of 1 byte, the same schema");
+
+	int64_t index[2 + 16];
+	for (int i = 0; i < 18; i++)
+		index[i] = i < 2 ? -1 : 77;
+	unsigned char dst[8];
+	void *d[1] = { dst };
+	uint64_t want[1] = { 8 }, got[1] = { 0 };
+	int eoe;
+	c.read_index = index;
+	c.read_index_len = 2; /* room for the 2 samples of 4 bytes asked for */
+	cr_expect_eq(ts_feed_read(&c, 1, want, d, got, &eoe, SEC), 0);
+	c.read_index = NULL;
+	cr_expect_eq(got[0], 8u);
+	cr_expect_eq(index[0], 0, "the first slot's sample");
+	cr_expect_eq(index[1], -1, "the second slot numbers its samples by its own size (4 to 7): none fits");
+	for (int i = 2; i < 18; i++)
+		cr_expect_eq(index[i], 77, "index[%d] written past the room given: %ld", i, (long)index[i]);
+	ts_feed_close(&c);
+	ts_feed_close(&p);
+}
