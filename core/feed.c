@@ -670,7 +670,7 @@ int ts_feed_publish(struct ts_feed *f, const struct ts_feed_batch *b, uint64_t t
 	atomic_fetch_add_explicit(&c->samples_produced, b->nsamples, memory_order_relaxed);
 	atomic_fetch_add_explicit(&c->produce_cpu_ns, b->cpu_ns, memory_order_relaxed);
 	/* After a full turn of the ring no slot names an older producer's file. */
-	if (++f->published == f->s.seg->st.depth)
+	if (++f->published == ts_ring_depth(f->s.seg))
 		remove_old_writers(f);
 	return 0;
 }
@@ -898,7 +898,7 @@ static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t 
 static uint64_t epoch_start(struct ts_segment *seg)
 {
 	uint64_t pub = atomic_load_explicit(&seg->ring.pub_seq, memory_order_acquire), s;
-	uint32_t d = seg->st.depth;
+	uint32_t d = ts_ring_depth(seg);
 	struct ts_batch_meta m;
 	unsigned writer;
 

@@ -147,7 +147,7 @@ enum ts_member_health ts_member_health(const struct ts_segment *seg, unsigned id
 	if (ts_proc_liveness(pid, start) != TS_PROC_ALIVE)
 		return TS_MEMBER_DEAD;
 	uint64_t hb = atomic_load_explicit(&m->heartbeat_ns, memory_order_relaxed);
-	uint64_t limit = (uint64_t)seg->st.timeout_ms * 1000000ull;
+	uint64_t limit = ts_timeout_ns(seg);
 	if (now_ns > hb && now_ns - hb > limit)
 		return TS_MEMBER_STALE;
 	return TS_MEMBER_LIVE;
@@ -468,7 +468,7 @@ static int join_once(struct ts_session *s, const struct ts_session_params *p, ch
 	unsigned alive = reap_dead(seg, now);
 	/* A segment nobody is in yet may be a racing creator's brand-new one. */
 	uint64_t age = ts_prim_realtime_ns() - seg->st.created_unix_ns;
-	int fresh = created || age < (uint64_t)seg->st.timeout_ms * 1000000ull;
+	int fresh = created || age < ts_timeout_ns(seg);
 	if (atomic_load(&seg->state) != TS_SEG_OPEN || (alive == 0 && !fresh)) {
 		/* Stale (every member dead) or abandoned half-way through removal:
 		 * remove it and start a fresh one rather than inherit its state. */
@@ -517,6 +517,7 @@ int ts_session_join(struct ts_session *s, const char *name, const struct ts_sess
 	if (ret)
 		return ret;
 	struct ts_segment *seg = s->seg;
+	s->timeout_ns = ts_timeout_ns(seg);
 	uint64_t now = ts_now_ns();
 	ret = claim_member(seg, &s->me, now);
 	if (ret < 0) {
@@ -546,7 +547,7 @@ void ts_session_leave(struct ts_session *s)
 	}
 	struct ts_segment *seg = s->seg;
 	int self = s->self;
-	int locked = lock_timed(s->fd, (uint64_t)seg->st.timeout_ms * 1000000ull) == 0;
+	int locked = lock_timed(s->fd, s->timeout_ns) == 0;
 	uint64_t now = ts_now_ns();
 	if (self >= 0) {
 		evict_from_ring(seg, (unsigned)self);
@@ -584,7 +585,9 @@ unsigned ts_session_others(const struct ts_session *s)
 	if (!s->seg || s->self < 0)
 		return 0;
 	uint64_t now = ts_now_ns();
-	return count_alive(s->seg, now) - (unsigned)ts_member_alive(ts_member_health(s->seg, (unsigned)s->self, now));
+	unsigned all = count_alive(s->seg, now);
+	unsigned me = (unsigned)ts_member_alive(ts_member_health(s->seg, (unsigned)s->self, now));
+	return all > me ? all - me : 0; /* two looks at a slot a peer may rewrite in between */
 }
 
 enum ts_role ts_session_tick(struct ts_session *s)

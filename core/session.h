@@ -34,6 +34,7 @@ struct ts_session {
 	int fd;
 	int self;            /* member index, -1 when not a member */
 	struct ts_ident me;
+	uint64_t timeout_ns; /* the session's timeout as joined: a wait bounded by it uses this copy */
 	char name[TS_NAME_MAX];
 	char path[TS_PATH_MAX];
 	char why[160];       /* reason for the last failed join */
@@ -106,13 +107,26 @@ static inline int ts_member_alive(enum ts_member_health h)
 }
 
 /*
+ * The session's timeout, read once and held to the range validation
+ * allowed: the field was checked when the segment was mapped, but a peer
+ * may rewrite it since, and every wait bounded by it must stay bounded
+ * (0 would make every member stale, UINT32_MAX a wait of 49 days).
+ */
+static inline uint64_t ts_timeout_ns(const struct ts_segment *seg)
+{
+	uint32_t v = __atomic_load_n(&seg->st.timeout_ms, __ATOMIC_RELAXED);
+	v = v < TS_TIMEOUT_MIN_MS ? TS_TIMEOUT_MIN_MS : v > TS_TIMEOUT_MAX_MS ? TS_TIMEOUT_MAX_MS : v;
+	return (uint64_t)v * 1000000ull;
+}
+
+/*
  * How long a producer waits on a reader that is alive but not reading (its
  * process stopped, in a debugger, or just not iterating) before it evicts
  * it: ten timeouts, at least 5 s. Dead readers are evicted at once.
  */
 static inline uint64_t ts_stall_ns(const struct ts_segment *seg)
 {
-	uint64_t t = (uint64_t)seg->st.timeout_ms * 10000000ull;
+	uint64_t t = ts_timeout_ns(seg) * 10;
 	return t > 5000000000ull ? t : 5000000000ull;
 }
 

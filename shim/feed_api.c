@@ -342,7 +342,7 @@ TS_EXPORT int tsshim_feed_role(int h)
 
 TS_EXPORT int tsshim_feed_timeout_ms(int h)
 {
-	return FEED_CALL(h, f, (int)f->s.seg->st.timeout_ms);
+	return FEED_CALL(h, f, (int)(f->s.timeout_ns / 1000000ull));
 }
 
 /* How long to wait on a consumer that does not read before evicting it (ts_stall_ns). */
@@ -353,7 +353,7 @@ TS_EXPORT int tsshim_feed_stall_ms(int h)
 
 TS_EXPORT int tsshim_feed_take_idle(int h)
 {
-	return FEED_CALL(h, f, ts_session_take_idle(&f->s, ms_ns(f->s.seg->st.timeout_ms)));
+	return FEED_CALL(h, f, ts_session_take_idle(&f->s, f->s.timeout_ns));
 }
 
 TS_EXPORT int tsshim_feed_set_idle(int h, int idle)

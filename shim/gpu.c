@@ -398,7 +398,7 @@ static int ring_open(struct ts_gpu *g)
 	char path[TS_PATH_MAX];
 	int ret = ts_gpuring_path(path, sizeof(path), g->f->s.name, g->f->incarnation);
 	if (!ret)
-		ret = ts_gpuring_open(&g->ring, path, g->f->s.seg->st.depth);
+		ret = ts_gpuring_open(&g->ring, path, ts_ring_depth(g->f->s.seg));
 	if (ret) {
 		ts_info("gpu: cannot open the GPU ring of '%s' (%s): uploads go from the host", g->f->s.name,
 			strerror(-ret));
@@ -1133,7 +1133,7 @@ static int producer_copies_done(struct ts_gpu *g, const struct ts_gpu_piece *pc,
 				unsigned n)
 {
 	uint64_t start = ts_now_ns(), next_look = start + 5000000ull;
-	uint64_t limit = (uint64_t)g->f->s.seg->st.timeout_ms * 1000000ull;
+	uint64_t limit = g->f->s.timeout_ns;
 	for (unsigned i = 0; i < n; i++) {
 		if (i && pb[i] == pb[i - 1])
 			continue;
@@ -1289,7 +1289,7 @@ static int held_elsewhere(const struct ts_gpu *g)
 
 static uint64_t drain_limit_ns(const struct ts_gpu *g)
 {
-	return (uint64_t)g->f->s.seg->st.timeout_ms * 1000000ull;
+	return g->f->s.timeout_ns;
 }
 
 static void drain_said(uint64_t start, int held)

@@ -470,7 +470,7 @@ static int waited_one(struct loader *L, uint64_t *waited)
 	*waited += SLICE_NS;
 	if (ts_feed_role(f) == TS_ROLE_PRODUCER)
 		return WAIT_PRODUCE;
-	uint64_t timeout = (uint64_t)f->s.seg->st.timeout_ms * 1000000ull;
+	uint64_t timeout = f->s.timeout_ns;
 	if (*waited >= timeout && ts_session_take_idle(&f->s, timeout) == 1)
 		return WAIT_PRODUCE;
 	if (*waited >= 2 * ts_stall_ns(f->s.seg)) {

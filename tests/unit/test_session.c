@@ -227,6 +227,7 @@ static struct ts_session handle(struct ts_segment *seg, int i)
 	struct ts_session s;
 	memset(&s, 0, sizeof(s));
 	s.seg = seg;
+	s.timeout_ns = ts_timeout_ns(seg);
 	s.map_size = sizeof(*seg);
 	s.fd = -1;
 	s.self = i;
@@ -955,6 +956,37 @@ Test(shm, second_join_is_consumer_and_producer_leave_hands_over)
 	cr_expect_eq(atomic_load(&b.seg->members[0].pid), 0u, "the leaver's slot must be free");
 	ts_session_leave(&b);
 	cr_expect(!path_exists(path), "the last leave must remove %s", path);
+}
+
+/*
+ * A leave waits for the segment's lock at most the session's timeout as
+ * joined. Before, it read the timeout from the segment again: a peer that
+ * held the lock and wrote UINT32_MAX there kept the job in its exit for
+ * 49 days (found in review).
+ */
+Test(shm, a_rewritten_timeout_does_not_stretch_the_wait_of_a_leave)
+{
+	char name[64], path[TS_PATH_MAX];
+	unique_name(name, sizeof(name), path);
+	struct ts_session_params p = { .depth = 4, .timeout_ms = 100 };
+	struct ts_session a, b;
+	cr_assert_eq(ts_session_join(&a, name, &p), 0, "%s", a.why);
+	cr_assert_eq(ts_session_join(&b, name, &p), 0, "%s", b.why);
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(flock(fd, LOCK_EX | LOCK_NB), 0, "the peer holds the lock");
+	a.seg->st.timeout_ms = UINT32_MAX;
+	uint64_t t0 = ts_now_ns();
+	ts_session_leave(&b);
+	uint64_t took = ts_now_ns() - t0;
+	cr_expect_lt(took, 10 * 1000000000ull, "the leave waited %llu ms for a lock held by a peer",
+		     (unsigned long long)(took / 1000000));
+	cr_expect_eq(atomic_load(&a.seg->members[1].pid), 0u, "left without the lock, all the same");
+	flock(fd, LOCK_UN);
+	close(fd);
+	a.seg->st.timeout_ms = 100;
+	ts_session_leave(&a);
+	cr_expect(!path_exists(path));
 }
 
 Test(shm, consumer_leave_keeps_producer)
