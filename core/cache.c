@@ -303,6 +303,22 @@ static bool link_ok(const struct ts_cache *c, uint32_t i)
 	return i == NONE || i < c->nentries;
 }
 
+/*
+ * Links, offsets and lengths are written under the lock, but a peer that
+ * ignores it can write them at any time: each is loaded once, into a local
+ * that is checked and then used (a plain load may be repeated by the
+ * compiler, between the check and the use).
+ */
+static inline uint32_t ld32(const uint32_t *p)
+{
+	return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+
+static inline uint64_t ld64(const uint64_t *p)
+{
+	return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+
 /* Is the filler of e alive? Our own process without reading /proc. */
 static bool filler_alive(const struct ts_cache_entry *e)
 {
@@ -318,7 +334,7 @@ static void list_unlink(struct ts_cache *c, uint32_t i)
 {
 	struct ts_cache_header *h = c->hdr;
 	struct ts_cache_entry *e = &c->ents[i];
-	uint32_t p = e->prev, nx = e->next;
+	uint32_t p = ld32(&e->prev), nx = ld32(&e->next);
 	if (!link_ok(c, p) || !link_ok(c, nx) || p == i || nx == i) {
 		corrupt(c); /* repair() rebuilds the list from the entry words */
 		e->prev = e->next = NONE;
@@ -332,7 +348,7 @@ static void list_unlink(struct ts_cache *c, uint32_t i)
 		c->ents[nx].prev = p;
 	else
 		h->last = p;
-	if (h->cursor == i)
+	if (ld32(&h->cursor) == i)
 		h->cursor = nx;
 	e->prev = e->next = NONE;
 }
@@ -340,7 +356,7 @@ static void list_unlink(struct ts_cache *c, uint32_t i)
 static void list_insert_before(struct ts_cache *c, uint32_t i, uint32_t succ)
 {
 	struct ts_cache_header *h = c->hdr;
-	uint32_t p = succ == NONE ? h->last : c->ents[succ].prev;
+	uint32_t p = ld32(succ == NONE ? &h->last : &c->ents[succ].prev);
 	if (!link_ok(c, p)) {
 		corrupt(c);
 		p = NONE;
@@ -393,8 +409,8 @@ static int remove_holder(struct ts_cache *c, uint32_t i)
 			break;
 	}
 	list_unlink(c, i);
-	uint64_t used = atomic_load_explicit(&c->hdr->bytes_in_use, memory_order_relaxed);
-	atomic_store_explicit(&c->hdr->bytes_in_use, used >= e->len ? used - e->len : 0, memory_order_relaxed);
+	uint64_t used = atomic_load_explicit(&c->hdr->bytes_in_use, memory_order_relaxed), len = ld64(&e->len);
+	atomic_store_explicit(&c->hdr->bytes_in_use, used >= len ? used - len : 0, memory_order_relaxed);
 	bump_wake(&e->wake);
 	tomb_cleanup(c, i);
 	return (int)TS_CENT_STATE(w);
@@ -411,43 +427,18 @@ static void count_removal(struct ts_cache *c, int state)
 
 /* ---- repair ------------------------------------------------------------------- */
 
-/* Merge sort of a singly linked list (through next) by offset: no allocation. */
-static uint32_t sort_by_off(struct ts_cache_entry *E, uint32_t list)
+/* A range holder as repair() saw it: loaded once, then only this copy is read. */
+struct holder {
+	uint64_t off, len;
+	uint32_t i;
+};
+
+static int by_offset(const void *a, const void *b)
 {
-	if (list == NONE)
-		return NONE;
-	for (uint32_t insize = 1;; insize *= 2) {
-		uint32_t p = list, tail = NONE;
-		unsigned merges = 0;
-		list = NONE;
-		while (p != NONE) {
-			merges++;
-			uint32_t q = p, psize = 0, qsize = insize;
-			for (uint32_t k = 0; k < insize && q != NONE; k++) {
-				psize++;
-				q = E[q].next;
-			}
-			while (psize > 0 || (qsize > 0 && q != NONE)) {
-				uint32_t x;
-				if (psize == 0) {
-					x = q, q = E[q].next, qsize--;
-				} else if (qsize == 0 || q == NONE || E[p].off <= E[q].off) {
-					x = p, p = E[p].next, psize--;
-				} else {
-					x = q, q = E[q].next, qsize--;
-				}
-				if (tail != NONE)
-					E[tail].next = x;
-				else
-					list = x;
-				tail = x;
-			}
-			p = q;
-		}
-		E[tail].next = NONE;
-		if (merges <= 1)
-			return list;
-	}
+	const struct holder *x = a, *y = b;
+	if (x->off != y->off)
+		return x->off < y->off ? -1 : 1;
+	return x->i < y->i ? -1 : x->i > y->i;
 }
 
 static void drop_entry(struct ts_cache *c, uint32_t i)
@@ -472,7 +463,7 @@ static void repair(struct ts_cache *c)
 {
 	struct ts_cache_header *h = c->hdr;
 	struct ts_cache_entry *E = c->ents;
-	uint32_t n = c->nentries, list = NONE;
+	uint32_t n = c->nentries, nh = 0;
 
 	c->need_repair = 0;
 	count(&h->counters.repairs);
@@ -480,26 +471,35 @@ static void repair(struct ts_cache *c)
 	if (hwm > c->arena_size)
 		/* Not trusted: reserving again what is already reserved is harmless. */
 		atomic_store_explicit(&h->falloc_hwm, 0, memory_order_relaxed);
+	/*
+	 * The list is rebuilt from a private copy of the holders, sorted here:
+	 * following the shared links instead would let a peer that writes
+	 * them during the repair send us out of the table or round a cycle,
+	 * with the lock held. Without the memory for the copy, every holder is
+	 * dropped (the cache empties; nothing wrong is served).
+	 */
+	struct holder *H = malloc((size_t)n * sizeof(*H));
 	for (uint32_t i = 0; i < n; i++) {
 		uint64_t w = atomic_load_explicit(&E[i].word, memory_order_acquire);
 		uint32_t s = TS_CENT_STATE(w);
 		if (s == TS_CENT_EMPTY || s == TS_CENT_TOMB)
 			continue;
-		if (!is_holder(s) || !range_ok(c, E[i].off, E[i].len)) {
+		uint64_t off = ld64(&E[i].off), len = ld64(&E[i].len);
+		if (!H || !is_holder(s) || !range_ok(c, off, len)) {
 			drop_entry(c, i);
 			continue;
 		}
-		E[i].next = list;
-		list = i;
+		H[nh++] = (struct holder){ .off = off, .len = len, .i = i };
 	}
-	list = sort_by_off(E, list);
+	if (nh)
+		qsort(H, nh, sizeof(*H), by_offset);
 	uint64_t used = 0, end = 0;
-	uint32_t prev = NONE;
+	uint32_t prev = NONE, kept = 0;
 	h->first = NONE;
-	for (uint32_t i = list, nx; i != NONE; i = nx) {
-		nx = E[i].next;
-		if (prev != NONE && E[i].off < end) {
-			/* Overlap: only corruption makes one. Keep the older range. */
+	for (uint32_t k = 0; k < nh; k++) {
+		uint32_t i = H[k].i;
+		if (prev != NONE && H[k].off < end) {
+			/* Overlap: only corruption makes one. Keep the range that starts first. */
 			drop_entry(c, i);
 			continue;
 		}
@@ -510,23 +510,28 @@ static void repair(struct ts_cache *c)
 		else
 			E[prev].next = i;
 		prev = i;
-		end = E[i].off + E[i].len;
-		used += E[i].len;
+		end = H[k].off + H[k].len;
+		used += H[k].len;
+		H[kept++] = H[k];
 	}
 	h->last = prev;
-	if (h->head > c->arena_size)
-		h->head = 0;
+	uint64_t head = ld64(&h->head);
+	if (head > c->arena_size)
+		head = 0;
 	/* The head must not lie inside a range: move it to that range's end. */
-	h->cursor = NONE;
-	for (uint32_t i = h->first; i != NONE; i = E[i].next) {
-		if (E[i].off < h->head && E[i].off + E[i].len > h->head)
-			h->head = E[i].off + E[i].len;
-		if (E[i].off >= h->head) {
-			h->cursor = i;
+	uint32_t cursor = NONE;
+	for (uint32_t k = 0; k < kept; k++) {
+		if (H[k].off < head && H[k].off + H[k].len > head)
+			head = H[k].off + H[k].len;
+		if (H[k].off >= head) {
+			cursor = H[k].i;
 			break;
 		}
 	}
+	h->head = head;
+	h->cursor = cursor;
 	atomic_store_explicit(&h->bytes_in_use, used, memory_order_relaxed);
+	free(H);
 }
 
 /* ---- lookup -------------------------------------------------------------------- */
@@ -645,8 +650,8 @@ static int classify(struct ts_cache *c, struct ts_cache_entry *e, int pass)
 static int place(struct ts_cache *c, uint64_t len, int pass, uint64_t *start, uint32_t *vstart)
 {
 	struct ts_cache_header *h = c->hdr;
-	uint64_t A = c->arena_size, s = h->head, prev_off;
-	uint32_t cur = h->cursor, first = cur;
+	uint64_t A = c->arena_size, s = ld64(&h->head), prev_off;
+	uint32_t cur = ld32(&h->cursor), first = cur;
 	bool wrapped = false;
 
 	if (s > A || !link_ok(c, cur))
@@ -654,13 +659,14 @@ static int place(struct ts_cache *c, uint64_t len, int pass, uint64_t *start, ui
 	/* The range before the cursor must end at or before the head, or we
 	 * would allocate over it (the head is only ever set by us, but it lives
 	 * in shared memory). */
-	uint32_t before = cur == NONE ? h->last : c->ents[cur].prev;
+	uint32_t before = ld32(cur == NONE ? &h->last : &c->ents[cur].prev);
 	if (!link_ok(c, before))
 		return -EBADMSG;
 	if (before != NONE) {
 		const struct ts_cache_entry *b = &c->ents[before];
+		uint64_t boff = ld64(&b->off), blen = ld64(&b->len);
 		if (!is_holder(TS_CENT_STATE(atomic_load_explicit(&b->word, memory_order_relaxed))) ||
-		    !range_ok(c, b->off, b->len) || b->off + b->len > s || b->next != cur)
+		    !range_ok(c, boff, blen) || boff + blen > s || ld32(&b->next) != cur)
 			return -EBADMSG;
 	}
 	prev_off = s;
@@ -670,7 +676,7 @@ static int place(struct ts_cache *c, uint64_t len, int pass, uint64_t *start, ui
 				return -ENOSPC;
 			wrapped = true;
 			s = 0;
-			cur = first = h->first;
+			cur = first = ld32(&h->first);
 			prev_off = 0;
 			if (!link_ok(c, cur))
 				return -EBADMSG;
@@ -680,19 +686,21 @@ static int place(struct ts_cache *c, uint64_t len, int pass, uint64_t *start, ui
 			goto found;
 		struct ts_cache_entry *e = &c->ents[cur];
 		uint32_t st = TS_CENT_STATE(atomic_load_explicit(&e->word, memory_order_acquire));
-		if (!is_holder(st) || !range_ok(c, e->off, e->len) || e->off < prev_off || !link_ok(c, e->next))
+		uint64_t off = ld64(&e->off), elen = ld64(&e->len);
+		uint32_t next = ld32(&e->next);
+		if (!is_holder(st) || !range_ok(c, off, elen) || off < prev_off || !link_ok(c, next))
 			return -EBADMSG;
-		prev_off = e->off;
-		if (e->off >= s + len)
+		prev_off = off;
+		if (off >= s + len)
 			goto found;
 		int v = classify(c, e, pass);
 		if (v < 0)
 			return v;
 		if (v == V_SKIP) {
-			s = e->off + e->len;
-			first = e->next;
+			s = off + elen;
+			first = next;
 		}
-		cur = e->next;
+		cur = next;
 	}
 	return -EBADMSG; /* a cycle */
 found:
@@ -887,12 +895,15 @@ static int alloc_range(struct ts_cache *c, uint64_t len, uint64_t *start, uint32
 	if ((r = reserve(c, end)) != 0)
 		return r;
 	/* Phase 2: evict everything in [s, end); phase 1 saw no live fill there. */
-	while (cur != NONE) {
+	for (uint32_t steps = 0; cur != NONE; steps++) {
 		struct ts_cache_entry *e = &c->ents[cur];
-		if (e->off >= end)
+		uint64_t off = ld64(&e->off), elen = ld64(&e->len);
+		if (off >= end)
 			break;
-		uint32_t nx = e->next;
-		if (e->off + e->len > s) {
+		uint32_t nx = ld32(&e->next);
+		if (steps > c->nentries)
+			return -EBADMSG; /* a cycle */
+		if (off >= s || elen > s - off) { /* overlaps [s, end) */
 			uint32_t st = TS_CENT_STATE(atomic_load_explicit(&e->word, memory_order_acquire));
 			if ((st == TS_CENT_FILLING || st == TS_CENT_ORPHAN) && filler_alive(e))
 				return -EAGAIN; /* cannot happen unless the list lied: no harm done */

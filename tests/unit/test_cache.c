@@ -1700,3 +1700,72 @@ Test(cache, view_reads_without_changing)
 	cr_expect_neq(lstat(path, &sb), 0);
 	ts_cache_close(&c);
 }
+
+/* ---- a peer that writes the list links while we use them ----------------------- */
+
+struct scribbler {
+	struct ts_cache_entry *ents;
+	uint32_t n, value; /* value: what every next becomes; UINT32_MAX: each entry itself */
+	atomic_int stop;
+};
+
+static void *scribble_links(void *arg)
+{
+	struct scribbler *s = arg;
+	while (!atomic_load_explicit(&s->stop, memory_order_relaxed))
+		for (uint32_t i = 0; i < s->n; i++)
+			__atomic_store_n(&s->ents[i].next, s->value == UINT32_MAX ? i : s->value, __ATOMIC_RELAXED);
+	return NULL;
+}
+
+/*
+ * Another process of the user writes every entry's next link without the
+ * lock, over and over, while a job fills and hits: each link is checked
+ * where it is loaded, and repair() sorts a private copy instead of following
+ * the links. Before, a self-link made repair's merge sort loop forever with
+ * the lock held (the job hung), and an out-of-range link crashed it (found
+ * in review). Every hit must still be the committed bytes.
+ */
+static void survives_scribbled_links(uint32_t value)
+{
+	struct ts_cache c;
+	char name[TS_NAME_MAX], path[TS_PATH_MAX];
+	fresh(&c, name, path, 1 * MIB);
+	struct scribbler s = { .ents = c.ents, .n = c.nentries, .value = value };
+	pthread_t t;
+	unsigned char *dst = malloc(8 * KIB);
+	cr_assert(dst != NULL);
+	uint64_t hits = 0;
+	for (uint64_t i = 0; i < 150000; i++) {
+		if (i == 1000)
+			cr_assert_eq(pthread_create(&t, NULL, scribble_links, &s), 0);
+		uint64_t id = i % 600, len = 4 * KIB + id;
+		struct ts_cache_key k = key_of(id);
+		struct ts_cache_fill f;
+		int r = ts_cache_get(&c, &k, len, dst, 0, &f);
+		if (r == TS_CACHE_FILL) {
+			payload(id, 0, f.ptr, len);
+			ts_cache_commit(&c, &f, 1000);
+		} else if (r == TS_CACHE_HIT) {
+			hits++;
+			cr_assert(same_as_payload(id, 0, dst, len), "key %llu: a hit returned other bytes than committed",
+				  (unsigned long long)id);
+		}
+	}
+	atomic_store(&s.stop, 1);
+	pthread_join(t, NULL);
+	cr_expect_gt(stats(&c).repairs, 0u, "the scribbled links were seen and repaired");
+	cr_expect_gt(hits, 0u);
+	free(dst);
+	ts_cache_close(&c);
+}
+
+Test(cache, links_a_peer_makes_into_cycles_do_not_hang_a_job)
+{
+	survives_scribbled_links(UINT32_MAX);
+}
+
+Test(cache, links_a_peer_points_out_of_the_table_are_not_followed)
+{
+	survives_scribbled_links(0x7ffffff0u);
+}
