@@ -39,17 +39,15 @@
 #define TS_EXPORT __attribute__((visibility("default")))
 
 #define MAX_TRACKED_FD 65536
-#define FIRST_READ_MAX (16u << 20) /* bytes of the first read that are hashed */
 #define PATH_SLOTS 256
-#define HASH_SEED 0x74737368696d3031ull
 
 struct fd_entry {
 	_Atomic uint32_t seq;   /* odd while being written */
 	uint32_t tracked;
 	struct ts_file_id id;
 	uint64_t first_len;     /* 0 until the first read at offset 0 */
-	uint64_t first_hash;
 	uint64_t contig;        /* bytes read so far contiguously from offset 0 */
+	struct ts_hash_stream read_hash; /* of those contig bytes, as they were read */
 	uint32_t path_slot;     /* index into paths[] + 1, 0 when none */
 	uint32_t path_gen;
 };
@@ -71,7 +69,8 @@ static __thread struct {
 	int valid;
 	int fd;                 /* the descriptor it was read from (perhaps closed since) */
 	struct ts_file_id id;
-	uint64_t first_len, first_hash, contig;
+	uint64_t first_len, contig;
+	struct ts_hash_stream read_hash;
 	uint32_t path_slot, path_gen;
 } last_read;
 
@@ -148,8 +147,8 @@ static void entry_copy(int from, int to)
 	e->tracked = snap.tracked;
 	e->id = snap.id;
 	e->first_len = snap.first_len;
-	e->first_hash = snap.first_hash;
 	e->contig = snap.contig;
+	e->read_hash = snap.read_hash;
 	e->path_slot = snap.path_slot;
 	e->path_gen = snap.path_gen;
 	atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
@@ -234,7 +233,6 @@ static void track_open(int dirfd, const char *path, int flags, int fd)
 		atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
 		e->id = file_id_of(&sb);
 		e->first_len = 0;
-		e->first_hash = 0;
 		e->contig = 0;
 		e->path_slot = store_path(abs, &e->path_gen);
 		e->tracked = 1;
@@ -280,10 +278,11 @@ static void track_read(int fd, const void *buf, ssize_t n, off_t off)
 	if (off >= 0 && (uint64_t)off == e->contig) {
 		atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
 		if (off == 0 && e->first_len == 0) {
-			size_t len = (size_t)n < FIRST_READ_MAX ? (size_t)n : FIRST_READ_MAX;
-			e->first_hash = ts_hash64(buf, len, HASH_SEED);
-			e->first_len = len;
+			ts_hash_stream_init(&e->read_hash);
+			e->first_len = (uint64_t)n;
 		}
+		/* every byte read in order from the start: a buffer later decoded is proven whole */
+		ts_hash_stream_add(&e->read_hash, buf, (size_t)n);
 		e->contig += (uint64_t)n;
 		atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
 	}
@@ -295,8 +294,8 @@ static void track_read(int fd, const void *buf, ssize_t n, off_t off)
 		last_read.fd = fd;
 		last_read.id = snap.id;
 		last_read.first_len = snap.first_len;
-		last_read.first_hash = snap.first_hash;
 		last_read.contig = snap.contig;
+		last_read.read_hash = snap.read_hash;
 		last_read.path_slot = snap.path_slot;
 		last_read.path_gen = snap.path_gen;
 		last_read.valid = 1;
@@ -325,9 +324,11 @@ static void track_readv(int fd, const struct iovec *iov, int cnt, ssize_t n, off
 /*
  * A buffer that holds only the start of the file is the file being fed to
  * the decoder as it is read (Pillow) only while the file is still open
- * there, where the buffer ends: more is coming. A loader that read a
- * prefix and stopped (a capped read, a file cut short) decodes just that,
- * a partial image with warnings; the whole image from the cache is not it.
+ * there, where the buffer ends, and only when the decoder's source can ask
+ * for more (not libjpeg's memory source): more is coming. A loader that
+ * read a prefix and stopped (a capped read, a file cut short) decodes just
+ * that, a partial image with warnings; the whole image from the cache is
+ * not it.
  */
 static int still_reading(const struct ts_file_id *id, int fd, uint64_t len)
 {
@@ -339,26 +340,24 @@ static int still_reading(const struct ts_file_id *id, int fd, uint64_t len)
 	return at >= 0 && (uint64_t)at == len;
 }
 
-int ts_io_provenance(const void *buf, size_t len, struct ts_file_id *id, char *path, size_t pathlen)
+int ts_io_provenance(const void *buf, size_t len, int source_grows, struct ts_file_id *id, char *path,
+		     size_t pathlen)
 {
-	if (!last_read.valid || !buf || len < last_read.first_len)
+	if (!last_read.valid || !buf || len == 0)
 		return 0;
 	/*
-	 * The buffer must be the stream as read: either exactly the bytes read
-	 * so far from offset 0 (a loader feeding the decoder as it reads, like
-	 * Pillow), or the whole file when the first read already covered it
-	 * (read, then decode from memory; the hash below then covers every
-	 * byte). A buffer cut short is neither, and decodes for real. Bytes past
-	 * the hashed first read are trusted to be what was read after it.
+	 * The buffer must be the stream as read: exactly the bytes read so far
+	 * from offset 0, in order. Either that is the whole file (read, then
+	 * decode from memory), or the file is being fed to the decoder as it is
+	 * read (Pillow). A buffer cut short is neither, and decodes for real.
 	 */
-	int whole = last_read.first_len == last_read.id.size && len == last_read.id.size;
-	if (len != last_read.contig && !whole)
+	if (len != last_read.contig)
 		return 0;
-	if (!whole && len < last_read.id.size && !still_reading(&last_read.id, last_read.fd, len))
+	if (len < last_read.id.size && (!source_grows || !still_reading(&last_read.id, last_read.fd, len)))
 		return 0;
-	/* ...and it starts with exactly the bytes this thread read at the
-	 * start of that file: it is that file's content. */
-	if (ts_hash64(buf, last_read.first_len, HASH_SEED) != last_read.first_hash)
+	/* ...and it holds exactly the bytes this thread read, every one of
+	 * them (hashed as they were read): it is that file's content. */
+	if (ts_hash_bulk(buf, len) != ts_hash_stream_value(&last_read.read_hash))
 		return 0;
 	*id = last_read.id;
 	if (path && pathlen) {

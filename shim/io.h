@@ -17,11 +17,14 @@ struct ts_file_id {
 
 /*
  * Provenance of a compressed buffer about to be decoded on this thread:
- * if the thread's most recent dataset read came from a file whose first
- * bytes hash like buf's, fill *id (and the file's path, when known) and
- * return 1; else 0. Never blocks, never allocates.
+ * if buf holds exactly the bytes the thread's most recent dataset reads
+ * read from the start of a file, in order (the whole file, or, when the
+ * decoder's source can ask for more, what has been read of it while it is
+ * still being read), fill *id (and the file's path, when known) and return
+ * 1; else 0. Never blocks, never allocates.
  */
-int ts_io_provenance(const void *buf, size_t len, struct ts_file_id *id, char *path, size_t pathlen);
+int ts_io_provenance(const void *buf, size_t len, int source_grows, struct ts_file_id *id, char *path,
+		     size_t pathlen);
 
 /* A decode of `path` was proven: feeds scope detection. */
 void ts_io_decoded(const char *path);

@@ -495,6 +495,14 @@ static void skip_to_eoi(j_decompress_ptr c)
 	}
 }
 
+/* The source is libjpeg's own (memory or stdio): its buffer is all it has, or it reads on by itself. */
+static int source_is_libs(const struct dstate *s, j_decompress_ptr c)
+{
+	Dl_info info;
+	return c->src && s->api->lib_base && dladdr((void *)c->src->fill_input_buffer, &info) &&
+	       info.dli_fbase == s->api->lib_base;
+}
+
 /*
  * May a hit be served before the real start ran? Only if a real start could
  * still run later without the program's help, which a crop after the hit
@@ -515,9 +523,7 @@ static int start_later_ok(const struct dstate *s, j_decompress_ptr c, const void
 {
 	if (s->api->has_multiple_scans && !s->api->has_multiple_scans(c))
 		return 1;
-	Dl_info info;
-	if (c->src && s->api->lib_base && dladdr((void *)c->src->fill_input_buffer, &info) &&
-	    info.dli_fbase == s->api->lib_base)
+	if (source_is_libs(s, c))
 		return 1;
 	if (find_eoi(c))
 		return 1;
@@ -547,8 +553,10 @@ TS_EXPORT int jpeg_read_header(j_decompress_ptr cinfo, boolean require_image)
 	if (s && s->trackable && s->headers++ == 0 && ts_shim_ready() && cinfo->src &&
 	    cinfo->src->next_input_byte && cinfo->src->bytes_in_buffer > 0) {
 		/* The buffer now starts at the stream's first byte: prove whose it is. */
-		s->proven = ts_io_provenance(cinfo->src->next_input_byte, cinfo->src->bytes_in_buffer, &s->id,
-					     s->path, sizeof(s->path));
+		/* a source of libjpeg's holding bytes is the memory source: it never
+		 * gets more, so a prefix of the file there is just that prefix */
+		s->proven = ts_io_provenance(cinfo->src->next_input_byte, cinfo->src->bytes_in_buffer,
+					     !source_is_libs(s, cinfo), &s->id, s->path, sizeof(s->path));
 		if (s->proven) {
 			ts_io_decoded(s->path);
 			ts_shim_dataset_work();

@@ -266,7 +266,7 @@ int main(int argc, char **argv)
 	if (argc > 3 && !strcmp(argv[1], "fork"))
 		return decode_fork(argc, argv);
 	if (argc < 3) {
-		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|prefix|early|dither|concat|suspend|suspend-crop|vfork A, freopen|freopen-read A B, fork X Y...\n");
+		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|prefix|prefix-open|chunked|chunk-mod|early|dither|concat|suspend|suspend-crop|vfork A, freopen|freopen-read A B, fork X Y...\n");
 		return 2;
 	}
 	const char *mode = argv[1];
@@ -361,6 +361,35 @@ int main(int argc, char **argv)
 			close(fd);
 		header(&c, b, got);
 		finish_image(&c, "prefix");
+	} else if (!strcmp(mode, "prefix-open")) {
+		/* the same prefix decoded from memory while the file is still open where the read ended */
+		int fd = open(argv[2], O_RDONLY | O_CLOEXEC);
+		size_t want = la * 3 / 4;
+		b = malloc(want);
+		ssize_t n = fd >= 0 && b ? read(fd, b, want) : -1;
+		header(&c, b, n > 0 ? (size_t)n : 0);
+		finish_image(&c, "prefix-open");
+		if (fd >= 0)
+			close(fd);
+	} else if (!strcmp(mode, "chunked") || !strcmp(mode, "chunk-mod")) {
+		/* read in 4 KiB chunks, closed, decoded from memory; chunk-mod first changes
+		 * 2000 bytes past the first chunk (the program's own edit of the stream) */
+		int fd = open(argv[2], O_RDONLY | O_CLOEXEC);
+		size_t got = 0;
+		b = malloc(la);
+		while (fd >= 0 && b && got < la) {
+			ssize_t n = read(fd, b + got, la - got < 4096 ? la - got : 4096);
+			if (n <= 0)
+				break;
+			got += (size_t)n;
+		}
+		if (fd >= 0)
+			close(fd);
+		if (!strcmp(mode, "chunk-mod"))
+			for (size_t i = got / 2; i < got / 2 + 2000 && i < got; i++)
+				b[i] ^= 0x55;
+		header(&c, b, got);
+		finish_image(&c, mode);
 	} else if (!strcmp(mode, "early")) {
 		/* the program stops half-way and finishes: libjpeg refuses */
 		header(&c, a, la);

@@ -37,7 +37,11 @@ exec 9>"$T_TMP/fifo"
 shim() { TSSHIM_MODE=exact TSSHIM_SESSION=$S LD_PRELOAD="$TS_PRELOAD" "$EDGE" "$@"; }
 # Fill the cache with every image the cases touch, in every output they use.
 for f in "$A" "$B" "$T_TMP/d/train/c000/zz-two.jpg"; do shim plain "$f" >/dev/null; shim dither "$f" >/dev/null; done
-for args in "abort-reuse $A" "abort-other $A $B" "trunc $A" "prefix $A" "early $A" "dither $A" "concat $T_TMP/d/train/c000/zz-two.jpg"; do
+# prefix-open: a prefix handed to libjpeg's memory source while the file is
+# still open where the read ended (was served the whole image: the memory
+# source never gets more); chunk-mod: read in 4 KiB chunks, then changed past
+# the first (was served the clean image: only the first read was hashed).
+for args in "abort-reuse $A" "abort-other $A $B" "trunc $A" "prefix $A" "prefix-open $A" "chunked $A" "chunk-mod $A" "early $A" "dither $A" "concat $T_TMP/d/train/c000/zz-two.jpg"; do
 	# shellcheck disable=SC2086
 	want=$("$EDGE" $args 2>&1)
 	# shellcheck disable=SC2086
@@ -45,6 +49,9 @@ for args in "abort-reuse $A" "abort-other $A $B" "trunc $A" "prefix $A" "early $
 	check "${args%% *}: same pixels, sizes and warnings as without the shim" [ "$want" = "$got" ]
 	[ "$want" = "$got" ] || { echo "# want: $want"; echo "# got:  $got"; }
 done
+TSSHIM_LOG=debug shim chunked "$A" >/dev/null 2>"$T_TMP/chunked.err"
+check "chunked: a file read in 4 KiB chunks, unchanged, is still proven (every read hashed as it came)" \
+	grep -q "proven dataset file" "$T_TMP/chunked.err"
 if [ -n "$P" ]; then
 	hits() { grep -o '[0-9]* hits' "$1" | cut -d' ' -f1; } # the session's count at exit
 	want=$("$EDGE" suspend "$P" 2>/dev/null)

@@ -70,3 +70,34 @@ Test(hash, pages_of_a_private_file_mapping_count_as_written_once_written)
 	cr_expect_eq(ts_pages_unwritten(anon, (size_t)page), 0, "anonymous memory is never a file's");
 	munmap(anon, (size_t)page);
 }
+
+/* The reads of a file are hashed as they come: any cut into pieces gives ts_hash_bulk of the whole. */
+Test(hash, a_stream_of_pieces_hashes_like_the_whole)
+{
+	enum { N = 4099 };
+	static unsigned char a[N];
+	uint64_t x = 88172645463325252ull;
+	for (int i = 0; i < N; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		a[i] = (unsigned char)x;
+	}
+	for (int round = 0; round < 2000; round++) {
+		struct ts_hash_stream s;
+		ts_hash_stream_init(&s);
+		size_t at = 0, len = round < 200 ? (size_t)round : N - (size_t)(x % 64);
+		while (at < len) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			size_t piece = round % 3 == 0 ? 1 + x % 7 : round % 3 == 1 ? 1 + x % 100 : 1 + x % 3000;
+			if (piece > len - at)
+				piece = len - at;
+			ts_hash_stream_add(&s, a + at, piece);
+			at += piece;
+		}
+		cr_assert_eq(ts_hash_stream_value(&s), ts_hash_bulk(a, len), "round %d, %zu bytes", round, len);
+	}
+	struct ts_hash_stream s;
+	ts_hash_stream_init(&s);
+	ts_hash_stream_add(&s, a, 100);
+	ts_hash_stream_add(&s, a + 101, 100);
+	cr_assert_neq(ts_hash_stream_value(&s), ts_hash_bulk(a, 200), "a byte left out");
+}
