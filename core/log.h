@@ -21,4 +21,10 @@ __attribute__((format(printf, 2, 3))) void ts_log(enum ts_log_level level, const
 /* Where lines go (tests point it at a pipe); default 2. */
 extern int ts_log_fd;
 
+/*
+ * Remember which file ts_log_fd is now (the shim, as it starts): lines are
+ * written only while it is still that file.
+ */
+void ts_log_bind(void);
+
 #endif

@@ -203,6 +203,7 @@ __attribute__((constructor)) static void ts_shim_init(void)
 	int expected = TS_UNINIT;
 	if (!atomic_compare_exchange_strong(&ts_init_state, &expected, TS_INITIALIZING))
 		return;
+	ts_log_bind();
 	char err[512];
 	if (ts_config_parse(&ts_cfg, env_get, err, sizeof(err)) != 0) {
 		ts_log_threshold = TS_LOG_ERROR;

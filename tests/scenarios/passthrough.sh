@@ -72,4 +72,16 @@ listed=$(sed -n '/global:/,/local:/p' shim/tsshim.map | sed 's,/\*.*\*/,,' | tr 
 check "exports are exactly the version script's list ($(echo "$exported" | wc -l) symbols)" [ "$exported" = "$listed" ]
 check "no core symbol leaks out" sh -c "! nm -D --defined-only '$BUILD/libtsshim.so' | grep -q ' ts_'"
 
+# Log lines: a stderr whose reader is gone (a job piped into head) made the
+# first line a SIGPIPE that killed the program (exit -13); a stderr the
+# program closed and gave to a file of its own got our lines in that file.
+rc=$("$PY" tests/py/log_target.py pipe env LD_PRELOAD="$TS_PRELOAD" TSSHIM_TYPO=1 /bin/true)
+check "a line to a stderr whose reader is gone: the program exits as without the shim (status $rc)" [ "$rc" = 0 ]
+"$PWD/$BUILD/tsshim-mkdata" --classes 1 --train 1 --val 0 --seed 3 "$T_TMP/logd" >/dev/null 2>&1
+jpeg=$(ls "$T_TMP"/logd/train/*/*.jpg | head -n 1)
+JPEG=$jpeg LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=exact TSSHIM_LOG=info TSSHIM_SESSION="$(session_name logfd)" \
+	"$PY" tests/py/log_target.py "$T_TMP/fd2.dat"
+check "fd 2 closed and reused for the program's file: none of our lines in it ($(grep -c tsshim "$T_TMP/fd2.dat") lines)" \
+	[ "$(cat "$T_TMP/fd2.dat" | tr '\n' ' ')" = "DATA END " ]
+
 finish passthrough
