@@ -62,6 +62,7 @@
  * source makes start_decompress return FALSE and be called again in a
  * later state: the decision was made at the first call. */
 #define TS_DSTATE_READY 202
+#define TS_DSTATE_SCANNING 205
 
 /* ---- the real library, per calling object ---------------------------------- */
 
@@ -173,12 +174,13 @@ static int object_names(const void *addr, const char *sym)
 	return q.found != 0;
 }
 
-/* May code in the object at `caller` crop? When it links jpeg_crop_scanline,
- * or dlsym (it may look the crop up when it needs it, after the start). */
+/* May code in the object at `caller` crop or skip rows? When it links
+ * jpeg_crop_scanline or jpeg_skip_scanlines, or dlsym (it may look them up
+ * when it needs them, after the start). Either makes a hit decode for real. */
 static int may_crop(const void *caller)
 {
-	return object_names(caller, "jpeg_crop_scanline") || object_names(caller, "dlsym") ||
-	       object_names(caller, "dlvsym");
+	return object_names(caller, "jpeg_crop_scanline") || object_names(caller, "jpeg_skip_scanlines") ||
+	       object_names(caller, "dlsym") || object_names(caller, "dlvsym");
 }
 
 static void fill_api(struct jpeg_api *a, void *h);
@@ -591,11 +593,47 @@ TS_EXPORT boolean jpeg_start_decompress(j_decompress_ptr cinfo)
 	return ok;
 }
 
+/*
+ * Give up a hit part-way and go on with the real decoder: its start, if the
+ * hit skipped it, then the rows the hit already handed out, decoded again
+ * (into a scratch row; they are the hit's, byte for byte), so that the real
+ * decoder stands where the program believes it is. A skip or a crop then
+ * runs for real, as without the shim.
+ */
+static void leave_hit(struct dstate *s, j_decompress_ptr c, const struct jpeg_api *a)
+{
+	JDIMENSION at = c->output_scanline;
+	free(s->hit);
+	s->hit = NULL;
+	s->mode = D_PASS;
+	if (c->global_state == TS_DSTATE_READY)
+		a->start(c); /* output_scanline 0 */
+	else
+		c->output_scanline = 0; /* the real start ran before the hit; it made no row yet */
+	if (!at)
+		return;
+	JSAMPROW row = malloc((size_t)c->output_width * (size_t)c->output_components);
+	if (!row) {
+		c->err->msg_code = JERR_OUT_OF_MEMORY;
+		c->err->error_exit((j_common_ptr)c);
+		return;
+	}
+	while (c->output_scanline < at && a->read_scanlines(c, &row, 1) == 1)
+		;
+	free(row);
+}
+
 TS_EXPORT JDIMENSION jpeg_read_scanlines(j_decompress_ptr cinfo, JSAMPARRAY rows, JDIMENSION max)
 {
 	struct dstate *s;
 	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
 	if (s && s->mode == D_HIT) {
+		if (cinfo->output_scanline >= s->rows_total) {
+			/* as libjpeg: a warning (WARNMS), and no rows */
+			cinfo->err->msg_code = JWRN_TOO_MUCH_DATA;
+			cinfo->err->emit_message((j_common_ptr)cinfo, -1);
+			return 0;
+		}
 		JDIMENSION n = 0;
 		while (n < max && cinfo->output_scanline < s->rows_total) {
 			memcpy(rows[n], s->hit + (uint64_t)cinfo->output_scanline * s->row_bytes, s->row_bytes);
@@ -627,12 +665,8 @@ TS_EXPORT JDIMENSION jpeg_skip_scanlines(j_decompress_ptr cinfo, JDIMENSION num)
 {
 	struct dstate *s;
 	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
-	if (s && s->mode == D_HIT) {
-		JDIMENSION left = cinfo->output_height - cinfo->output_scanline;
-		JDIMENSION n = num < left ? num : left;
-		cinfo->output_scanline += n;
-		return n;
-	}
+	if (s && s->mode == D_HIT)
+		leave_hit(s, cinfo, a); /* the rows after a skip are not always a full decode's */
 	if (s && s->mode == D_FILL) {
 		ts_exact_abort(&s->fill); /* skipped rows are never decoded */
 		s->mode = D_PASS;
@@ -648,13 +682,15 @@ TS_EXPORT void jpeg_crop_scanline(j_decompress_ptr cinfo, JDIMENSION *xoffset, J
 {
 	struct dstate *s;
 	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
+	if (s && s->mode == D_HIT && cinfo->output_scanline != 0) {
+		/* as libjpeg: a crop once rows were read is an error (in the scanning state) */
+		cinfo->err->msg_code = JERR_BAD_STATE;
+		cinfo->err->msg_parm.i[0] = TS_DSTATE_SCANNING;
+		cinfo->err->error_exit((j_common_ptr)cinfo);
+		return; /* an error_exit that returns */
+	}
 	if (s && s->mode == D_HIT) {
-		/* Cropping changes the output: decode this image for real after all. */
-		free(s->hit);
-		s->hit = NULL;
-		s->mode = D_PASS;
-		if (cinfo->global_state == TS_DSTATE_READY) /* else it ran before the hit */
-			a->start(cinfo);
+		leave_hit(s, cinfo, a); /* cropping changes the output: decode for real after all */
 	} else if (s && s->mode == D_FILL) {
 		ts_exact_abort(&s->fill);
 		s->mode = D_PASS;

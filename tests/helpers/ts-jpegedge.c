@@ -266,7 +266,7 @@ int main(int argc, char **argv)
 	if (argc > 3 && !strcmp(argv[1], "fork"))
 		return decode_fork(argc, argv);
 	if (argc < 3) {
-		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|prefix|prefix-open|chunked|chunk-mod|early|dither|concat|suspend|suspend-crop|vfork A, freopen|freopen-read A B, fork X Y...\n");
+		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|prefix|prefix-open|chunked|chunk-mod|nofancy|skip|crop-late|overread|early|dither|concat|suspend|suspend-crop|vfork A, freopen|freopen-read A B, fork X Y...\n");
 		return 2;
 	}
 	const char *mode = argv[1];
@@ -390,6 +390,39 @@ int main(int argc, char **argv)
 				b[i] ^= 0x55;
 		header(&c, b, got);
 		finish_image(&c, mode);
+	} else if (!strcmp(mode, "nofancy")) {
+		header(&c, a, la);
+		c.do_fancy_upsampling = FALSE;
+		finish_image(&c, "nofancy");
+	} else if (!strcmp(mode, "skip") || !strcmp(mode, "crop-late") || !strcmp(mode, "overread")) {
+		/* skip: rows 0-2, skip 17, the rest; crop-late: a crop after row 0 (libjpeg
+		 * refuses: JERR_BAD_STATE); overread: read until libjpeg returns 0 (a warning) */
+		header(&c, a, la);
+		c.do_fancy_upsampling = FALSE; /* the merged upsampler: skipped rows are its own */
+		jpeg_start_decompress(&c);
+		size_t row = (size_t)c.output_width * (size_t)c.output_components;
+		unsigned char *img = calloc(c.output_height + 1u, row);
+		uint64_t h = 0;
+		unsigned rows = 0;
+		for (;;) {
+			if (!strcmp(mode, "skip") && c.output_scanline == 3)
+				jpeg_skip_scanlines(&c, 17);
+			if (!strcmp(mode, "crop-late") && c.output_scanline == 1) {
+				JDIMENSION x = 0, w = 16;
+				jpeg_crop_scanline(&c, &x, &w);
+				printf("crop-late accepted\n");
+			}
+			if (!strcmp(mode, "overread") ? 0 : c.output_scanline >= c.output_height)
+				break;
+			JSAMPROW r = img + row * rows;
+			if (jpeg_read_scanlines(&c, &r, 1) != 1)
+				break;
+			h = ts_hash64(r, row, h);
+			rows++;
+		}
+		printf("%s rows=%u %016llx warnings=%ld\n", mode, rows, (unsigned long long)h, c.err->num_warnings);
+		free(img);
+		jpeg_abort_decompress(&c);
 	} else if (!strcmp(mode, "early")) {
 		/* the program stops half-way and finishes: libjpeg refuses */
 		header(&c, a, la);
