@@ -530,8 +530,11 @@ static int own_file(struct ts_feed *f, unsigned slot, uint64_t need)
 		struct stat sb;
 		if (fd < 0)
 			return -errno;
-		if (fstat(fd, &sb) || (ret = ts_shm_file_ours(&sb)) != 0) {
-			ret = ret ? ret : -errno;
+		/* one name only: a peer that hard-linked another object of ours
+		 * (a session segment, the cache) here must not get our batches
+		 * written into it */
+		if (fstat(fd, &sb) || (ret = ts_shm_file_ours(&sb)) != 0 || sb.st_nlink != 1) {
+			ret = ret ? ret : sb.st_nlink != 1 ? -EMLINK : -errno;
 			close(fd);
 			return ret;
 		}
@@ -859,9 +862,11 @@ static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t 
 		    h->stream_epoch != *epoch)
 			continue;
 		const int64_t *idx = (const int64_t *)(base + h->index_off); /* 8-aligned, in the file */
-		for (uint64_t i = 0; i < h->nsamples; i++)
-			if ((uint64_t)idx[i] < f->nindex)
-				bits[(uint64_t)idx[i] / 64] |= 1ull << ((uint64_t)idx[i] % 64);
+		for (uint64_t i = 0; i < h->nsamples; i++) {
+			uint64_t x = (uint64_t)__atomic_load_n(&idx[i], __ATOMIC_RELAXED); /* a peer's: once */
+			if (x < f->nindex)
+				bits[x / 64] |= 1ull << (x % 64);
+		}
 	}
 	/*
 	 * A producer writes what the ring told it back into the ledger: a

@@ -184,6 +184,12 @@ int ts_shm_create_tmp(const char *path, char *tmp, size_t tmplen)
 		if ((size_t)snprintf(tmp, tmplen, "%s.tmp%u.%u", path, (unsigned)getpid(), n) >= tmplen)
 			return -ENAMETOOLONG;
 		int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd >= 0 && fchmod(fd, 0600) != 0) { /* a umask may have taken bits: 0600 exactly, as checked */
+			int e = errno;
+			close(fd);
+			unlink(tmp);
+			return -e;
+		}
 		if (fd >= 0 || errno != EEXIST)
 			return fd >= 0 ? fd : -errno;
 	}

@@ -739,3 +739,37 @@ Test(feed, a_slot_of_smaller_samples_writes_no_index_past_the_room_given)
 	ts_feed_close(&c);
 	ts_feed_close(&p);
 }
+
+/*
+ * A slot file's name is predictable: a peer that hard-links another object
+ * of ours under it (a session segment, the cache) must not get a batch
+ * written into that object. The producer refuses a slot file with a second
+ * name (found in review: it opened it with O_CREAT and wrote on).
+ */
+Test(feed, a_slot_file_linked_to_another_object_is_not_written)
+{
+	struct ts_feed f;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	char victim[TS_PATH_MAX + 64], slot[TS_PATH_MAX + 128];
+	snprintf(victim, sizeof(victim), "%s/%s-victim", ts_shm_dir(), name);
+	snprintf(slot, sizeof(slot), "%s/" TS_FEED_PREFIX "%u.%s.%llx.w%u.e%u.s0.g0", ts_shm_dir(), (unsigned)getuid(),
+		 f.s.name, (unsigned long long)f.incarnation, (unsigned)f.s.self,
+		 ts_producer_epoch(atomic_load(&f.s.seg->producer)));
+	int fd = open(victim, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(write(fd, "VICTIM", 6), 6);
+	close(fd);
+	cr_assert_eq(link(victim, slot), 0, "%s", slot);
+	int64_t idx[4] = { 0, 1, 2, 3 };
+	int r = publish(&f, idx, 4, 1, 0, schema);
+	cr_expect_neq(r, 0, "a batch published into a file with two names");
+	char buf[16] = { 0 };
+	fd = open(victim, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(fd, 0);
+	ssize_t n = read(fd, buf, sizeof(buf));
+	close(fd);
+	cr_expect(n == 6 && memcmp(buf, "VICTIM", 6) == 0, "the other object was written: %zd bytes", n);
+	unlink(slot);
+	unlink(victim);
+	ts_feed_close(&f);
+}
