@@ -73,8 +73,10 @@ static void drv_resolve(void)
 	};
 	/* Only a driver the process has loaded itself: we never load CUDA. */
 	void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-	if (!h)
+	if (!h) {
+		dlerror(); /* not loaded: the program's next dlerror() must not see our question */
 		return;
+	}
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		void *p = ts_real_dlsym(h, names[i].name);
 		if (!p) {
@@ -266,6 +268,7 @@ struct peer_buf {                /* a record of another process, opened here */
 	CUdeviceptr ptr;
 	CUevent ev;
 	CUcontext ctx;
+	size_t real;             /* the opened allocation's size, from the driver */
 	unsigned copies;         /* our copies from it in flight */
 };
 
@@ -906,10 +909,24 @@ static void peer_close(struct ts_gpu *g, unsigned b)
 	struct peer_buf *pb = &g->peer[b];
 	if (!pb->uniq)
 		return;
-	drv.IpcCloseMemHandle(pb->ptr);
+	/* in the context it was opened in, whichever thread closes it (CUDA: one
+	 * importing context per device; a close elsewhere fails) */
+	CUcontext prev;
+	int sw = in_ctx(pb->ctx, &prev);
+	int closed = drv.IpcCloseMemHandle(pb->ptr) == CUDA_SUCCESS;
 	drv.EventDestroy(pb->ev);
+	in_ctx_end(sw, prev);
 	memset(pb, 0, sizeof(*pb));
-	ts_gpuring_unmap(&g->ring, g->f->s.self, b); /* after the close: the owner may free it now */
+	/*
+	 * After the close: the owner may free it now. A close that failed
+	 * leaves the buffer marked as mapped by us: freeing an exported buffer
+	 * still mapped in an importer is undefined in CUDA, so the owner keeps
+	 * it until we are gone.
+	 */
+	if (closed)
+		ts_gpuring_unmap(&g->ring, g->f->s.self, b);
+	else
+		ts_debug("gpu: closing our mapping of record %u failed; its owner keeps it while we live", b);
 }
 
 /* Our mapping of record b (opened once, reopened when the record changed). */
@@ -920,7 +937,7 @@ static struct peer_buf *peer_open(struct ts_gpu *g, const struct ts_gpu_held *h)
 	if (drv.CtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
 		return NULL;
 	if (pb->uniq == h->uniq && pb->ctx == ctx)
-		return pb;
+		return h->size <= pb->real ? pb : NULL; /* the record's size is a peer's word at every hold */
 	if (pb->uniq && pb->copies)
 		return NULL; /* the old mapping is still being read from */
 	peer_close(g, h->buf);
@@ -955,6 +972,7 @@ static struct peer_buf *peer_open(struct ts_gpu *g, const struct ts_gpu_held *h)
 	}
 	pb->uniq = h->uniq;
 	pb->ctx = ctx;
+	pb->real = real;
 	ts_gpuring_map(&g->ring, g->f->s.self, h->buf); /* while we hold it: see gpuring.h */
 	return pb;
 }
@@ -1172,7 +1190,19 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 	int served = 0;
 	if (!npieces || npieces > 8 || !drv_ready())
 		return 0;
+	/*
+	 * Only a copy into device memory: one into host memory (cudaMemcpyDefault
+	 * or cuMemcpy to a pinned or registered buffer) is synchronous in CUDA
+	 * whatever the call, and a device copy out of the ring would still be
+	 * queued when it returned. Unified memory, too, goes the program's way.
+	 */
+	unsigned int dtype = 0;
 	int relaxed = relax_begin(&mode);
+	if (drv.PointerGetAttribute(&dtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dst) != CUDA_SUCCESS ||
+	    dtype != CU_MEMORYTYPE_DEVICE) {
+		relax_end(relaxed, mode);
+		return 0;
+	}
 	pthread_mutex_lock(&g->mu);
 	if (ring_open(g))
 		goto out;

@@ -13,9 +13,13 @@
  * --default-stream per-thread does) followed by cudaStreamSynchronize(0);
  * the consumer then reads back on a non-blocking stream, which is ordered
  * after nothing but what that synchronize covered.
+ * The consumer also copies each batch's images to pinned host memory with
+ * cudaMemcpyAsync(cudaMemcpyDefault) and compares at once: a copy from host
+ * to host is synchronous in CUDA, so it must never be served from the ring
+ * (a device copy, still queued when the call returns; counted in host_bad).
  * Every mode checks that errno is the same after the uploads as before.
- * Prints "MODE done: batches=N served=S bad=B errno_changed=E"; exit 1 when
- * B or E is not 0. Link with tsemu's (or CUDA's) libcudart.
+ * Prints "MODE done: batches=N served=S bad=B host_bad=H errno_changed=E";
+ * exit 1 when B, H or E is not 0. Link with tsemu's (or CUDA's) libcudart.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -70,7 +74,7 @@ int main(int argc, char **argv)
 	int pt = argc == 4;
 	int nb = atoi(argv[2]), prod = strcmp(argv[1], "cons") != 0, gpu = strcmp(argv[1], "cpuprod") != 0;
 	size_t bytes = (size_t)SAMPLES * SAMPLE_BYTES, lbytes = SAMPLES * sizeof(int64_t);
-	unsigned char *img = NULL, *back = malloc(bytes);
+	unsigned char *img = NULL, *back = malloc(bytes), *hostcopy = NULL;
 	int64_t *lbl = NULL, *lback = malloc(lbytes), ids[SAMPLES];
 	void *d = NULL, *dl = NULL;
 	cudaStream_t side = NULL;
@@ -78,14 +82,14 @@ int main(int argc, char **argv)
 		img = malloc(bytes);
 		lbl = malloc(lbytes);
 	} else if (cudaMallocHost((void **)&img, bytes) || cudaMallocHost((void **)&lbl, lbytes) ||
-		   cudaMalloc(&d, bytes) || cudaMalloc(&dl, lbytes) ||
+		   cudaMallocHost((void **)&hostcopy, bytes) || cudaMalloc(&d, bytes) || cudaMalloc(&dl, lbytes) ||
 		   cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking)) {
 		fprintf(stderr, "ts-gpurace: CUDA set-up failed\n");
 		return 2;
 	}
 	if (!img || !lbl || !back || !lback)
 		return 2;
-	int bad = 0, served = 0, errno_changed = 0;
+	int bad = 0, host_bad = 0, served = 0, errno_changed = 0;
 	for (int b = 0; b < nb; b++) {
 		fill(img, lbl, ids, b, nb);
 		void *data[2] = { img, lbl };
@@ -95,6 +99,14 @@ int main(int argc, char **argv)
 						    (uint64_t)SAMPLES * (uint64_t)nb, flags, NULL)
 				     : 0;
 		served += r == TSSHIM_BATCH_SERVED;
+		if (gpu && !prod) { /* before the uploads: the batch's first copy is the one the shim would serve */
+			memset(hostcopy, 0, bytes);
+			if (cudaMemcpyAsync(hostcopy, img, bytes, cudaMemcpyDefault, side) ||
+			    memcmp(hostcopy, img, bytes)) {
+				host_bad++;
+				fprintf(stderr, "batch %d: a host-to-host copy was not done when it returned\n", b);
+			}
+		}
 		if (gpu) {
 			errno = ERRNO_MARK;
 			cudaError_t e2 = upload(dl, lbl, lbytes, pt);
@@ -114,10 +126,11 @@ int main(int argc, char **argv)
 				fprintf(stderr, "batch %d (%s): device bytes differ from the host's\n", b,
 					r == TSSHIM_BATCH_SERVED ? "served" : "own");
 			}
+
 		}
 		usleep(20000);
 	}
-	printf("%s%s done: batches=%d served=%d bad=%d errno_changed=%d\n", argv[1], pt ? " pt" : "", nb, served, bad,
-	       errno_changed);
-	return bad || errno_changed ? 1 : 0;
+	printf("%s%s done: batches=%d served=%d bad=%d host_bad=%d errno_changed=%d\n", argv[1], pt ? " pt" : "", nb,
+	       served, bad, host_bad, errno_changed);
+	return bad || host_bad || errno_changed ? 1 : 0;
 }
