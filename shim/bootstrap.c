@@ -19,11 +19,15 @@
  *     whose parent was started with -S or -E (so never restored the variable)
  *     inherits a consistent pair and must not get the prefix twice.
  *
- * Python started with -E or -I ignores PYTHONPATH: no bootstrap there.
+ * Python started with -E or -I ignores PYTHONPATH, and with -S never imports
+ * sitecustomize (so never restores the variable): no bootstrap there, and
+ * the environment its children inherit stays the user's.
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <sys/syscall.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +71,49 @@ static int is_python_process(void)
 	return python_name(program_invocation_short_name); /* no /proc */
 }
 
+/*
+ * Did the interpreter's command line give -E, -I or -S (alone or among
+ * other flags, "-IEs")? Options end at the script, "-", "--", or the
+ * argument of -c or -m; -W and -X take one (attached or the next word).
+ */
+static int python_skips_site_or_env(void)
+{
+	char buf[4096];
+	int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = syscall(SYS_read, fd, buf, sizeof(buf) - 1);
+	syscall(SYS_close, fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	const char *end = buf + n, *a = buf + strlen(buf) + 1; /* past argv[0] */
+	int skip_next = 0;
+	for (; a < end; a += strlen(a) + 1) {
+		if (skip_next) {
+			skip_next = 0;
+			continue;
+		}
+		if (a[0] != '-' || !strcmp(a, "-") || !strcmp(a, "--"))
+			return 0;
+		if (a[1] == '-') { /* a long option; only this one takes an argument */
+			skip_next = !strcmp(a, "--check-hash-based-pycs");
+			continue;
+		}
+		for (const char *c = a + 1; *c; c++) {
+			if (strchr("EIS", *c))
+				return 1;
+			if (*c == 'c' || *c == 'm')
+				return 0;
+			if (*c == 'W' || *c == 'X') {
+				skip_next = c[1] == '\0';
+				break;
+			}
+		}
+	}
+	return 0;
+}
+
 /* Python already running (the shim dlopen'ed late): PYTHONPATH was read. */
 static int python_already_initialized(void)
 {
@@ -107,6 +154,10 @@ void ts_bootstrap_python(void)
 {
 	if (!ts_cfg.python || !ts_shim_ready() || !is_python_process() || python_already_initialized())
 		return;
+	if (python_skips_site_or_env()) {
+		ts_debug("python: started with -E, -I or -S: no bootstrap (PYTHONPATH left as it is)");
+		return;
+	}
 	char dir[PATH_MAX];
 	int ret = find_python_dir(dir, sizeof(dir));
 	if (ret) {

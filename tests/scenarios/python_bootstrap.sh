@@ -82,6 +82,14 @@ for PY in "${PYS[@]}"; do
 	# directory twice, and still ends with the user's value.
 	check "$n: child of a 'python -S' parent: prefix not doubled, user's PYTHONPATH" \
 		[ "$(shim PYTHONPATH=/a "$PY" -S -c "$CHILD" "$KID")" = "'/a' 1 True" ]
+	# -E and -I ignore PYTHONPATH, -S never imports sitecustomize (which would
+	# restore it): the environment stays the user's for the program and the
+	# children it starts (before, PYTHONPATH was our directory in all five).
+	for flags in -S -E -I -Es "-W ignore -E"; do
+		# shellcheck disable=SC2086
+		check "$n: python $flags: PYTHONPATH unset stays unset" [ "$(shim "$PY" $flags -c "$PP")" = "None False" ]
+	done
+	check "$n: python -E: PYTHONPATH=/a:/b stays /a:/b" [ "$(shim PYTHONPATH=/a:/b "$PY" -E -c "$PP")" = "'/a:/b' False" ]
 	out=$(shim PYTHONPATH=/a:/b "$PY" -c 'import subprocess; subprocess.run(["/bin/sh", "-c", "echo \"${PYTHONPATH-unset}\""])')
 	check "$n: a shell started by the program sees the user's PYTHONPATH ($out)" [ "$out" = /a:/b ]
 	out=$(cd / && shim "$PY" -c 'import sys; print([p for p in sys.path if "tsshim" in p or p.endswith("/python")][:1])')
