@@ -53,6 +53,7 @@ struct fd_entry {
 };
 
 static struct fd_entry fds[MAX_TRACKED_FD];
+static _Atomic int fds_top; /* one past the highest descriptor ever tracked */
 
 /* Paths of tracked files, for scope detection and messages (a ring). */
 static struct {
@@ -111,6 +112,28 @@ static int table_foreign(void)
 void ts_io_fork_child(void)
 {
 	atomic_store(&table_pid, getpid());
+	/*
+	 * An entry another thread was writing when we forked stays odd in the
+	 * child for ever (that thread is not here to finish): every later
+	 * update adds 2, so the descriptor would never prove a decode again.
+	 * Nobody else runs in the child yet: forget those entries.
+	 */
+	int top = atomic_load_explicit(&fds_top, memory_order_relaxed);
+	for (int fd = 0; fd < top && fd < MAX_TRACKED_FD; fd++) {
+		uint32_t seq = atomic_load_explicit(&fds[fd].seq, memory_order_relaxed);
+		if (seq & 1) {
+			fds[fd].tracked = 0;
+			atomic_store_explicit(&fds[fd].seq, seq + 1, memory_order_relaxed);
+		}
+	}
+}
+
+static void note_top(int fd)
+{
+	int top = atomic_load_explicit(&fds_top, memory_order_relaxed);
+	while (top <= fd &&
+	       !atomic_compare_exchange_weak_explicit(&fds_top, &top, fd + 1, memory_order_relaxed, memory_order_relaxed))
+		;
 }
 
 static void entry_clear(int fd)
@@ -145,6 +168,8 @@ static void entry_copy(int from, int to)
 	struct fd_entry *e = &fds[to];
 	atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
 	e->tracked = snap.tracked;
+	if (snap.tracked)
+		note_top(to);
 	e->id = snap.id;
 	e->first_len = snap.first_len;
 	e->contig = snap.contig;
@@ -236,6 +261,7 @@ static void track_open(int dirfd, const char *path, int flags, int fd)
 		e->contig = 0;
 		e->path_slot = store_path(abs, &e->path_gen);
 		e->tracked = 1;
+		note_top(fd);
 		atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
 	}
 	errno = saved;
