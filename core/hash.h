@@ -57,6 +57,14 @@ static inline uint64_t ts_hash64(const void *data, size_t len, uint64_t seed)
 #define TS_HASH_BULK_M1 0x9e3779b185ebca87ull
 #define TS_HASH_BULK_M2 0xc2b2ae3d27d4eb4full
 
+static inline void ts_hash_bulk_seed(uint64_t a[4])
+{
+	a[0] = TS_HASH_BULK_M1 + TS_HASH_BULK_M2;
+	a[1] = TS_HASH_BULK_M2;
+	a[2] = 0;
+	a[3] = 0 - TS_HASH_BULK_M1;
+}
+
 static inline void ts_hash_bulk_block(uint64_t a[4], const unsigned char *p)
 {
 	for (int k = 0; k < 4; k++) {
@@ -76,7 +84,8 @@ static inline uint64_t ts_hash_bulk_end(const uint64_t a[4], const unsigned char
 static inline uint64_t ts_hash_bulk(const void *data, size_t len)
 {
 	const unsigned char *p = data;
-	uint64_t a[4] = { TS_HASH_BULK_M1 + TS_HASH_BULK_M2, TS_HASH_BULK_M2, 0, 0 - TS_HASH_BULK_M1 };
+	uint64_t a[4];
+	ts_hash_bulk_seed(a);
 	size_t i = 0;
 	for (; i + 32 <= len; i += 32)
 		ts_hash_bulk_block(a, p + i);
@@ -96,10 +105,7 @@ struct ts_hash_stream {
 
 static inline void ts_hash_stream_init(struct ts_hash_stream *s)
 {
-	s->a[0] = TS_HASH_BULK_M1 + TS_HASH_BULK_M2;
-	s->a[1] = TS_HASH_BULK_M2;
-	s->a[2] = 0;
-	s->a[3] = 0 - TS_HASH_BULK_M1;
+	ts_hash_bulk_seed(s->a);
 	s->len = 0;
 }
 

@@ -65,7 +65,7 @@ int ts_heartbeat_start(struct ts_heartbeat *hb, struct ts_session *s, ts_role_fn
 	hb->session = s;
 	hb->on_role = on_role;
 	hb->arg = arg;
-	hb->interval_ns = (s->timeout_ns ? s->timeout_ns : ts_timeout_ns(s->seg)) / 4;
+	hb->interval_ns = s->timeout_ns / 4;
 	hb->role = ts_session_role(s);
 	if (hb->on_role)
 		hb->on_role(hb->role, ts_producer_epoch(atomic_load(&s->seg->producer)), arg);

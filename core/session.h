@@ -124,10 +124,15 @@ static inline uint64_t ts_timeout_ns(const struct ts_segment *seg)
  * process stopped, in a debugger, or just not iterating) before it evicts
  * it: ten timeouts, at least 5 s. Dead readers are evicted at once.
  */
+static inline uint64_t ts_stall_for(uint64_t timeout_ns)
+{
+	uint64_t t = timeout_ns * 10;
+	return t > 5000000000ull ? t : 5000000000ull;
+}
+
 static inline uint64_t ts_stall_ns(const struct ts_segment *seg)
 {
-	uint64_t t = ts_timeout_ns(seg) * 10;
-	return t > 5000000000ull ? t : 5000000000ull;
+	return ts_stall_for(ts_timeout_ns(seg));
 }
 
 /*

@@ -348,7 +348,7 @@ TS_EXPORT int tsshim_feed_timeout_ms(int h)
 /* How long to wait on a consumer that does not read before evicting it (ts_stall_ns). */
 TS_EXPORT int tsshim_feed_stall_ms(int h)
 {
-	return FEED_CALL(h, f, (int)(ts_stall_ns(f->s.seg) / 1000000ull));
+	return FEED_CALL(h, f, (int)(ts_stall_for(f->s.timeout_ns) / 1000000ull));
 }
 
 TS_EXPORT int tsshim_feed_take_idle(int h)

@@ -39,6 +39,7 @@
 #define TS_EXPORT __attribute__((visibility("default")))
 
 #define MAX_TRACKED_FD 65536
+#define READ_HASH_MAX (16u << 20) /* a file's bytes hashed as read; a longer one is never proven */
 #define PATH_SLOTS 256
 
 struct fd_entry {
@@ -307,8 +308,11 @@ static void track_read(int fd, const void *buf, ssize_t n, off_t off)
 			ts_hash_stream_init(&e->read_hash);
 			e->first_len = (uint64_t)n;
 		}
-		/* every byte read in order from the start: a buffer later decoded is proven whole */
-		ts_hash_stream_add(&e->read_hash, buf, (size_t)n);
+		/* every byte read in order from the start, so that a buffer later
+		 * decoded is proven whole; not past READ_HASH_MAX (a large file in the
+		 * scope that is no JPEG must not cost a hash of every read) */
+		if (e->read_hash.len == e->contig && (uint64_t)n <= READ_HASH_MAX - e->contig)
+			ts_hash_stream_add(&e->read_hash, buf, (size_t)n);
 		e->contig += (uint64_t)n;
 		atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);
 	}
@@ -377,8 +381,8 @@ int ts_io_provenance(const void *buf, size_t len, int source_grows, struct ts_fi
 	 * decode from memory), or the file is being fed to the decoder as it is
 	 * read (Pillow). A buffer cut short is neither, and decodes for real.
 	 */
-	if (len != last_read.contig)
-		return 0;
+	if (len != last_read.contig || len != last_read.read_hash.len)
+		return 0; /* not what was read, or more than was hashed */
 	if (len < last_read.id.size && (!source_grows || !still_reading(&last_read.id, last_read.fd, len)))
 		return 0;
 	/* ...and it holds exactly the bytes this thread read, every one of

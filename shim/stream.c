@@ -390,7 +390,7 @@ static struct loader *loader_get(const char *key, uint64_t nindex)
  */
 static int laggards_waited(struct ts_feed *f, uint64_t *waited)
 {
-	uint64_t stall = ts_stall_ns(f->s.seg);
+	uint64_t stall = ts_stall_for(f->s.timeout_ns);
 	if ((*waited += SLICE_NS) >= stall && ts_feed_evict_laggards(f) < 0)
 		return 0;
 	return *waited < 2 * stall;
@@ -473,7 +473,7 @@ static int waited_one(struct loader *L, uint64_t *waited)
 	uint64_t timeout = f->s.timeout_ns;
 	if (*waited >= timeout && ts_session_take_idle(&f->s, timeout) == 1)
 		return WAIT_PRODUCE;
-	if (*waited >= 2 * ts_stall_ns(f->s.seg)) {
+	if (*waited >= 2 * ts_stall_for(timeout)) {
 		loader_off(L, "the producer publishes nothing");
 		return WAIT_GIVE_UP;
 	}
