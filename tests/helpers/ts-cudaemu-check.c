@@ -7,7 +7,7 @@
  *                                     failed (each on stderr), 2: usage
  *
  * Commands: basics, errors, no-host-access, nodevice, getproc, route, deny, pinned,
- * fork, fork-clean, peer, ipc-mem, ipc-event, ipc-dead, ipc-exit, stream-async, stream-order, capture,
+ * fork, fork-clean, peer, ipc-mem, ipc-event, ipc-dead, ipc-exit, ipc-reset, stream-async, stream-order, capture,
  * bandwidth h2d|d2d MIN_MS MAX_MS [ROUNDS], stats, quick (basics errors pinned peer
  * ipc-mem capture in one process, for valgrind). The *-child commands are the other
  * side of the IPC checks. tests/scenarios/cudaemu.sh runs them all.
@@ -61,6 +61,7 @@
 	X(IpcOpenMemHandle, cudaIpcOpenMemHandle) X(IpcCloseMemHandle, cudaIpcCloseMemHandle)            \
 	X(IpcGetEventHandle, cudaIpcGetEventHandle) X(IpcOpenEventHandle, cudaIpcOpenEventHandle)        \
 	X(DeviceSynchronize, cudaDeviceSynchronize) X(DeviceCanAccessPeer, cudaDeviceCanAccessPeer)      \
+	X(DeviceReset, cudaDeviceReset)                                                                  \
 	X(DeviceEnablePeerAccess, cudaDeviceEnablePeerAccess) X(GetLastError, cudaGetLastError)          \
 	X(DeviceDisablePeerAccess, cudaDeviceDisablePeerAccess)                                          \
 	X(PeekAtLastError, cudaPeekAtLastError) X(GetErrorString, cudaGetErrorString)                    \
@@ -1428,8 +1429,15 @@ static void t_ipc_dead_child(int argc, char **argv)
  * memory reads right while its exporter lives. Printed: what a copy reads
  * after the exit ("# exited exporter: ..."). Checked on tsemu: the memory is
  * overwritten at the exit and the copy is counted (ipc_read_lost).
+ *
+ * ipc-reset: the same, with an exporter that calls cudaDeviceReset() and
+ * lives on (as CUDA's samples end main): its primary context, and its
+ * memory with it, goes at the reset. Checked everywhere: the exporter
+ * allocates and copies again after it. Printed ("# reset exporter: ..."):
+ * what the importer's copy reads, and what cudaFree of a pointer from before
+ * answers. Checked on tsemu: other bytes, the read counted.
  */
-static void t_ipc_exit(void)
+static void t_ipc_gone(int reset)
 {
 	load();
 	int up[2], down[2];
@@ -1438,7 +1446,8 @@ static void t_ipc_exit(void)
 	char wfd[16], rfd[16];
 	snprintf(wfd, sizeof wfd, "%d", up[1]);
 	snprintf(rfd, sizeof rfd, "%d", down[0]);
-	char *a[] = {"ts-cudaemu-check", "ipc-exit-child", wfd, rfd, NULL};
+	char *a[] = {"ts-cudaemu-check", "ipc-exit-child", wfd, rfd, reset ? "reset" : NULL, NULL};
+	const char *who = reset ? "reset exporter" : "exited exporter";
 	pid_t p = spawn(a);
 	close(up[1]);
 	close(down[0]);
@@ -1462,17 +1471,24 @@ static void t_ipc_exit(void)
 	      seed_of(g, DEAD_SIZE));
 	struct tsemu_stats s0 = stats();
 	put_byte(down[1], 'x');
-	CHECK(reap(p) == 0, "the exporter exited normally");
+	if (reset)
+		CHECK(get_byte(up[0]) == 'r', "the exporter reset its device, allocated and copied again");
+	else
+		CHECK(reap(p) == 0, "the exporter exited normally");
 	memset(g, 0, DEAD_SIZE);
 	cudaError_t e = rt.MemcpyAsync(g, d, DEAD_SIZE, cudaMemcpyDeviceToHost, s);
 	if (e == cudaSuccess)
 		e = rt.StreamSynchronize(s);
 	int seed = e == cudaSuccess ? seed_of(g, DEAD_SIZE) : -1;
-	fprintf(stderr, "# exited exporter: a copy out of its memory after its normal exit: %s, seed %d "
-		"(31: what it held; -1: other bytes)\n", ename(e), seed);
-	fprintf(stderr, "# exited exporter: closing its memory's handle: %s\n", ename(rt.IpcCloseMemHandle(d)));
+	fprintf(stderr, "# %s: a copy out of its memory after its %s: %s, seed %d (31: what it held; -1: other "
+		"bytes)\n", who, reset ? "cudaDeviceReset" : "normal exit", ename(e), seed);
+	fprintf(stderr, "# %s: closing its memory's handle: %s\n", who, ename(rt.IpcCloseMemHandle(d)));
 	rt.GetLastError();
-	if (emu_only(2, "ipc-exit: tsemu takes an exited exporter's memory, and counts a read of it")) {
+	if (reset) {
+		put_byte(down[1], 'y');
+		CHECK(reap(p) == 0, "the exporter exited normally");
+	}
+	if (emu_only(2, "ipc-exit: tsemu takes an exited or reset exporter's memory, and counts a read of it")) {
 		CHECK(e == cudaSuccess && seed == -1, "a copy afterwards reads other bytes (%s, seed %d)", ename(e),
 		      seed);
 		EXPECT(stats().ipc_read_lost - s0.ipc_read_lost, 1);
@@ -1490,12 +1506,32 @@ static void t_ipc_exit(void)
 	OK(rt.FreeHost(g));
 }
 
+/* The exporter's side after its reset: allocations and copies work again. */
+static int exporter_after_reset(void *old, char *h)
+{
+	void *d;
+	int ok = 1;
+	cudaError_t e = rt.Free(old);
+	rt.GetLastError();
+	fprintf(stderr, "# reset exporter: cudaFree of a pointer from before the reset: %s\n", ename(e));
+	if (!real)
+		CHECK(e != cudaSuccess, "tsemu: memory from before the reset is gone (cudaFree: %s)", ename(e));
+	ok &= EXPECT(rt.Malloc(&d, DEAD_SIZE), cudaSuccess);
+	fill(h, DEAD_SIZE, 35);
+	ok &= EXPECT(rt.Memcpy(d, h, DEAD_SIZE, cudaMemcpyHostToDevice), cudaSuccess);
+	memset(h, 0, DEAD_SIZE);
+	ok &= EXPECT(rt.Memcpy(h, d, DEAD_SIZE, cudaMemcpyDeviceToHost), cudaSuccess);
+	CHECK(seed_of(h, DEAD_SIZE) == 35, "after the reset its own copies work (seed %d)", seed_of(h, DEAD_SIZE));
+	ok &= EXPECT(rt.Free(d), cudaSuccess);
+	return ok && seed_of(h, DEAD_SIZE) == 35;
+}
+
 static void t_ipc_exit_child(int argc, char **argv)
 {
 	if (argc < 2)
-		die("usage: ipc-exit-child WFD RFD");
+		die("usage: ipc-exit-child WFD RFD [reset]");
 	load();
-	int wfd = atoi(argv[0]), rfd = atoi(argv[1]);
+	int wfd = atoi(argv[0]), rfd = atoi(argv[1]), reset = argc > 2 && !strcmp(argv[2], "reset");
 	void *d;
 	char *h = xmalloc(DEAD_SIZE);
 	cudaIpcMemHandle_t hm;
@@ -1509,6 +1545,13 @@ static void t_ipc_exit_child(int argc, char **argv)
 	if (fails || write(wfd, mx, sizeof mx - 1) != (ssize_t)(sizeof mx - 1))
 		exit(1);
 	get_byte(rfd); /* then exit, its memory not freed: the context goes with the process */
+	if (reset) {
+		OK(rt.DeviceReset());
+		if (!exporter_after_reset(d, h) || fails)
+			exit(1);
+		put_byte(wfd, 'r');
+		get_byte(rfd);
+	}
 	free(h);
 	exit(fails ? 1 : 0);
 }
@@ -2267,7 +2310,9 @@ int main(int argc, char **argv)
 	else if (!strcmp(cmd, "ipc-dead-child"))
 		t_ipc_dead_child(ac, av);
 	else if (!strcmp(cmd, "ipc-exit"))
-		t_ipc_exit();
+		t_ipc_gone(0);
+	else if (!strcmp(cmd, "ipc-reset"))
+		t_ipc_gone(1);
 	else if (!strcmp(cmd, "ipc-exit-child"))
 		t_ipc_exit_child(ac, av);
 	else if (!strcmp(cmd, "stream-async"))

@@ -30,6 +30,8 @@
  *    copy that reads memory so lost is counted by its reader
  *    (ipc_read_lost). A killed exporter runs nothing: its memory is kept
  *    while open, as ipc-dead checks (what a real driver does, it prints).
+ *    A primary context reset (cuDevicePrimaryCtxReset, cudaDeviceReset) or
+ *    released for the last time is destroyed the same way, memory and all.
  *  - Streams: one worker thread per stream executes its queue in order.
  *    Copies run there, so a pinned source changed after an async copy and
  *    before synchronisation shows. The legacy default stream synchronises
@@ -1417,8 +1419,73 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 	return CUDA_SUCCESS;
 }
 
-/* The primary context is kept when its last retain is released (its
- * streams and memory stay valid); real CUDA would destroy it. */
+/*
+ * The primary context c goes (cuDevicePrimaryCtxReset, or the release of
+ * its last retain), as on CUDA: its work is waited for, then what it owns
+ * is destroyed. Its device memory (what a live process still has open
+ * through IPC is lost there, counted as at exit: ipc_lost_at_exit), the IPC
+ * mappings it opened, its events and its streams, whose handles are invalid
+ * from then on. The handle itself stays (a later retain or use brings the
+ * context back, empty), and so do the legacy and per-thread streams, which
+ * tsemu keeps per context for its life. Host allocations are kept: tsemu
+ * ties them to no context. Under G.mu.
+ */
+static void ctx_teardown(struct ctx *c)
+{
+	ctx_sync(c);
+	for (size_t i = G.nmem; i-- > 0;) { /* (backwards: a removal shifts only what was looked at) */
+		struct mem *m = G.mems[i];
+		if (!is_dev(m) || m->ctx != c)
+			continue;
+		if (m->kind == M_DEV) {
+			if (open_elsewhere(m)) {
+				ST_ADD(ipc_lost_at_exit, 1);
+				mem_lose(m);
+			}
+			G.used[m->dev] -= m->size;
+			__atomic_fetch_sub(&G.st.alloc_bytes, m->size, __ATOMIC_RELAXED);
+		}
+		mem_remove(m);
+		mem_unref(m); /* the table's; an operation of another context that uses it holds its own */
+	}
+	for (struct event **pp = &G.events; *pp;) {
+		struct event *e = *pp;
+		if (e->ctx != c) {
+			pp = &e->next_all;
+			continue;
+		}
+		*pp = e->next_all;
+		e->destroyed = 1;
+		e->magic = 0;
+		event_unref(e);
+	}
+	for (struct stream *s = G.streams; s; s = s->next_all)
+		if (s->ctx == c && s->kind == S_USER && !s->destroyed) {
+			capture_discard(s);
+			stream_retire(s);
+		}
+	streams_reap();
+	c->peers = 0;
+}
+
+API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+	ENTER("cuDevicePrimaryCtxReset_v2");
+	UNSAFE();
+	if (dev_check(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&G.mu);
+	ctx_teardown(&G.ctx[dev]);
+	pthread_mutex_unlock(&G.mu);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+	return cuDevicePrimaryCtxReset_v2(dev);
+}
+
+/* The release of the last retain destroys the context (ctx_teardown). */
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
 	ENTER("cuDevicePrimaryCtxRelease_v2");
@@ -1426,10 +1493,12 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 		return CUDA_ERROR_INVALID_DEVICE;
 	pthread_mutex_lock(&G.mu);
 	CUresult r = CUDA_SUCCESS;
-	if (G.ctx[dev].refs > 0)
-		G.ctx[dev].refs--;
-	else
+	if (G.ctx[dev].refs > 0) {
+		if (--G.ctx[dev].refs == 0)
+			ctx_teardown(&G.ctx[dev]);
+	} else {
 		r = CUDA_ERROR_INVALID_CONTEXT;
+	}
 	pthread_mutex_unlock(&G.mu);
 	return r;
 }
@@ -3358,6 +3427,8 @@ static const struct proc procs[] = {
 	PR(cuDevicePrimaryCtxRelease, 7000, cuDevicePrimaryCtxRelease),
 	PR(cuDevicePrimaryCtxRelease, 11000, cuDevicePrimaryCtxRelease_v2),
 	PR(cuDevicePrimaryCtxGetState, 7000, cuDevicePrimaryCtxGetState),
+	PR(cuDevicePrimaryCtxReset, 7000, cuDevicePrimaryCtxReset),
+	PR(cuDevicePrimaryCtxReset, 11000, cuDevicePrimaryCtxReset_v2),
 	PR(cuCtxGetCurrent, 4000, cuCtxGetCurrent),
 	PR(cuCtxSetCurrent, 4000, cuCtxSetCurrent),
 	PR(cuCtxGetDevice, 2000, cuCtxGetDevice),

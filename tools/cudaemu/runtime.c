@@ -60,6 +60,7 @@ static struct {
 	F(cuDeviceGetAttribute) DeviceGetAttribute;
 	F(cuDeviceCanAccessPeer) DeviceCanAccessPeer;
 	F(cuDevicePrimaryCtxRetain) DevicePrimaryCtxRetain;
+	F(cuDevicePrimaryCtxReset) DevicePrimaryCtxReset;
 	F(cuCtxGetCurrent) CtxGetCurrent;
 	F(cuCtxSetCurrent) CtxSetCurrent;
 	F(cuCtxGetDevice) CtxGetDevice;
@@ -190,6 +191,8 @@ static const struct {
 } old_entries[] = {
 	{"cuCtxGetDevice", (void **)&D.CtxGetDevice, 2000},
 	{"cuCtxSynchronize", (void **)&D.CtxSynchronize, 2000},
+	/* the real libcudart 13 asks for this one at 7000 too (its v1) */
+	{"cuDevicePrimaryCtxReset", (void **)&D.DevicePrimaryCtxReset, 7000},
 };
 
 static struct {
@@ -410,6 +413,21 @@ API cudaError_t cudaGetDevice(int *device)
 		return cudaSuccess;
 	}
 	RET(D.CtxGetDevice(device));
+}
+
+/* The current device's primary context is destroyed, everything in it with
+ * it; the runtime's retain stays, so the next call brings it back, empty. */
+API cudaError_t cudaDeviceReset(void)
+{
+	INIT();
+	int dev = tls_dev;
+	CUcontext c;
+	CUresult r = D.CtxGetCurrent(&c);
+	if (r == CUDA_SUCCESS && c)
+		r = D.CtxGetDevice(&dev);
+	if (r != CUDA_SUCCESS)
+		RET(r);
+	RET(D.DevicePrimaryCtxReset(dev));
 }
 
 API cudaError_t cudaDeviceSynchronize(void)

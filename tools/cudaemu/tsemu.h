@@ -32,7 +32,8 @@ struct tsemu_stats {
 	uint64_t getproc_lookups;        /* cuGetProcAddress calls */
 	uint64_t api_calls;              /* driver API calls (all entry points) */
 	uint64_t ipc_freed_while_open;   /* cuMemFree of memory a live process had open through IPC (v2) */
-	uint64_t ipc_lost_at_exit;       /* allocations a live process had open through IPC when we exited (v3) */
+	uint64_t ipc_lost_at_exit;       /* allocations a live process had open through IPC when we exited, or
+					  * when their context was reset or released for the last time (v3) */
 	uint64_t ipc_read_lost;          /* copies out of an IPC mapping whose exporter had freed it or exited (v3) */
 };
 
