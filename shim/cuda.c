@@ -14,6 +14,10 @@
  *  - cuCtxEnablePeerAccess and cuCtxDisablePeerAccess, the same three ways,
  *    only for what they answer: gpu.c's mappings of another device's ring
  *    buffers enable peer access as a side effect the program must not see.
+ *  - cuDevicePrimaryCtxReset and cuDevicePrimaryCtxRelease (v1 and _v2),
+ *    the same three ways: a primary context may go with them (the runtime's
+ *    cudaDeviceReset calls the v1 reset), and GPU ring buffers with it, so
+ *    gpu.c drains what lives there first (ts_gpu_ctx_going).
  *
  * Mapped by the real pointer. A wrapper is a fixed function bound to one
  * real function pointer: per signature ("kind") a static table of NSLOT
@@ -103,6 +107,7 @@ enum kind {
 	K_GETPROC_V2,          /* cuGetProcAddress_v2 */
 	K_DRV_PEER_ENABLE,     /* CUresult (CUcontext, unsigned int): cuCtxEnablePeerAccess */
 	K_DRV_PEER_DISABLE,    /* CUresult (CUcontext): cuCtxDisablePeerAccess */
+	K_DRV_CTX_DEV,         /* CUresult (CUdevice): cuDevicePrimaryCtxReset/Release, v1 and _v2 */
 	K_COUNT
 };
 
@@ -130,6 +135,7 @@ typedef CUresult (*getproc_fn)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*getproc2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*peer_enable_fn)(CUcontext, unsigned int);
 typedef CUresult (*peer_disable_fn)(CUcontext);
+typedef CUresult (*ctx_dev_fn)(CUdevice);
 
 /* Every symbol we export and hook by name; the index is the export's id. */
 #define HOOKED(X)                                                                     \
@@ -140,7 +146,9 @@ typedef CUresult (*peer_disable_fn)(CUcontext);
 	X(cuMemcpy, K_DRV_MEMCPY) X(cuMemcpy_ptds, K_DRV_MEMCPY_PT)                   \
 	X(cuMemcpyAsync, K_DRV_MEMCPY_ASYNC) X(cuMemcpyAsync_ptsz, K_DRV_MEMCPY_ASYNC_PT) \
 	X(cuGetProcAddress, K_GETPROC) X(cuGetProcAddress_v2, K_GETPROC_V2)               \
-	X(cuCtxEnablePeerAccess, K_DRV_PEER_ENABLE) X(cuCtxDisablePeerAccess, K_DRV_PEER_DISABLE)
+	X(cuCtxEnablePeerAccess, K_DRV_PEER_ENABLE) X(cuCtxDisablePeerAccess, K_DRV_PEER_DISABLE)        \
+	X(cuDevicePrimaryCtxReset, K_DRV_CTX_DEV) X(cuDevicePrimaryCtxReset_v2, K_DRV_CTX_DEV)            \
+	X(cuDevicePrimaryCtxRelease, K_DRV_CTX_DEV) X(cuDevicePrimaryCtxRelease_v2, K_DRV_CTX_DEV)
 
 enum export_id {
 #define X(name, kind) E_##name,
@@ -437,6 +445,31 @@ static inline CUresult drv_peer_disable(peer_disable_fn real, CUcontext peer)
 	return r;
 }
 
+/*
+ * The program's calls that may destroy a primary context (a reset; a
+ * release, which does when it is the last): what of the GPU ring lives in
+ * it is drained before (a consumer's copy out of a buffer that went would
+ * read garbage) and forgotten after (gpu.c). A nested call (a runtime's
+ * reset reaching a driver hook of ours) passes straight through.
+ */
+static __thread int ctx_depth;
+
+static inline CUresult drv_ctx_dev(ctx_dev_fn real, CUdevice dev)
+{
+	if (!peer_enter() || ctx_depth)
+		return real(dev);
+	int saved = errno;
+	ctx_depth = 1;
+	ts_gpu_ctx_going(NULL, (int)dev);
+	errno = saved;
+	CUresult r = real(dev);
+	saved = errno;
+	ts_gpu_ctx_gone();
+	ctx_depth = 0;
+	errno = saved;
+	return r;
+}
+
 /* ---- wrapper slots: one static function per (kind, slot) ---------------------------------- */
 
 #define NSLOT 8
@@ -503,6 +536,11 @@ static void *_Atomic slot_real[K_COUNT][NSLOT];
 	{                                                                        \
 		return drv_peer_disable(REAL(peer_disable_fn, k, i), peer);      \
 	}
+#define W_DRV_CTX_DEV(k, i)                                                      \
+	static CUresult w_##k##_##i(CUdevice dev)                                \
+	{                                                                        \
+		return drv_ctx_dev(REAL(ctx_dev_fn, k, i), dev);                 \
+	}
 
 SLOTS(W_RT_MEMCPY, K_RT_MEMCPY)
 SLOTS(W_RT_MEMCPY_ASYNC, K_RT_MEMCPY_ASYNC)
@@ -520,6 +558,7 @@ SLOTS(W_GETPROC, K_GETPROC)
 SLOTS(W_GETPROC_V2, K_GETPROC_V2)
 SLOTS(W_DRV_PEER_ENABLE, K_DRV_PEER_ENABLE)
 SLOTS(W_DRV_PEER_DISABLE, K_DRV_PEER_DISABLE)
+SLOTS(W_DRV_CTX_DEV, K_DRV_CTX_DEV)
 
 #define PTR(k, i) (void *)w_##k##_##i,
 #define ROW(k) [k] = {SLOTS(PTR, k)}
@@ -528,6 +567,7 @@ static void *const wrappers[K_COUNT][NSLOT] = {
 	ROW(K_DRV_MEMCPY),       ROW(K_DRV_MEMCPY_ASYNC),   ROW(K_RT_MEMCPY_PT),  ROW(K_RT_MEMCPY_ASYNC_PT),
 	ROW(K_DRV_HTOD_PT),      ROW(K_DRV_HTOD_ASYNC_PT),  ROW(K_DRV_MEMCPY_PT), ROW(K_DRV_MEMCPY_ASYNC_PT),
 	ROW(K_GETPROC),          ROW(K_GETPROC_V2),         ROW(K_DRV_PEER_ENABLE), ROW(K_DRV_PEER_DISABLE),
+	ROW(K_DRV_CTX_DEV),
 };
 #undef ROW
 #undef PTR
@@ -934,6 +974,11 @@ static const struct {
 	{"cuGetProcAddress", 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_GETPROC_V2},
 	{"cuCtxEnablePeerAccess", 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_PEER_ENABLE},
 	{"cuCtxDisablePeerAccess", 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_PEER_DISABLE},
+	/* v1 (7000: the real libcudart 13 asks for these) and _v2 (11000): one signature */
+	{"cuDevicePrimaryCtxReset", 7000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DEV},
+	{"cuDevicePrimaryCtxReset", 11000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DEV},
+	{"cuDevicePrimaryCtxRelease", 7000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DEV},
+	{"cuDevicePrimaryCtxRelease", 11000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DEV},
 };
 
 /* Per real cuGetProcAddress (one per driver and entry point): probed once. */
@@ -1161,6 +1206,18 @@ static CUresult ts_cuCtxDisablePeerAccess(CUcontext peer)
 	return real ? drv_peer_disable(real, peer) : NO_DRIVER;
 }
 EXPORT_AS(cuCtxDisablePeerAccess)
+
+#define CTX_DEV_EXPORT(name)                                                      \
+	static CUresult ts_##name(CUdevice dev)                                   \
+	{                                                                         \
+		ctx_dev_fn real = (ctx_dev_fn)export_real(E_##name, CALLER());    \
+		return real ? drv_ctx_dev(real, dev) : NO_DRIVER;                 \
+	}                                                                         \
+	EXPORT_AS(name)
+CTX_DEV_EXPORT(cuDevicePrimaryCtxReset)
+CTX_DEV_EXPORT(cuDevicePrimaryCtxReset_v2)
+CTX_DEV_EXPORT(cuDevicePrimaryCtxRelease)
+CTX_DEV_EXPORT(cuDevicePrimaryCtxRelease_v2)
 
 /* ---- dlsym ---------------------------------------------------------------------------------------- */
 

@@ -257,6 +257,9 @@ struct own_buf {                 /* an allocation of ours in the ring */
 	CUevent ev;
 	uint64_t size;
 	CUcontext ctx;
+	int dev;                 /* ctx's device */
+	unsigned long long id;   /* the driver's CU_POINTER_ATTRIBUTE_BUFFER_ID; 0: not had */
+	int going;               /* its context may be going: see ts_gpu_ctx_going */
 	int slot;                /* the slot it serves; OWN_RETIRED, or OWN_SPARE */
 };
 
@@ -268,6 +271,7 @@ struct peer_buf {                /* a record of another process, opened here */
 	CUdeviceptr ptr;
 	CUevent ev;
 	CUcontext ctx;
+	int dev;                 /* ctx's device */
 	size_t real;             /* the opened allocation's size, from the driver */
 	unsigned copies;         /* our copies from it in flight */
 };
@@ -550,6 +554,9 @@ static int own_alloc(struct ts_gpu *g, unsigned slot, uint64_t size)
 		goto fail;
 	o->rec = rec;
 	o->size = size;
+	o->dev = (int)dev;
+	if (drv.PointerGetAttribute(&o->id, CU_POINTER_ATTRIBUTE_BUFFER_ID, o->ptr) != CUDA_SUCCESS)
+		o->id = 0;
 	o->slot = (int)slot;
 	pthread_once(&drain_once, drain_register);
 	return i;
@@ -947,9 +954,11 @@ static struct peer_buf *peer_open(struct ts_gpu *g, const struct ts_gpu_held *h)
 	memcpy(eh.reserved, h->event, sizeof(eh.reserved));
 	if (drv.IpcOpenMemHandle(&pb->ptr, mh, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS)
 		return NULL;
-	CUdevice cdev;
+	CUdevice cdev = -1;
 	int mdev = -1;
-	if (drv.CtxGetDeviceOf && drv.CtxGetDevice(&cdev) == CUDA_SUCCESS &&
+	if (drv.CtxGetDevice(&cdev) != CUDA_SUCCESS)
+		cdev = -1;
+	if (drv.CtxGetDeviceOf && cdev >= 0 &&
 	    drv.PointerGetAttribute(&mdev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pb->ptr) == CUDA_SUCCESS)
 		peer_note_lazy(ctx, cdev, mdev); /* another device's: peer access enabled, see peer_note */
 	/*
@@ -972,6 +981,7 @@ static struct peer_buf *peer_open(struct ts_gpu *g, const struct ts_gpu_held *h)
 	}
 	pb->uniq = h->uniq;
 	pb->ctx = ctx;
+	pb->dev = (int)cdev;
 	pb->real = real;
 	ts_gpuring_map(&g->ring, g->f->s.self, h->buf); /* while we hold it: see gpuring.h */
 	return pb;
@@ -1349,6 +1359,17 @@ static void drain(struct ts_gpu *g)
 
 static pid_t drain_pid;
 
+/*
+ * gpus_mu, waited for a second at most: a thread inside a call of ours does
+ * not hold us for long. *until: that deadline, for the g->mu locks after. 0: locked.
+ */
+static int gpus_lock_timed(struct timespec *until)
+{
+	clock_gettime(CLOCK_REALTIME, until);
+	until->tv_sec += 1;
+	return pthread_mutex_timedlock(&gpus_mu, until);
+}
+
 /* Every feed of this process, at its exit (atexit: see above). */
 static void drain_at_exit(void)
 {
@@ -1356,9 +1377,7 @@ static void drain_at_exit(void)
 	struct timespec until;
 	if (atomic_load(&ts_is_fork_child) || getpid() != drain_pid || atomic_load(&drv_state) <= 0)
 		return;
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += 1; /* a thread inside a call of ours does not hold us for long */
-	if (pthread_mutex_timedlock(&gpus_mu, &until))
+	if (gpus_lock_timed(&until))
 		return;
 	int relaxed = relax_begin(&mode);
 	uint64_t limit = 0, start = ts_now_ns();
@@ -1404,6 +1423,170 @@ static void drain_register(void)
 	drain_pid = getpid();
 	if (atexit(drain_at_exit))
 		ts_debug("gpu: atexit failed: our ring buffers are not drained at exit");
+}
+
+/* ---- before and after the program destroys a context ------------------------------------ */
+
+/*
+ * A program may destroy a context while the process goes on: cudaDeviceReset
+ * (CUDA's samples end main with it; the runtime calls cuDevicePrimaryCtxReset),
+ * the release of a primary context's last retain, cuCtxDestroy. Its memory
+ * goes then, exported or not, and a consumer's copy out of it that is still
+ * queued reads what the memory has become, as at exit (above; gpu_share.sh
+ * case 29). So cuda.c calls these around the program's call:
+ *  - before (ts_gpu_ctx_going): a producer gives up the slots whose buffers
+ *    live in the context (a consumer takes no new hold; it uploads those
+ *    batches from the host), retires those buffers, and waits, for
+ *    TSSHIM_TIMEOUT_MS at most, until no live consumer holds one; a consumer
+ *    waits for its own served copies and closes its mappings opened there
+ *    (their events and the peer access they enabled go with the context);
+ *  - after (ts_gpu_ctx_gone): a buffer the driver no longer knows by its
+ *    buffer id went with the context: its record is removed, nothing freed.
+ *    One still there (a release that was not the last) stays retired, freed
+ *    once nobody holds or has it open, as any.
+ * The feed goes on: the next batch is kept in a fresh buffer of the context
+ * the job uploads to then. Matched by context (cuCtxDestroy) or by device
+ * (the primary-context calls name a device: a context of it the program
+ * made itself is drained too, which costs sharing for a batch, never data).
+ */
+static int ctx_match(CUcontext c, int d, CUcontext ctx, int dev)
+{
+	return ctx ? c == ctx : d == dev;
+}
+
+/* The peer-access notes of context c (peer_note): its access goes with it. */
+static void peer_notes_forget(CUcontext c)
+{
+	pthread_mutex_lock(&peer_mu);
+	for (unsigned i = 0; i < npeer_notes;)
+		if (peer_notes[i].ctx == c)
+			peer_notes[i] = peer_notes[--npeer_notes];
+		else
+			i++;
+	pthread_mutex_unlock(&peer_mu);
+}
+
+/* Under g->mu: what of g lives in the context, given up; 1 when one of our buffers does. */
+static int going_begin(struct ts_gpu *g, CUcontext ctx, int dev)
+{
+	if (g->ring_state <= 0)
+		return 0;
+	if (g->npend)
+		poll_pending(g, POLL_WAIT); /* our served copies: their destinations may live there */
+	for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++)
+		if (g->peer[b].uniq && ctx_match(g->peer[b].ctx, g->peer[b].dev, ctx, dev)) {
+			peer_notes_forget(g->peer[b].ctx);
+			peer_close(g, b);
+		}
+	int any = 0;
+	for (int i = 0; i < (int)MAX_OWN; i++) {
+		struct own_buf *o = &g->own[i];
+		if (o->rec < 0 || !ctx_match(o->ctx, o->dev, ctx, dev))
+			continue;
+		o->going = any = 1;
+		if (o->slot >= 0) {
+			ts_gpuring_slot_drop(&g->ring, (unsigned)o->slot);
+			g->slot_own[o->slot] = -1;
+		}
+		for (unsigned k = 0; k < MAX_KEEPS; k++)
+			if (g->k[k].active && g->k[k].own == i)
+				g->k[k].active = 0;
+		own_retire(g, i);
+	}
+	if (any)
+		g->up_ctx = NULL; /* learnt again at the next upload */
+	return any;
+}
+
+/* Does a live process other than us hold one of our buffers that is going? */
+static int going_held(const struct ts_gpu *g)
+{
+	for (unsigned i = 0; i < MAX_OWN; i++)
+		if (g->own[i].rec >= 0 && g->own[i].going &&
+		    ts_gpuring_buf_held(&g->ring, g->f->s.seg, (unsigned)g->own[i].rec, g->f->s.self))
+			return 1;
+	return 0;
+}
+
+void ts_gpu_ctx_going(CUcontext ctx, int dev)
+{
+	CUstreamCaptureMode mode;
+	struct timespec until;
+	if (atomic_load(&drv_state) <= 0)
+		return;
+	if (gpus_lock_timed(&until))
+		return;
+	int relaxed = relax_begin(&mode);
+	uint64_t limit = 0, start = ts_now_ns();
+	int any = 0;
+	for (unsigned i = 0; i < MAX_GPUS; i++) {
+		struct ts_gpu *g = gpus[i];
+		if (!g || pthread_mutex_timedlock(&g->mu, &until))
+			continue;
+		if (going_begin(g, ctx, dev)) {
+			any = 1;
+			if (drain_limit_ns(g) > limit)
+				limit = drain_limit_ns(g);
+		}
+		pthread_mutex_unlock(&g->mu);
+	}
+	int held = any;
+	while (held && ts_now_ns() - start < limit) {
+		struct timespec ts = {0, 500000};
+		nanosleep(&ts, NULL);
+		held = 0;
+		for (unsigned i = 0; i < MAX_GPUS; i++) {
+			struct ts_gpu *g = gpus[i];
+			if (!g || pthread_mutex_trylock(&g->mu))
+				continue;
+			if (g->npend)
+				poll_pending(g, POLL_DONE_ONLY); /* should another producer be waiting for us */
+			held |= going_held(g);
+			pthread_mutex_unlock(&g->mu);
+		}
+	}
+	relax_end(relaxed, mode);
+	pthread_mutex_unlock(&gpus_mu);
+	if (any)
+		drain_said(start, held);
+}
+
+void ts_gpu_ctx_gone(void)
+{
+	CUstreamCaptureMode mode;
+	struct timespec until;
+	if (atomic_load(&drv_state) <= 0)
+		return;
+	if (gpus_lock_timed(&until))
+		return; /* what is left marked going stays retired: freed, or failing to be, as any */
+	int relaxed = relax_begin(&mode);
+	unsigned gone = 0, kept = 0;
+	for (unsigned i = 0; i < MAX_GPUS; i++) {
+		struct ts_gpu *g = gpus[i];
+		if (!g || pthread_mutex_timedlock(&g->mu, &until))
+			continue;
+		for (unsigned j = 0; j < MAX_OWN; j++) {
+			struct own_buf *o = &g->own[j];
+			unsigned long long id = 0;
+			if (o->rec < 0 || !o->going)
+				continue;
+			o->going = 0;
+			if (o->id && drv.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, o->ptr) == CUDA_SUCCESS &&
+			    id == o->id) {
+				kept++; /* retired: freed when nobody holds or has it open */
+				continue;
+			}
+			ts_gpuring_buf_remove(&g->ring, (unsigned)o->rec, o->uniq);
+			o->rec = -1;
+			gone++;
+		}
+		pthread_mutex_unlock(&g->mu);
+	}
+	relax_end(relaxed, mode);
+	pthread_mutex_unlock(&gpus_mu);
+	if (gone + kept)
+		ts_debug("gpu: the program destroyed a context: %u ring buffers went with it, %u outlived it", gone,
+			 kept);
 }
 
 void ts_gpu_free(struct ts_gpu *g, int exiting)

@@ -54,6 +54,15 @@ int ts_gpu_in_capture(CUstream s);
 CUresult ts_gpu_peer_enable(CUresult (*real)(CUcontext, unsigned int), CUcontext peer, unsigned int flags);
 CUresult ts_gpu_peer_disable(CUresult (*real)(CUcontext), CUcontext peer);
 
+/*
+ * The program is about to destroy a context (ctx; NULL: any of device
+ * dev), and has (ts_gpu_ctx_gone): what of the GPU ring lives there is
+ * drained before and forgotten after, if the driver no longer knows it
+ * (gpu.c, "before and after the program destroys a context").
+ */
+void ts_gpu_ctx_going(CUcontext ctx, int dev);
+void ts_gpu_ctx_gone(void);
+
 struct ts_gpu *ts_gpu_new(struct ts_feed *f);
 /*
  * Give up our slots and wait (TSSHIM_TIMEOUT_MS at most) until no consumer

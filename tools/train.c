@@ -77,7 +77,7 @@ static struct options {
 	uint64_t limit, val_limit, seed, epochs, val_every, break_after;
 	unsigned batch, val_batch, size, prefetch;
 	int workers, start, shm, shuffle, persistent, pin, device, step_spin, readback, tsshim, gpu;
-	int labels_on_host, upload, graph, capture_thread, peer_probe, peer_early;
+	int labels_on_host, upload, graph, capture_thread, peer_probe, peer_early, device_reset;
 	double step_ms, val_step_ms, timeout_s;
 } opt = {
 	.seed = 0, .epochs = 1, .batch = 32, .size = 224, .prefetch = 2, .workers = 2,
@@ -635,6 +635,8 @@ static struct {
 	/* --peer-probe */
 	__typeof__(cudaDeviceEnablePeerAccess) *DeviceEnablePeerAccess;
 	__typeof__(cudaDeviceDisablePeerAccess) *DeviceDisablePeerAccess;
+	/* --device-reset */
+	__typeof__(cudaDeviceReset) *DeviceReset;
 	cudaStream_t stream;
 	cudaStream_t side;         /* --upload-pattern side-stream: the labels' */
 	int have_stream;
@@ -680,6 +682,8 @@ static const struct rt_sym graph_syms[NGRAPH_SYMS] = {
 
 /* Resolved only for --peer-probe. */
 static const struct rt_sym peer_syms[] = {RT_SYM(DeviceEnablePeerAccess), RT_SYM(DeviceDisablePeerAccess)};
+/* Resolved only for --device-reset. */
+static const struct rt_sym reset_sym = RT_SYM(DeviceReset);
 
 static int cuda_open(void)
 {
@@ -733,6 +737,11 @@ static int cuda_open(void)
 			fprintf(stderr, PROG ": --peer-probe: the CUDA runtime lacks %s\n", e->name);
 			return -1;
 		}
+	}
+	if (opt.device_reset &&
+	    !(*reset_sym.p = reset_sym.linked ? reset_sym.linked : dlsym(cu.lib, reset_sym.name))) {
+		fprintf(stderr, PROG ": --device-reset: the CUDA runtime lacks %s\n", reset_sym.name);
+		return -1;
 	}
 	return 0;
 }
@@ -2110,6 +2119,10 @@ static void usage(FILE *f)
 "                        shim must not change that)\n"
 "  --peer-early          with --peer-probe N: also enable peer access to device N\n"
 "                        before training (early=0; then pre=0)\n"
+"  --device-reset        with --device cuda: call cudaDeviceReset() after the\n"
+"                        device buffers are freed, before the end, as CUDA's\n"
+"                        samples end main (its primary context goes, and all\n"
+"                        its memory with it); a failure fails the job\n"
 "  --readback            copy each uploaded batch back from the device and record\n"
 "                        its checksums too (dimg=, dlbl=, device_checksum=)\n"
 "  --tsshim              hand every training batch to the shim right before its\n"
@@ -2237,7 +2250,7 @@ static void parse_args(int argc, char **argv)
 		O_VAL = 256, O_LIMIT, O_VAL_LIMIT, O_SIZE, O_BATCH, O_VAL_BATCH, O_WORKERS, O_START, O_PERSIST,
 		O_PREFETCH, O_SHM, O_TIMEOUT, O_PIN, O_SEED, O_SHUFFLE, O_EPOCHS, O_DEVICE, O_CUDART, O_STEP,
 		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_GPU, O_READBACK, O_LABELS_HOST, O_UPLOAD, O_TSSHIM, O_RECORD, O_HELP, O_WORKER_FD,
-		O_GRAPH, O_CAPTURE_THREAD, O_PEER_PROBE, O_PEER_EARLY,
+		O_GRAPH, O_CAPTURE_THREAD, O_PEER_PROBE, O_PEER_EARLY, O_DEVICE_RESET,
 	};
 	static const struct option lo[] = {
 		{"val", required_argument, 0, O_VAL},
@@ -2271,6 +2284,7 @@ static void parse_args(int argc, char **argv)
 		{"capture-thread", no_argument, 0, O_CAPTURE_THREAD},
 		{"peer-probe", required_argument, 0, O_PEER_PROBE},
 		{"peer-early", no_argument, 0, O_PEER_EARLY},
+		{"device-reset", no_argument, 0, O_DEVICE_RESET},
 		{"tsshim", no_argument, 0, O_TSSHIM},
 		{"record", required_argument, 0, O_RECORD},
 		{"help", no_argument, 0, O_HELP},
@@ -2313,6 +2327,7 @@ static void parse_args(int argc, char **argv)
 		case O_CAPTURE_THREAD: opt.capture_thread = 1; break;
 		case O_PEER_PROBE: opt.peer_probe = (int)parse_u64("peer-probe", a, 0, 63); break;
 		case O_PEER_EARLY: opt.peer_early = 1; break;
+		case O_DEVICE_RESET: opt.device_reset = 1; break;
 		case O_TSSHIM: opt.tsshim = 1; break;
 		case O_RECORD: opt.record = a; break;
 		case O_HELP: usage(stdout); exit(0);
@@ -2340,6 +2355,8 @@ static void parse_args(int argc, char **argv)
 		bad_usage("--peer-probe needs --device cuda");
 	if (opt.peer_early && opt.peer_probe < 0)
 		bad_usage("--peer-early needs --peer-probe N");
+	if (opt.device_reset && opt.device != DEV_CUDA)
+		bad_usage("--device-reset needs --device cuda");
 	if ((opt.graph || opt.capture_thread) && opt.upload == UP_SIDE_STREAM)
 		bad_usage("--graph and --capture-thread: not with --upload-pattern side-stream (it synchronises a "
 			  "stream while the capture is open)");
@@ -2462,7 +2479,11 @@ out:
 	if (loader_close(&J.train, abort_workers) < 0 || loader_close(&J.val, abort_workers) < 0)
 		rc = 1; /* a persistent worker died on its own */
 	pin_stop();
+	int had_cuda = opt.device == DEV_CUDA && cu.lib;
 	device_free();
+	if (opt.device_reset && had_cuda && cu.DeviceReset &&
+	    cuda_ok(cu.DeviceReset(), "cudaDeviceReset (--device-reset)") < 0)
+		rc = rc ? rc : 1;
 	free(J.share_ids);
 	if (g_signal) {
 		fprintf(stderr, PROG ": interrupted by signal %d (%s); workers stopped\n", (int)g_signal,

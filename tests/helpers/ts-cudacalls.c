@@ -24,6 +24,7 @@
 #include <cuda_runtime_api.h>
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +109,16 @@ static void load(void)
 	*(void **)&L.GetProcAddress = sym(L.drv, "cuGetProcAddress");
 	*(void **)&L.DtoH = sym(L.drv, "cuMemcpyDtoH_v2");
 	*(void **)&L.shim_stats = dlsym(RTLD_DEFAULT, "tsshim_cuda_stats"); /* NULL without the shim */
+}
+
+/* A driver entry point as a runtime of `version` asks for it (legacy stream). */
+static void *getproc_at(const char *name, int version)
+{
+	void *fn = NULL;
+	CUdriverProcAddressQueryResult st;
+	if (L.GetProcAddress_v2(name, &fn, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st) != CUDA_SUCCESS || !fn)
+		die("cuGetProcAddress_v2 failed");
+	return fn;
 }
 
 static void *getproc(const char *name, cuuint64_t flags)
@@ -323,6 +334,41 @@ static const char *where(const void *p)
 	return b ? b + 1 : info.dli_fname;
 }
 
+/*
+ * The calls that may destroy a primary context, by cuGetProcAddress (v1 at
+ * 7000, as the real libcudart 13 asks, and _v2 at 11000) and by dlsym:
+ * answers and errno as without the shim, and a reset still destroys the
+ * context's memory. Prints where each pointer lives.
+ */
+typedef CUresult (*ctx_dev_fn)(CUdevice);
+
+static void ctx_calls(__typeof__(cuMemAlloc_v2) *alloc, __typeof__(cuMemFree_v2) *mfree)
+{
+	ctx_dev_fn reset1 = getproc_at("cuDevicePrimaryCtxReset", 7000);
+	ctx_dev_fn reset2 = getproc_at("cuDevicePrimaryCtxReset", 11000);
+	ctx_dev_fn release1 = getproc_at("cuDevicePrimaryCtxRelease", 7000);
+	ctx_dev_fn release2 = getproc_at("cuDevicePrimaryCtxRelease", 11000);
+	ctx_dev_fn reset_dl = sym(L.drv, "cuDevicePrimaryCtxReset_v2");
+	__typeof__(cuDevicePrimaryCtxRetain) *retain = getproc("cuDevicePrimaryCtxRetain", CU_GET_PROC_ADDRESS_LEGACY_STREAM);
+	CUcontext pc;
+	errno = 4242;
+	CHECK(retain(&pc, 0) == CUDA_SUCCESS && release1(0) == CUDA_SUCCESS && retain(&pc, 0) == CUDA_SUCCESS &&
+		      release2(0) == CUDA_SUCCESS && errno == 4242,
+	      "cuDevicePrimaryCtxRelease (v1, _v2) of a retain: success, errno kept (%d)", errno);
+	CHECK(release1(99) == CUDA_ERROR_INVALID_DEVICE && reset2(99) == CUDA_ERROR_INVALID_DEVICE,
+	      "a bad device: CUDA_ERROR_INVALID_DEVICE");
+	ctx_dev_fn resets[] = {reset1, reset2, reset_dl};
+	for (unsigned i = 0; i < 3; i++) {
+		CUdeviceptr dp;
+		errno = 4243;
+		CHECK(alloc(&dp, 100) == CUDA_SUCCESS && resets[i](0) == CUDA_SUCCESS && errno == 4243,
+		      "cuDevicePrimaryCtxReset (%u of 3): success, errno kept (%d)", i + 1, errno);
+		CHECK(mfree(dp) == CUDA_ERROR_INVALID_VALUE, "... its memory went with the context (%u of 3)", i + 1);
+	}
+	printf("where-ctx reset=%s reset_v2=%s release=%s release_v2=%s dlsym_reset_v2=%s\n", where(reset1),
+	       where(reset2), where(release1), where(release2), where(reset_dl));
+}
+
 static void t_other(void)
 {
 	load();
@@ -382,6 +428,7 @@ static void t_other(void)
 	edestroy(e1);
 	L.StreamDestroy(s);
 	L.Free(d);
+	ctx_calls(alloc, mfree);
 	print_shim();
 }
 

@@ -116,6 +116,14 @@ check "non-copy calls through dlsym and cuGetProcAddress (malloc, streams, event
 check "... and with it" calls other LD_PRELOAD="$TS_PRELOAD" -- other
 check "with the shim only the hooked names come from it (cudaMalloc and cuMemAlloc stay the libraries' own)" \
 	grep -q '^where cudaMalloc=libcudart.so.13 cudaMemcpy=libtsshim.so cuMemcpyHtoD_v2=libtsshim.so cuGetProcAddress_v2=libtsshim.so cuMemAlloc=libcuda.so.1$' "$T_TMP/other.out"
+# cuDevicePrimaryCtxReset/Release (v1 at 7000, as the real libcudart 13 asks
+# for them, and _v2) are hooked so that the GPU ring is drained before a
+# primary context goes (gpu_share.sh case 29): wrappers, answering as the
+# driver does (errno kept, a reset still takes the context's memory).
+check "the primary-context reset and release (v1, _v2, by cuGetProcAddress and dlsym) come from the shim and answer as the driver's" \
+	grep -q '^where-ctx reset=libtsshim.so reset_v2=libtsshim.so release=libtsshim.so release_v2=libtsshim.so dlsym_reset_v2=libtsshim.so$' "$T_TMP/other.out"
+check "... the same with a driver whose own v1 reset calls the shim's _v2 export (handled once)" \
+	calls otherinterp LD_LIBRARY_PATH="$INTERP:$EMU" LD_PRELOAD="$TS_PRELOAD" -- other
 check "dlsym(RTLD_DEFAULT) of CUDA names before CUDA is loaded: NULL and an error, as without the shim" \
 	calls probe LD_PRELOAD="$TS_PRELOAD" -- probe
 check "... and with the shim off (before, off mode answered with the shim's own exports)" \
@@ -135,7 +143,8 @@ off_silent() { grep -q '^shim runtime=0 driver=0 h2d=0 h2d_bytes=0 unknown=0 rep
 	[ -z "$(debugline off)" ]; }
 check "... the shim counted nothing and printed no cuda line" off_silent
 off_real() { calls offother LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=off -- other &&
-	grep -q '^where cudaMalloc=libcudart.so.13 cudaMemcpy=libcudart.so.13 cuMemcpyHtoD_v2=libcuda.so.1 cuGetProcAddress_v2=libcuda.so.1 cuMemAlloc=libcuda.so.1$' "$T_TMP/offother.out"; }
+	grep -q '^where cudaMalloc=libcudart.so.13 cudaMemcpy=libcudart.so.13 cuMemcpyHtoD_v2=libcuda.so.1 cuGetProcAddress_v2=libcuda.so.1 cuMemAlloc=libcuda.so.1$' "$T_TMP/offother.out" &&
+	grep -q '^where-ctx reset=libcuda.so.1 reset_v2=libcuda.so.1 release=libcuda.so.1 release_v2=libcuda.so.1 dlsym_reset_v2=libcuda.so.1$' "$T_TMP/offother.out"; }
 check "... and dlsym handed out the libraries' own pointers" off_real
 check "a child forked after CUDA init gets cudaErrorInitializationError / CUDA_ERROR_NOT_INITIALIZED, without the shim" \
 	calls forkplain -- fork

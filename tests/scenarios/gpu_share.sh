@@ -20,7 +20,8 @@
 # programs with the CUDA runtime linked in (nvcc's default), a consumer
 # evicted in its first batch (stopped past the stall time), a producer
 # killed while its copy into the ring is still queued, and one that exits
-# while a consumer's copy out of its ring is still queued. Every job runs under
+# while a consumer's copy out of its ring is still queued, or resets its device
+# (cudaDeviceReset) then. Every job runs under
 # `timeout`; no /dev/shm object of a case's session may survive its jobs.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -1091,6 +1092,40 @@ out28=$(grep -c 'still holds one of our ring buffers' "$T_TMP/c28p.err")
 check "28 (long steps): the consumer let go after its copy, so the producer's wait did not run out (${wait28:-no} wait, ms; $out28 time-outs); none of it read lost (ipc_read_lost $read28)" \
 	cond '[ "$out28" = 0 ] && [ "$read28" = 0 ] && [ "$(nlines c28c " share=served ")" -ge 1 ]'
 echo "# case 28: $((SECONDS - T1)) s"
+
+# === 29. the producer calls cudaDeviceReset while a consumer's copy out of its ring is queued ====
+# As case 28, but the producer ends as CUDA's samples end main: it frees its
+# buffers and calls cudaDeviceReset() (tsshim-train --device-reset), which
+# destroys its primary context, and every ring buffer with it, while the
+# process goes on; the drain at exit would come too late. The shim hooks
+# cuDevicePrimaryCtxReset (the runtime reaches it through cuGetProcAddress,
+# at its v1 version, as the real libcudart 13 does): the producer gives up
+# the slots whose buffers live there and waits for the consumer's holds,
+# then forgets the buffers that went. Before, the consumer's batch read the
+# lost memory (verify: device bytes differ, 16 of 16 samples; ipc_read_lost
+# 2). The same with the consumer resetting too (its mappings closed first).
+T1=$SECONDS
+for variant in p pc; do
+	S=$(session_name "c29$variant")
+	creset=()
+	[ "$variant" = pc ] && creset=(--device-reset)
+	job c29p "$S" TSSHIM_TIMEOUT_MS=3000 TSSHIM_LOG=debug -- --seed 1 --batch 16 --limit 96 --pin --step-ms 400 \
+		--device-reset "$TR"
+	for ((i = 0; i < 500; i++)); do shm_list "$S" | grep -q '^tsshim-feed' && break; sleep 0.01; done
+	job c29c "$S" TSSHIM_TIMEOUT_MS=3000 TSEMU_D2D_GBPS=0.00004 -- --seed 2 --batch 16 --limit 96 --pin \
+		"${creset[@]}" "$TR"
+	wait_jobs c29p c29c
+	case_end "29 (cudaDeviceReset: $variant)" "$S" c29p c29c
+	read29=$(stat c29c ipc_read_lost)
+	wait29=$(sed -n "s/.*waited \([0-9]*\) ms for consumers' copies out of our ring buffers.*/\1/p" "$T_TMP/c29p.err" | xargs)
+	gone29=$(sed -n "s/.*destroyed a context: \([0-9]*\) ring buffers went with it.*/\1/p" "$T_TMP/c29p.err" | xargs)
+	check "29 ($variant): the producer waited for the consumer's copy before its reset (${wait29:-no wait} ms), forgot the buffers that went (${gone29:-none}); the consumer read none of them lost (ipc_read_lost $read29) and was served ($(nlines c29c ' share=served ') batches)" \
+		cond '[ -n "$wait29" ] && [ "${gone29:-0}" -ge 1 ] && [ "$read29" = 0 ] && [ "$(nlines c29c " share=served ")" -ge 1 ]'
+	freed29=$(stat c29p ipc_freed_while_open)
+	check "29 ($variant): nothing of the ring freed while the consumer had it open (ipc_freed_while_open $freed29)" \
+		cond '[ "$freed29" = 0 ]'
+done
+echo "# case 29: $((SECONDS - T1)) s"
 
 # Across every case: no producer freed a buffer a live consumer still had open
 # through IPC (undefined on CUDA; tsemu counts it and overwrites the memory).
