@@ -460,7 +460,7 @@ static inline CUresult drv_ctx_dev(ctx_dev_fn real, CUdevice dev)
 		return real(dev);
 	int saved = errno;
 	ctx_depth = 1;
-	ts_gpu_ctx_going(NULL, (int)dev);
+	ts_gpu_ctx_going((int)dev);
 	errno = saved;
 	CUresult r = real(dev);
 	saved = errno;

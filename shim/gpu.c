@@ -1430,7 +1430,7 @@ static void drain_register(void)
 /*
  * A program may destroy a context while the process goes on: cudaDeviceReset
  * (CUDA's samples end main with it; the runtime calls cuDevicePrimaryCtxReset),
- * the release of a primary context's last retain, cuCtxDestroy. Its memory
+ * the release of a primary context's last retain. Its memory
  * goes then, exported or not, and a consumer's copy out of it that is still
  * queued reads what the memory has become, as at exit (above; gpu_share.sh
  * case 29). So cuda.c calls these around the program's call:
@@ -1445,14 +1445,11 @@ static void drain_register(void)
  *    One still there (a release that was not the last) stays retired, freed
  *    once nobody holds or has it open, as any.
  * The feed goes on: the next batch is kept in a fresh buffer of the context
- * the job uploads to then. Matched by context (cuCtxDestroy) or by device
- * (the primary-context calls name a device: a context of it the program
- * made itself is drained too, which costs sharing for a batch, never data).
+ * the job uploads to then. Matched by device (the primary-context calls name
+ * one: a context of it the program made itself is drained too, which costs
+ * sharing for a batch, never data). cuCtxDestroy is not hooked: the test
+ * device has no cuCtxCreate to try it with.
  */
-static int ctx_match(CUcontext c, int d, CUcontext ctx, int dev)
-{
-	return ctx ? c == ctx : d == dev;
-}
 
 /* The peer-access notes of context c (peer_note): its access goes with it. */
 static void peer_notes_forget(CUcontext c)
@@ -1467,21 +1464,21 @@ static void peer_notes_forget(CUcontext c)
 }
 
 /* Under g->mu: what of g lives in the context, given up; 1 when one of our buffers does. */
-static int going_begin(struct ts_gpu *g, CUcontext ctx, int dev)
+static int going_begin(struct ts_gpu *g, int dev)
 {
 	if (g->ring_state <= 0)
 		return 0;
 	if (g->npend)
 		poll_pending(g, POLL_WAIT); /* our served copies: their destinations may live there */
 	for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++)
-		if (g->peer[b].uniq && ctx_match(g->peer[b].ctx, g->peer[b].dev, ctx, dev)) {
+		if (g->peer[b].uniq && g->peer[b].dev == dev) {
 			peer_notes_forget(g->peer[b].ctx);
 			peer_close(g, b);
 		}
 	int any = 0;
 	for (int i = 0; i < (int)MAX_OWN; i++) {
 		struct own_buf *o = &g->own[i];
-		if (o->rec < 0 || !ctx_match(o->ctx, o->dev, ctx, dev))
+		if (o->rec < 0 || o->dev != dev)
 			continue;
 		o->going = any = 1;
 		if (o->slot >= 0) {
@@ -1508,7 +1505,7 @@ static int going_held(const struct ts_gpu *g)
 	return 0;
 }
 
-void ts_gpu_ctx_going(CUcontext ctx, int dev)
+void ts_gpu_ctx_going(int dev)
 {
 	CUstreamCaptureMode mode;
 	struct timespec until;
@@ -1523,7 +1520,7 @@ void ts_gpu_ctx_going(CUcontext ctx, int dev)
 		struct ts_gpu *g = gpus[i];
 		if (!g || pthread_mutex_timedlock(&g->mu, &until))
 			continue;
-		if (going_begin(g, ctx, dev)) {
+		if (going_begin(g, dev)) {
 			any = 1;
 			if (drain_limit_ns(g) > limit)
 				limit = drain_limit_ns(g);
