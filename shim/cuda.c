@@ -415,19 +415,23 @@ static CUresult getproc_do(void *real, int v2, const char *symbol, void **pfn, i
 			   CUdriverProcAddressQueryResult *status);
 
 /*
- * The program's own peer-access calls: our mappings of another device's
- * ring buffers enable peer access as a side effect, which gpu.c keeps out
- * of the answers these get. Passed straight through where copies are.
+ * Do we look at one of the program's calls that are not copies (below)?
+ * Not where copies are passed straight through.
  */
-static inline int peer_enter(void)
+static inline int call_enter(void)
 {
 	return !cu_depth && !ts_in_hook && ts_shim_ready() &&
 	       !atomic_load_explicit(&ts_is_fork_child, memory_order_relaxed);
 }
 
+/*
+ * The program's own peer-access calls: our mappings of another device's
+ * ring buffers enable peer access as a side effect, which gpu.c keeps out
+ * of the answers these get.
+ */
 static inline CUresult drv_peer_enable(peer_enable_fn real, CUcontext peer, unsigned int flags)
 {
-	if (!peer_enter())
+	if (!call_enter())
 		return real(peer, flags);
 	int saved = errno;
 	CUresult r = ts_gpu_peer_enable(real, peer, flags);
@@ -437,7 +441,7 @@ static inline CUresult drv_peer_enable(peer_enable_fn real, CUcontext peer, unsi
 
 static inline CUresult drv_peer_disable(peer_disable_fn real, CUcontext peer)
 {
-	if (!peer_enter())
+	if (!call_enter())
 		return real(peer);
 	int saved = errno;
 	CUresult r = ts_gpu_peer_disable(real, peer);
@@ -456,7 +460,7 @@ static __thread int ctx_depth;
 
 static inline CUresult drv_ctx_dev(ctx_dev_fn real, CUdevice dev)
 {
-	if (!peer_enter() || ctx_depth)
+	if (!call_enter() || ctx_depth)
 		return real(dev);
 	int saved = errno;
 	ctx_depth = 1;

@@ -1370,6 +1370,36 @@ static int gpus_lock_timed(struct timespec *until)
 	return pthread_mutex_timedlock(&gpus_mu, until);
 }
 
+/*
+ * With gpus_mu: wait until no live process other than us holds a buffer of
+ * ours that held_of(g) asks about, for limit ns from start at most, letting
+ * go meanwhile of our own served copies that are done (another producer may
+ * be waiting for them). A feed of mine[] busy in another thread counts as
+ * held: looked at again. 1: still held when the time ran out.
+ */
+static int wait_unheld(struct ts_gpu *const mine[MAX_GPUS], int (*held_of)(const struct ts_gpu *), uint64_t start,
+		       uint64_t limit)
+{
+	for (;;) {
+		int held = 0;
+		for (unsigned i = 0; i < MAX_GPUS; i++) {
+			struct ts_gpu *g = gpus[i]; /* (gpus_mu held: mine[i] is gpus[i]) */
+			if (!g || pthread_mutex_trylock(&g->mu)) {
+				held |= mine[i] != NULL;
+				continue;
+			}
+			if (g->npend)
+				poll_pending(g, POLL_DONE_ONLY);
+			held |= held_of(g);
+			pthread_mutex_unlock(&g->mu);
+		}
+		if (!held || ts_now_ns() - start >= limit)
+			return held;
+		struct timespec ts = {0, 500000};
+		nanosleep(&ts, NULL);
+	}
+}
+
 /* Every feed of this process, at its exit (atexit: see above). */
 static void drain_at_exit(void)
 {
@@ -1394,25 +1424,7 @@ static void drain_at_exit(void)
 		}
 		pthread_mutex_unlock(&g->mu);
 	}
-	int held = 1;
-	while (held) {
-		held = 0;
-		for (unsigned i = 0; i < MAX_GPUS; i++) {
-			struct ts_gpu *g = gpus[i]; /* (gpus_mu held: mine[i] is gpus[i]) */
-			if (!g || pthread_mutex_trylock(&g->mu)) {
-				held |= mine[i] != NULL; /* busy: looked at again */
-				continue;
-			}
-			if (g->npend)
-				poll_pending(g, POLL_DONE_ONLY);
-			held |= held_elsewhere(g);
-			pthread_mutex_unlock(&g->mu);
-		}
-		if (!held || ts_now_ns() - start >= limit)
-			break;
-		struct timespec ts = {0, 500000};
-		nanosleep(&ts, NULL);
-	}
+	int held = wait_unheld(mine, held_elsewhere, start, limit);
 	relax_end(relaxed, mode);
 	pthread_mutex_unlock(&gpus_mu);
 	drain_said(start, held);
@@ -1515,6 +1527,7 @@ void ts_gpu_ctx_going(int dev)
 		return;
 	int relaxed = relax_begin(&mode);
 	uint64_t limit = 0, start = ts_now_ns();
+	struct ts_gpu *mine[MAX_GPUS] = {0};
 	int any = 0;
 	for (unsigned i = 0; i < MAX_GPUS; i++) {
 		struct ts_gpu *g = gpus[i];
@@ -1522,26 +1535,13 @@ void ts_gpu_ctx_going(int dev)
 			continue;
 		if (going_begin(g, dev)) {
 			any = 1;
+			mine[i] = g;
 			if (drain_limit_ns(g) > limit)
 				limit = drain_limit_ns(g);
 		}
 		pthread_mutex_unlock(&g->mu);
 	}
-	int held = any;
-	while (held && ts_now_ns() - start < limit) {
-		struct timespec ts = {0, 500000};
-		nanosleep(&ts, NULL);
-		held = 0;
-		for (unsigned i = 0; i < MAX_GPUS; i++) {
-			struct ts_gpu *g = gpus[i];
-			if (!g || pthread_mutex_trylock(&g->mu))
-				continue;
-			if (g->npend)
-				poll_pending(g, POLL_DONE_ONLY); /* should another producer be waiting for us */
-			held |= going_held(g);
-			pthread_mutex_unlock(&g->mu);
-		}
-	}
+	int held = any && wait_unheld(mine, going_held, start, limit);
 	relax_end(relaxed, mode);
 	pthread_mutex_unlock(&gpus_mu);
 	if (any)
@@ -1582,7 +1582,7 @@ void ts_gpu_ctx_gone(void)
 	relax_end(relaxed, mode);
 	pthread_mutex_unlock(&gpus_mu);
 	if (gone + kept)
-		ts_debug("gpu: the program destroyed a context: %u ring buffers went with it, %u outlived it", gone,
+		ts_debug("gpu: a primary context was reset or released: %u ring buffers went with it, %u outlived it", gone,
 			 kept);
 }
 

@@ -29,6 +29,7 @@
  */
 /* Types and prototypes only: libcudart is dlopen()ed, except in the build
  * with the runtime linked in (TRAIN_CUDART_LINKED, below). */
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <dirent.h>
@@ -78,6 +79,7 @@ static struct options {
 	unsigned batch, val_batch, size, prefetch;
 	int workers, start, shm, shuffle, persistent, pin, device, step_spin, readback, tsshim, gpu;
 	int labels_on_host, upload, graph, capture_thread, peer_probe, peer_early, device_reset;
+	uint64_t ctx_release_every;
 	double step_ms, val_step_ms, timeout_s;
 } opt = {
 	.seed = 0, .epochs = 1, .batch = 32, .size = 224, .prefetch = 2, .workers = 2,
@@ -637,6 +639,10 @@ static struct {
 	__typeof__(cudaDeviceDisablePeerAccess) *DeviceDisablePeerAccess;
 	/* --device-reset */
 	__typeof__(cudaDeviceReset) *DeviceReset;
+	/* --ctx-release-every: the driver's, as the runtime gets them (version 7000) */
+	__typeof__(cudaGetDriverEntryPointByVersion) *GetDriverEntryPointByVersion;
+	__typeof__(cuDevicePrimaryCtxRetain) *PrimaryCtxRetain;
+	__typeof__(cuDevicePrimaryCtxRelease) *PrimaryCtxRelease;
 	cudaStream_t stream;
 	cudaStream_t side;         /* --upload-pattern side-stream: the labels' */
 	int have_stream;
@@ -682,8 +688,44 @@ static const struct rt_sym graph_syms[NGRAPH_SYMS] = {
 
 /* Resolved only for --peer-probe. */
 static const struct rt_sym peer_syms[] = {RT_SYM(DeviceEnablePeerAccess), RT_SYM(DeviceDisablePeerAccess)};
-/* Resolved only for --device-reset. */
+/* Resolved only for --device-reset, --ctx-release-every. */
 static const struct rt_sym reset_sym = RT_SYM(DeviceReset);
+static const struct rt_sym entry_sym = RT_SYM(GetDriverEntryPointByVersion);
+
+/* --ctx-release-every: the driver's primary-context retain and release, from the runtime. */
+static int ctx_release_open(void)
+{
+	enum cudaDriverEntryPointQueryResult q;
+	if (!(*entry_sym.p = entry_sym.linked ? entry_sym.linked : dlsym(cu.lib, entry_sym.name))) {
+		fprintf(stderr, PROG ": --ctx-release-every: the CUDA runtime lacks %s\n", entry_sym.name);
+		return -1;
+	}
+	if (cuda_ok(cu.GetDriverEntryPointByVersion("cuDevicePrimaryCtxRetain", (void **)&cu.PrimaryCtxRetain, 7000,
+						    cudaEnableDefault, &q),
+		    "cudaGetDriverEntryPointByVersion(cuDevicePrimaryCtxRetain)") < 0 ||
+	    cuda_ok(cu.GetDriverEntryPointByVersion("cuDevicePrimaryCtxRelease", (void **)&cu.PrimaryCtxRelease, 7000,
+						    cudaEnableDefault, &q),
+		    "cudaGetDriverEntryPointByVersion(cuDevicePrimaryCtxRelease)") < 0)
+		return -1;
+	return 0;
+}
+
+/*
+ * --ctx-release-every N, after every N training batches: one retain and one
+ * release of the device's primary context, as a library that uses the driver
+ * API for a moment would. The runtime holds its own retain, so the context
+ * lives on; the shim must treat the release as one that may destroy it.
+ */
+static int ctx_release_now(void)
+{
+	CUcontext c;
+	CUresult r = cu.PrimaryCtxRetain(&c, opt.gpu);
+	if (r == CUDA_SUCCESS)
+		r = cu.PrimaryCtxRelease(opt.gpu);
+	if (r != CUDA_SUCCESS)
+		fprintf(stderr, PROG ": --ctx-release-every: the driver answered %d\n", (int)r);
+	return r == CUDA_SUCCESS ? 0 : -1;
+}
 
 static int cuda_open(void)
 {
@@ -743,6 +785,8 @@ static int cuda_open(void)
 		fprintf(stderr, PROG ": --device-reset: the CUDA runtime lacks %s\n", reset_sym.name);
 		return -1;
 	}
+	if (opt.ctx_release_every && ctx_release_open() < 0)
+		return -1;
 	return 0;
 }
 
@@ -1960,6 +2004,8 @@ static int consume(struct loader *L, struct batch *b, uint64_t epoch, uint64_t p
 	if (L->train) {
 		J.train_batches++;
 		J.train_samples += b->n;
+		if (opt.ctx_release_every && J.train_batches % opt.ctx_release_every == 0 && ctx_release_now() < 0)
+			return -1;
 	} else {
 		J.val_batches++;
 		J.val_samples += b->n;
@@ -2123,6 +2169,9 @@ static void usage(FILE *f)
 "                        device buffers are freed, before the end, as CUDA's\n"
 "                        samples end main (its primary context goes, and all\n"
 "                        its memory with it); a failure fails the job\n"
+"  --ctx-release-every N with --device cuda: after every N training batches,\n"
+"                        retain and release the device's primary context through\n"
+"                        the driver API (the runtime's own retain keeps it alive)\n"
 "  --readback            copy each uploaded batch back from the device and record\n"
 "                        its checksums too (dimg=, dlbl=, device_checksum=)\n"
 "  --tsshim              hand every training batch to the shim right before its\n"
@@ -2250,7 +2299,7 @@ static void parse_args(int argc, char **argv)
 		O_VAL = 256, O_LIMIT, O_VAL_LIMIT, O_SIZE, O_BATCH, O_VAL_BATCH, O_WORKERS, O_START, O_PERSIST,
 		O_PREFETCH, O_SHM, O_TIMEOUT, O_PIN, O_SEED, O_SHUFFLE, O_EPOCHS, O_DEVICE, O_CUDART, O_STEP,
 		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_GPU, O_READBACK, O_LABELS_HOST, O_UPLOAD, O_TSSHIM, O_RECORD, O_HELP, O_WORKER_FD,
-		O_GRAPH, O_CAPTURE_THREAD, O_PEER_PROBE, O_PEER_EARLY, O_DEVICE_RESET,
+		O_GRAPH, O_CAPTURE_THREAD, O_PEER_PROBE, O_PEER_EARLY, O_DEVICE_RESET, O_CTX_RELEASE,
 	};
 	static const struct option lo[] = {
 		{"val", required_argument, 0, O_VAL},
@@ -2285,6 +2334,7 @@ static void parse_args(int argc, char **argv)
 		{"peer-probe", required_argument, 0, O_PEER_PROBE},
 		{"peer-early", no_argument, 0, O_PEER_EARLY},
 		{"device-reset", no_argument, 0, O_DEVICE_RESET},
+		{"ctx-release-every", required_argument, 0, O_CTX_RELEASE},
 		{"tsshim", no_argument, 0, O_TSSHIM},
 		{"record", required_argument, 0, O_RECORD},
 		{"help", no_argument, 0, O_HELP},
@@ -2328,6 +2378,7 @@ static void parse_args(int argc, char **argv)
 		case O_PEER_PROBE: opt.peer_probe = (int)parse_u64("peer-probe", a, 0, 63); break;
 		case O_PEER_EARLY: opt.peer_early = 1; break;
 		case O_DEVICE_RESET: opt.device_reset = 1; break;
+		case O_CTX_RELEASE: opt.ctx_release_every = parse_u64("ctx-release-every", a, 1, UINT32_MAX); break;
 		case O_TSSHIM: opt.tsshim = 1; break;
 		case O_RECORD: opt.record = a; break;
 		case O_HELP: usage(stdout); exit(0);
@@ -2357,6 +2408,8 @@ static void parse_args(int argc, char **argv)
 		bad_usage("--peer-early needs --peer-probe N");
 	if (opt.device_reset && opt.device != DEV_CUDA)
 		bad_usage("--device-reset needs --device cuda");
+	if (opt.ctx_release_every && opt.device != DEV_CUDA)
+		bad_usage("--ctx-release-every needs --device cuda");
 	if ((opt.graph || opt.capture_thread) && opt.upload == UP_SIDE_STREAM)
 		bad_usage("--graph and --capture-thread: not with --upload-pattern side-stream (it synchronises a "
 			  "stream while the capture is open)");
@@ -2479,10 +2532,8 @@ out:
 	if (loader_close(&J.train, abort_workers) < 0 || loader_close(&J.val, abort_workers) < 0)
 		rc = 1; /* a persistent worker died on its own */
 	pin_stop();
-	int had_cuda = opt.device == DEV_CUDA && cu.lib;
 	device_free();
-	if (opt.device_reset && had_cuda && cu.DeviceReset &&
-	    cuda_ok(cu.DeviceReset(), "cudaDeviceReset (--device-reset)") < 0)
+	if (cu.DeviceReset && cuda_ok(cu.DeviceReset(), "cudaDeviceReset (--device-reset)") < 0) /* (resolved for it only) */
 		rc = rc ? rc : 1;
 	free(J.share_ids);
 	if (g_signal) {

@@ -674,6 +674,25 @@ static void mem_lose(struct mem *m)
 	memset(m->data, 0xa5, m->maplen);
 }
 
+/* Our context goes (exit, reset): our allocation m, open in a live process, is lost there. */
+static void mem_lose_with_ctx(struct mem *m)
+{
+	if (m->kind == M_DEV && open_elsewhere(m)) {
+		ST_ADD(ipc_lost_at_exit, 1);
+		mem_lose(m);
+	}
+}
+
+/* m leaves the table, its bytes the device's count; the table's reference is the caller's to drop. Under G.mu. */
+static void mem_table_remove(struct mem *m)
+{
+	mem_remove(m);
+	if (m->kind == M_DEV) {
+		G.used[m->dev] -= m->size;
+		__atomic_fetch_sub(&G.st.alloc_bytes, m->size, __ATOMIC_RELAXED);
+	}
+}
+
 /* A copy out of m has read its bytes: were they lost by then? (M_IPC we track) */
 static int mem_read_lost(const struct mem *m)
 {
@@ -1437,15 +1456,8 @@ static void ctx_teardown(struct ctx *c)
 		struct mem *m = G.mems[i];
 		if (!is_dev(m) || m->ctx != c)
 			continue;
-		if (m->kind == M_DEV) {
-			if (open_elsewhere(m)) {
-				ST_ADD(ipc_lost_at_exit, 1);
-				mem_lose(m);
-			}
-			G.used[m->dev] -= m->size;
-			__atomic_fetch_sub(&G.st.alloc_bytes, m->size, __ATOMIC_RELAXED);
-		}
-		mem_remove(m);
+		mem_lose_with_ctx(m);
+		mem_table_remove(m);
 		mem_unref(m); /* the table's; an operation of another context that uses it holds its own */
 	}
 	for (struct event **pp = &G.events; *pp;) {
@@ -1728,9 +1740,7 @@ API CUresult cuMemFree_v2(CUdeviceptr dptr)
 		mem_lose(m);
 	}
 	if (r == CUDA_SUCCESS) {
-		mem_remove(m);
-		G.used[m->dev] -= m->size;
-		__atomic_fetch_sub(&G.st.alloc_bytes, m->size, __ATOMIC_RELAXED);
+		mem_table_remove(m);
 		ST_ADD(frees, 1);
 		m->refs--; /* the table's */
 	}
@@ -3600,10 +3610,7 @@ __attribute__((destructor)) static void tsemu_fini(void)
 		return;
 	pthread_mutex_lock(&G.mu);
 	for (size_t i = 0; i < G.nmem; i++) /* the context goes: so does its memory, open elsewhere or not */
-		if (G.mems[i]->kind == M_DEV && open_elsewhere(G.mems[i])) {
-			ST_ADD(ipc_lost_at_exit, 1);
-			mem_lose(G.mems[i]);
-		}
+		mem_lose_with_ctx(G.mems[i]);
 	pthread_mutex_unlock(&G.mu);
 	write_stats();
 	pthread_mutex_lock(&G.mu);
