@@ -1400,34 +1400,56 @@ static int wait_unheld(struct ts_gpu *const mine[MAX_GPUS], int (*held_of)(const
 	}
 }
 
-/* Every feed of this process, at its exit (atexit: see above). */
-static void drain_at_exit(void)
+/*
+ * Every feed of this process that begin(g, dev) gives something up of
+ * (under g->mu), then the wait until nobody holds what held_of(g) asks
+ * about (wait_unheld), for the longest TSSHIM_TIMEOUT_MS of those feeds.
+ */
+static void drain_where(int (*begin)(struct ts_gpu *, int), int (*held_of)(const struct ts_gpu *), int dev)
 {
 	CUstreamCaptureMode mode;
 	struct timespec until;
-	if (atomic_load(&ts_is_fork_child) || getpid() != drain_pid || atomic_load(&drv_state) <= 0)
-		return;
 	if (gpus_lock_timed(&until))
 		return;
 	int relaxed = relax_begin(&mode);
 	uint64_t limit = 0, start = ts_now_ns();
 	struct ts_gpu *mine[MAX_GPUS] = {0};
+	int any = 0;
 	for (unsigned i = 0; i < MAX_GPUS; i++) {
 		struct ts_gpu *g = gpus[i];
 		if (!g || pthread_mutex_timedlock(&g->mu, &until))
 			continue;
-		if (g->ring_state == 1 && g->f->s.me.pid == (uint32_t)getpid()) {
-			drain_begin(g);
+		if (begin(g, dev)) {
+			any = 1;
 			mine[i] = g;
 			if (drain_limit_ns(g) > limit)
 				limit = drain_limit_ns(g);
 		}
 		pthread_mutex_unlock(&g->mu);
 	}
-	int held = wait_unheld(mine, held_elsewhere, start, limit);
+	int held = any && wait_unheld(mine, held_of, start, limit);
 	relax_end(relaxed, mode);
 	pthread_mutex_unlock(&gpus_mu);
-	drain_said(start, held);
+	if (any)
+		drain_said(start, held);
+}
+
+/* At exit: a feed of ours with its ring open gives up its slots (drain_begin). */
+static int exit_begin(struct ts_gpu *g, int dev)
+{
+	(void)dev;
+	if (g->ring_state != 1 || g->f->s.me.pid != (uint32_t)getpid())
+		return 0;
+	drain_begin(g);
+	return 1;
+}
+
+/* Every feed of this process, at its exit (atexit: see above). */
+static void drain_at_exit(void)
+{
+	if (atomic_load(&ts_is_fork_child) || getpid() != drain_pid || atomic_load(&drv_state) <= 0)
+		return;
+	drain_where(exit_begin, held_elsewhere, -1);
 }
 
 static void drain_register(void)
@@ -1519,33 +1541,8 @@ static int going_held(const struct ts_gpu *g)
 
 void ts_gpu_ctx_going(int dev)
 {
-	CUstreamCaptureMode mode;
-	struct timespec until;
-	if (atomic_load(&drv_state) <= 0)
-		return;
-	if (gpus_lock_timed(&until))
-		return;
-	int relaxed = relax_begin(&mode);
-	uint64_t limit = 0, start = ts_now_ns();
-	struct ts_gpu *mine[MAX_GPUS] = {0};
-	int any = 0;
-	for (unsigned i = 0; i < MAX_GPUS; i++) {
-		struct ts_gpu *g = gpus[i];
-		if (!g || pthread_mutex_timedlock(&g->mu, &until))
-			continue;
-		if (going_begin(g, dev)) {
-			any = 1;
-			mine[i] = g;
-			if (drain_limit_ns(g) > limit)
-				limit = drain_limit_ns(g);
-		}
-		pthread_mutex_unlock(&g->mu);
-	}
-	int held = any && wait_unheld(mine, going_held, start, limit);
-	relax_end(relaxed, mode);
-	pthread_mutex_unlock(&gpus_mu);
-	if (any)
-		drain_said(start, held);
+	if (atomic_load(&drv_state) > 0)
+		drain_where(going_begin, going_held, dev);
 }
 
 void ts_gpu_ctx_gone(void)
