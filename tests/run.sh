@@ -100,6 +100,13 @@ for name in $failures; do
 	echo "--- $name: the end of $logdir/${name//\//_}.log"
 	tail -n 30 "$logdir/${name//\//_}.log" | sed 's/^/      /'
 done
+# The checks that failed, with the lines they printed, last: CI keeps only the
+# end of what ran, and a tail of 30 lines may not reach back to them.
+for name in $failures; do
+	echo "--- $name: what failed"
+	awk '/^not ok|\[FAIL\]|Assertion [Ff]ailed/ {n = 6; print; next} n > 0 && /^(#|\[----\])/ {n--; print; next} {n = 0}' \
+		"$logdir/${name//\//_}.log" | head -n 40 | sed 's/^/      /'
+done
 echo "logs: $logdir"
 [ -z "$failures" ] || echo "failed: $failures"
 echo "tests: $passed passed, $failed failed, $skipped skipped"
