@@ -97,6 +97,11 @@ static int wait_slice(_Atomic uint32_t *ev, uint32_t seen, uint64_t deadline)
 /*
  * A reader that was elected producer while it waited: nobody else publishes
  * now, so its wait can only run out. `was` is the producer word it saw first.
+ * Asked before the reader looks at its slot, not after its wait: a producer
+ * may publish its last batch and leave while a slow reader sleeps, and that
+ * batch is still the reader's. acquire: pairs with the hand-over's seq_cst
+ * CAS, which comes after the old producer's publishes; a read of the slot
+ * after a look that saw us elected sees every batch that will ever come.
  */
 static inline bool elected_meanwhile(const struct ts_segment *seg, const struct ts_ring_reader *r, uint64_t was)
 {
@@ -587,16 +592,17 @@ int ts_ring_peek(struct ts_segment *seg, struct ts_ring_reader *r, uint32_t npos
 		struct ts_batch_meta m;
 		unsigned writer;
 
+		bool elected = elected_meanwhile(seg, r, was);
 		ret = read_slot(seg, r, d, seq, &m, &writer);
 		if (ret == -EAGAIN) {
 			if (out->nranges)
 				break;
+			if (elected)
+				return -ETIMEDOUT; /* the caller produces now */
 			if ((ret = wait_slice(&seg->ring.pub_ev, ev, deadline)))
 				return ret;
 			if (evicted(seg, r))
 				return -ESTALE;
-			if (elected_meanwhile(seg, r, was))
-				return -ETIMEDOUT; /* the caller produces now */
 			continue;
 		}
 		if (ret)
@@ -732,15 +738,16 @@ int ts_ring_wait_next(struct ts_segment *seg, struct ts_ring_reader *r, uint64_t
 		uint32_t ev = atomic_load_explicit(&seg->ring.pub_ev, memory_order_acquire);
 		if (evicted(seg, r))
 			return -ESTALE;
+		bool elected = elected_meanwhile(seg, r, was);
 		ret = read_slot(seg, r, d, r->seq, m, writer);
 		if (ret == 0)
 			return ts_batch_meta_valid(m) ? -EBADMSG : 0;
 		if (ret != -EAGAIN)
 			return ret;
+		if (elected)
+			return -ETIMEDOUT;
 		if ((ret = wait_slice(&seg->ring.pub_ev, ev, deadline)))
 			return ret;
-		if (elected_meanwhile(seg, r, was))
-			return -ETIMEDOUT;
 	}
 }
 

@@ -33,14 +33,22 @@ static _Atomic uint64_t skew;                 /* added to the real monotonic clo
 static _Atomic int dead[TS_MAX_MEMBERS];      /* fake: member's process is gone */
 static struct ts_prim_ops saved_prim;
 
-/* one shot: the clock read that brings the countdown to 0 installs this producer word */
+/*
+ * One shot: the clock read that brings the countdown to 0 first runs
+ * on_clock (when set; its own clock reads do nothing), then installs this
+ * producer word.
+ */
 static _Atomic uint64_t on_clock_producer;
 static _Atomic int clock_countdown;
+static void (*on_clock)(void);
 
 static uint64_t fake_now(void)
 {
-	if (atomic_load(&clock_countdown) > 0 && atomic_fetch_sub(&clock_countdown, 1) == 1)
+	if (atomic_load(&clock_countdown) > 0 && atomic_fetch_sub(&clock_countdown, 1) == 1) {
+		if (on_clock)
+			on_clock();
 		atomic_store(&seg->producer, atomic_load(&on_clock_producer));
+	}
 	return ts_prim_monotonic_ns() + atomic_load(&skew);
 }
 
@@ -82,6 +90,7 @@ static void setup(void)
 
 static void teardown(void)
 {
+	on_clock = NULL;
 	ts_prim = saved_prim;
 	free(seg);
 	seg = NULL;
@@ -655,6 +664,49 @@ static void elected_while_waiting_case(int next)
 
 Test(ring, peek_elected_while_waiting) { elected_while_waiting_case(0); }
 Test(ring, wait_next_elected_while_waiting) { elected_while_waiting_case(1); }
+
+static struct ts_ring_writer *last_words_writer;
+
+static void publish_then_leave(void)
+{
+	cr_assert_eq(produce(last_words_writer, 64, 64, TS_BATCH_END_OF_EPOCH, 0), 0);
+}
+
+/*
+ * The producer publishes its last batch and leaves, electing the reader,
+ * while the reader waits for that batch (both before the reader runs again:
+ * on a loaded machine, a slow consumer). The batch is the reader's to read;
+ * only after it is there nothing more to wait for. Seen in exact mode: the
+ * consumer made its epoch's last batch itself.
+ */
+static void published_before_election_case(int next)
+{
+	struct ts_ring_writer w;
+	struct ts_ring_reader r;
+	static struct ts_read rd;
+	struct ts_batch_meta m;
+	unsigned writer;
+
+	cr_assert_eq(ts_ring_writer_init(seg, 0, &w), 0);
+	cr_assert_eq(produce(&w, 0, 64, 0, 0), 0);
+	cr_assert_eq(ts_ring_attach(seg, 1, &r), 0);
+	cr_assert_eq(r.seq, 1, "attached at the head");
+	/* the wait's clock reads: its deadline, then its first slice, when seq 1 is not there yet */
+	last_words_writer = &w;
+	on_clock = publish_then_leave;
+	atomic_store(&on_clock_producer, ts_producer_word(2, 1));
+	atomic_store(&clock_countdown, 2);
+	int ret = next ? ts_ring_wait_next(seg, &r, 5000 * MS, &m, &writer) : peek_samples(&r, 64, &rd, 5000 * MS);
+	cr_assert_eq(atomic_load(&clock_countdown), 0, "the batch came and the reader was elected inside its wait");
+	cr_assert_eq(ret, 0, "the last batch was published before the election: %d", ret);
+	if (next)
+		cr_assert_eq(m.nsamples, 64);
+	else
+		cr_assert(rd.r[0][0].seq == 1 && rd.got[0] == 64 * S0 && rd.end_of_epoch);
+}
+
+Test(ring, peek_reads_what_came_before_its_election) { published_before_election_case(0); }
+Test(ring, wait_next_reads_what_came_before_its_election) { published_before_election_case(1); }
 
 /* Silent for longer than the timeout but not the stall time (a stopped
  * process, a debugger): it keeps its place, the producer waits. */
