@@ -97,20 +97,28 @@ struct ts_prim_ops ts_prim = {
 	.proc_start_time = ts_prim_read_start_time,
 };
 
-static struct ts_ident self_cache;
+/*
+ * Threads ask at once: the start time is stored before the pid that says
+ * whose it is (release/acquire), so a reader that finds its pid there finds
+ * its start time too. Racing writers store the same values.
+ */
+static _Atomic uint32_t self_pid;
+static _Atomic uint64_t self_start;
 
 int ts_self_ident(struct ts_ident *out)
 {
 	uint32_t pid = (uint32_t)getpid();
-	if (self_cache.pid != pid) {
+	if (atomic_load_explicit(&self_pid, memory_order_acquire) != pid) {
 		uint64_t st;
 		int ret = ts_prim.proc_start_time(pid, &st);
 		if (ret)
 			return ret;
-		self_cache.start_time = st;
-		self_cache.pid = pid;
+		atomic_store_explicit(&self_start, st, memory_order_relaxed);
+		atomic_store_explicit(&self_pid, pid, memory_order_release);
+		*out = (struct ts_ident){ .pid = pid, .start_time = st };
+		return 0;
 	}
-	*out = self_cache;
+	*out = (struct ts_ident){ .pid = pid, .start_time = atomic_load_explicit(&self_start, memory_order_relaxed) };
 	return 0;
 }
 
