@@ -39,8 +39,8 @@
  *    Waits are sliced (10 ms) to re-check the filler's liveness and are
  *    bounded by the caller's wait_ns.
  *
- *  - The lock is a robust, process-shared mutex, always taken with a
- *    timeout. EOWNERDEAD (a holder died) and any inconsistency found while
+ *  - The lock (shmlock.h) is always taken with a timeout. A holder that
+ *    died is taken over (TS_SHM_LOCK_REPAIR), and that or any inconsistency found while
  *    walking the index run repair(), which rebuilds everything derived
  *    (list, cursor, byte count) from the entry words and ranges; every
  *    critical section leaves entries either invisible or complete, because
@@ -59,7 +59,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #define NONE          TS_CACHE_NONE
@@ -69,7 +68,7 @@
 #define E_SHM         4095        /* internal: reserving arena pages failed (/dev/shm full) */
 
 _Static_assert(sizeof(struct ts_cache_key) == 64, "key must be 64 bytes without padding");
-_Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex must fit its slot");
+_Static_assert(sizeof(struct ts_shm_lock) == 64, "the lock is one cache line of the header");
 _Static_assert(sizeof(struct ts_cache_entry) % 8 == 0, "entry alignment");
 
 uint64_t (*ts_cache_hash_fn)(const struct ts_cache_key *k) = ts_cache_key_hash;
@@ -183,11 +182,11 @@ static int validate_snapshot(const struct ts_cache_header *h, size_t size, uid_t
 	if (st->magic != TS_CACHE_MAGIC)
 		return fail(why, whylen, -EBADMSG, "not a tsshim cache segment (bad magic)");
 	if (st->layout_version != TS_CACHE_LAYOUT_VERSION || st->header_size != sizeof(*h) ||
-	    st->entry_size != sizeof(struct ts_cache_entry) || st->mutex_size != sizeof(pthread_mutex_t))
+	    st->entry_size != sizeof(struct ts_cache_entry) || st->lock_size != sizeof(struct ts_shm_lock))
 		return fail(why, whylen, -EPROTO,
-			    "written by another tsshim build (cache layout %u, header %u, entry %u, mutex %u; this build: %u, %zu, %zu, %zu)",
-			    st->layout_version, st->header_size, st->entry_size, st->mutex_size,
-			    TS_CACHE_LAYOUT_VERSION, sizeof(*h), sizeof(struct ts_cache_entry), sizeof(pthread_mutex_t));
+			    "written by another tsshim build (cache layout %u, header %u, entry %u, lock %u; this build: %u, %zu, %zu, %zu)",
+			    st->layout_version, st->header_size, st->entry_size, st->lock_size,
+			    TS_CACHE_LAYOUT_VERSION, sizeof(*h), sizeof(struct ts_cache_entry), sizeof(struct ts_shm_lock));
 	if (st->checksum != ts_cache_static_checksum(st))
 		return fail(why, whylen, -EBADMSG, "header checksum mismatch (corrupted)");
 	if (st->uid != (uint32_t)uid)
@@ -227,11 +226,10 @@ int ts_cache_validate(const struct ts_cache_header *h, size_t size, uid_t uid, c
 static void repair(struct ts_cache *c);
 
 /*
- * ThreadSanitizer (make tsan) does not intercept pthread_mutex_clocklock:
- * tsan_*_lock tell it about the lock, or it sees every unlock as an error and
- * the lock's critical sections as races. tsan_ignore_reads_* hide copy_out's
- * seqlock read, which may overlap a new owner's writes by design (the copy is
- * then dropped), from the race detector. Nothing in other builds.
+ * ThreadSanitizer (make tsan): tsan_ignore_reads_* hide copy_out's seqlock
+ * read, which may overlap a new owner's writes by design (the copy is then
+ * dropped), from the race detector. Nothing in other builds. (The lock is
+ * atomics TSan follows by itself.)
  */
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
@@ -239,50 +237,42 @@ static void repair(struct ts_cache *c);
 #endif
 #endif
 #if defined(__SANITIZE_THREAD__) || defined(TS_TSAN)
-#include <sanitizer/tsan_interface.h>
-#define tsan_pre_lock(m) __tsan_mutex_pre_lock((m), __tsan_mutex_try_lock)
-#define tsan_post_lock(m, ok) \
-	__tsan_mutex_post_lock((m), __tsan_mutex_try_lock | ((ok) ? 0 : __tsan_mutex_try_lock_failed), 0)
 void AnnotateIgnoreReadsBegin(const char *file, int line);
 void AnnotateIgnoreReadsEnd(const char *file, int line);
 #define tsan_ignore_reads_begin() AnnotateIgnoreReadsBegin(__FILE__, __LINE__)
 #define tsan_ignore_reads_end() AnnotateIgnoreReadsEnd(__FILE__, __LINE__)
 #else
-#define tsan_pre_lock(m) ((void)0)
-#define tsan_post_lock(m, ok) ((void)0)
 #define tsan_ignore_reads_begin() ((void)0)
 #define tsan_ignore_reads_end() ((void)0)
 #endif
 
 static int cache_lock(struct ts_cache *c, uint64_t timeout_ns)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	uint64_t ns = (uint64_t)ts.tv_nsec + timeout_ns % 1000000000ull;
-	ts.tv_sec += (time_t)(timeout_ns / 1000000000ull + ns / 1000000000ull);
-	ts.tv_nsec = (long)(ns % 1000000000ull);
-	tsan_pre_lock(&c->hdr->lock.m);
-	int r = pthread_mutex_clocklock(&c->hdr->lock.m, CLOCK_MONOTONIC, &ts);
-	tsan_post_lock(&c->hdr->lock.m, r == 0 || r == EOWNERDEAD);
-	if (r == EOWNERDEAD) {
+	int r = ts_shm_lock(&c->hdr->lock, timeout_ns);
+	if (r == TS_SHM_LOCK_REPAIR) {
 		/*
-		 * A holder died inside a critical section. Repair first, then
-		 * mark the mutex consistent: if we die while repairing, the next
-		 * one gets EOWNERDEAD again and repairs again.
+		 * A holder died inside a critical section, or a peer wrote over
+		 * the lock. If we die while repairing, the next one takes the
+		 * lock over from us and repairs again. One line per handle: a
+		 * peer that keeps writing would fill the job's stderr (the
+		 * repairs counter has them all).
 		 */
-		ts_warn("cache %s: a process died holding the cache lock; repairing the index", c->session);
+		if (!c->told_repair++)
+			ts_warn("cache %s: the cache lock's holder is gone (a job died in it, or a peer wrote over it); "
+				"repairing the index", c->session);
+		else
+			ts_debug("cache %s: the cache lock's holder is gone again; repairing the index", c->session);
 		repair(c);
-		pthread_mutex_consistent(&c->hdr->lock.m);
 		return 0;
 	}
-	return -r;
+	return r;
 }
 
 static void cache_unlock(struct ts_cache *c)
 {
 	if (c->need_repair)
 		repair(c);
-	pthread_mutex_unlock(&c->hdr->lock.m);
+	ts_shm_unlock(&c->hdr->lock);
 }
 
 static void corrupt(struct ts_cache *c)
@@ -1276,19 +1266,6 @@ int ts_cache_peek(struct ts_cache *c, const struct ts_cache_key *k)
 
 /* ---- segment files ---------------------------------------------------------------- */
 
-static int init_mutex(pthread_mutex_t *m)
-{
-	pthread_mutexattr_t a;
-	int r = pthread_mutexattr_init(&a);
-	if (r)
-		return -r;
-	if (!(r = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED)) &&
-	    !(r = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST)))
-		r = pthread_mutex_init(m, &a);
-	pthread_mutexattr_destroy(&a);
-	return -r;
-}
-
 /* Build a segment under a temporary name, with us as its first user, then
  * link it into place: nobody ever maps a half-initialised one. */
 static int create_segment(const char *path, const char *session, uint64_t budget, const struct ts_ident *me,
@@ -1335,16 +1312,13 @@ static int create_segment(const char *path, const char *session, uint64_t budget
 	st->layout_version = TS_CACHE_LAYOUT_VERSION;
 	st->header_size = sizeof(*h);
 	st->entry_size = sizeof(struct ts_cache_entry);
-	st->mutex_size = sizeof(pthread_mutex_t);
+	st->lock_size = sizeof(struct ts_shm_lock);
 	st->uid = (uint32_t)getuid();
 	st->created_unix_ns = ts_prim_realtime_ns();
 	st->creator_pid = me->pid;
 	snprintf(st->session, sizeof(st->session), "%s", session);
 	st->checksum = ts_cache_static_checksum(st);
-	if ((ret = init_mutex(&h->lock.m)) != 0) {
-		ret = fail(why, whylen, ret, "cannot initialise the cache lock: %s", strerror(-ret));
-		goto out;
-	}
+	ts_shm_lock_init(&h->lock);
 	h->head = 0;
 	h->first = h->last = h->cursor = NONE;
 	/* Entries are all zero: EMPTY, generation 0. */

@@ -17,8 +17,8 @@
  *
  * Segment layout (all offsets from the start of the file; see the structs):
  *
- *   [0, index_off)                header: static part (checksummed), robust
- *                                 mutex, allocator state, counters, users
+ *   [0, index_off)                header: static part (checksummed), the
+ *                                 lock, allocator state, counters, users
  *   [index_off, arena_off)        index: nentries (power of two) entries,
  *                                 open addressing with linear probing over a
  *                                 bounded window
@@ -30,8 +30,9 @@
  * and never as SIGBUS in the host program. No byte of the arena above the
  * reserved high-water mark is ever touched.
  *
- * Concurrency: index changes and allocation run under a process-shared
- * robust mutex in the header, taken with a timeout (never a hang: a timeout
+ * Concurrency: index changes and allocation run under the lock in the
+ * header (shmlock.h: a holder that dies is taken over, and no pointer in it
+ * is ever followed), taken with a timeout (never a hang: a timeout
  * means BYPASS). Three transitions are lock-free CASes on the entry word, so
  * that a decode already paid for is never lost to lock contention: commit
  * (FILLING->READY), abort (FILLING->DROPPED) and the late commit of an
@@ -52,7 +53,6 @@
 #ifndef TSSHIM_CORE_CACHE_H
 #define TSSHIM_CORE_CACHE_H
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -61,9 +61,10 @@
 #include "layout.h"  /* TS_NAME_MAX */
 #include "prim.h"
 #include "session.h" /* TS_PATH_MAX */
+#include "shmlock.h"
 
 #define TS_CACHE_MAGIC          0x3148434143535354ULL /* "TSSCACH1" little-endian */
-#define TS_CACHE_LAYOUT_VERSION 2u
+#define TS_CACHE_LAYOUT_VERSION 3u
 #define TS_CACHE_PREFIX         "tsshim-cache."
 #define TS_CACHE_MAX_USERS      128u
 #define TS_CACHE_MIN_BUDGET     (1ull << 20)  /* 1 MiB */
@@ -105,7 +106,7 @@ struct ts_cache_static {
 	uint32_t layout_version;
 	uint32_t header_size;   /* sizeof(struct ts_cache_header) */
 	uint32_t entry_size;    /* sizeof(struct ts_cache_entry) */
-	uint32_t mutex_size;    /* sizeof(pthread_mutex_t): the lock's ABI */
+	uint32_t lock_size;     /* sizeof(struct ts_shm_lock): the lock's ABI */
 	uint32_t nentries;      /* power of two, MIN..MAX_ENTRIES */
 	uint32_t uid;
 	uint64_t index_off;     /* page-aligned, >= header_size */
@@ -217,10 +218,7 @@ struct ts_cache_header {
 	_Atomic uint32_t state;          /* OPEN, CLOSED (being removed: open again) */
 	uint32_t reserved;
 	uint64_t pad0[6];
-	union {
-		pthread_mutex_t m;       /* robust, process-shared */
-		char bytes[64];
-	} lock;
+	struct ts_shm_lock lock;         /* a holder that dies is taken over (shmlock.h) */
 	/* Allocator state: only under the lock. */
 	uint64_t head;                   /* next allocation offset, 0..arena_size */
 	uint32_t first, last;            /* offset-ordered list of range holders */
@@ -261,6 +259,7 @@ struct ts_cache {
 	uint32_t opener_pid;      /* a forked child never unregisters its parent */
 	int user_slot;
 	int need_repair;          /* private: set under the lock, consumed before unlocking */
+	unsigned told_repair;     /* private: lock take-overs this handle has seen (one line said) */
 	/*
 	 * private: the arena's chunks this process reserved itself (a bit per
 	 * chunk). falloc_hwm in the shared header says how far the file is

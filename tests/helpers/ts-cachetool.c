@@ -28,6 +28,8 @@ static void usage(FILE *f)
 		"       " PROG " probe SESSION --key K [--budget-mb N] [--wait-ms N]\n"
 		"       " PROG " hold SESSION [--budget-mb N]\n"
 		"       " PROG " lie SESSION [--budget-mb N]\n"
+		"       " PROG " lock SESSION [--budget-mb N]\n"
+		"       " PROG " scribble SESSION [--ops N] [--seed N] [--budget-mb N]\n"
 		"       " PROG " stats SESSION\n"
 		"\n"
 		"  work   open the cache of SESSION (default budget 8 MiB), print \"ready\",\n"
@@ -48,6 +50,11 @@ static void usage(FILE *f)
 		"  lie    as a buggy or hostile peer: rewrite the shared header's mark of\n"
 		"         how far the arena is reserved (falloc_hwm) to the whole arena,\n"
 		"         print \"lied hwm=N\", and leave.\n"
+		"  lock   take the cache's lock, print \"locked\" and wait to be killed\n"
+		"         (a job that dies inside a critical section).\n"
+		"  scribble  as a buggy or hostile peer: --ops times (default 3000, one\n"
+		"         every 2 ms), write random bytes (--seed) over the whole lock,\n"
+		"         print \"scribbled n=N\", and leave.\n"
 		"  stats  read-only view of the cache: one line of counters.\n"
 		"\n"
 		"Every command gives up after 120 s (SIGALRM). Exit status: 0 done,\n"
@@ -341,6 +348,40 @@ static int cmd_lie(const char *session, struct opts *o)
 	return 0;
 }
 
+static int cmd_lock(const char *session, struct opts *o)
+{
+	struct ts_cache c;
+	if (open_cache(&c, session, o->budget_mb))
+		return 1;
+	int r = ts_shm_lock(&c.hdr->lock, 10000000000ull);
+	if (r < 0) {
+		fprintf(stderr, PROG ": cannot take the lock: %s\n", strerror(-r));
+		return 1;
+	}
+	printf("locked pid=%d\n", (int)getpid());
+	fflush(stdout);
+	for (;;)
+		pause();
+}
+
+static int cmd_scribble(const char *session, struct opts *o)
+{
+	struct ts_cache c;
+	if (open_cache(&c, session, o->budget_mb))
+		return 1;
+	unsigned char *lock = (unsigned char *)&c.hdr->lock;
+	for (uint64_t i = 0; i < o->ops; i++) {
+		for (size_t b = 0; b < sizeof(c.hdr->lock); b += 8) {
+			uint64_t v = mix(o->seed * 1000003u + i * 64 + b);
+			memcpy(lock + b, &v, 8);
+		}
+		ts_sleep_ns(2000000);
+	}
+	printf("scribbled n=%llu\n", (unsigned long long)o->ops);
+	ts_cache_close(&c);
+	return 0;
+}
+
 static int cmd_stats(const char *session)
 {
 	char path[TS_PATH_MAX], why[256] = "";
@@ -383,6 +424,10 @@ int main(int argc, char **argv)
 		return cmd_hold(session, &o);
 	if (!strcmp(cmd, "lie"))
 		return cmd_lie(session, &o);
+	if (!strcmp(cmd, "lock"))
+		return cmd_lock(session, &o);
+	if (!strcmp(cmd, "scribble"))
+		return cmd_scribble(session, &o);
 	if (!strcmp(cmd, "stats"))
 		return cmd_stats(session);
 	return usage_error("unknown command ", cmd);

@@ -225,7 +225,7 @@ static uint64_t mono_ms(void)
 static void check_invariants(struct ts_cache *c)
 {
 	struct ts_cache_header *h = c->hdr;
-	cr_assert_eq(pthread_mutex_lock(&h->lock.m), 0);
+	cr_assert_eq(ts_shm_lock(&h->lock, 1000000000ull), 0);
 	uint64_t holders = 0, linked = 0, used = 0, end = 0, hwm = atomic_load(&h->falloc_hwm);
 	for (uint32_t i = 0; i < c->nentries; i++) {
 		uint32_t s = TS_CENT_STATE(atomic_load(&c->ents[i].word));
@@ -254,7 +254,7 @@ static void check_invariants(struct ts_cache *c)
 		     (unsigned long long)linked);
 	cr_assert_eq(atomic_load(&h->bytes_in_use), used);
 	cr_assert_eq(h->cursor, cursor, "cursor %u, expected %u", h->cursor, cursor);
-	pthread_mutex_unlock(&h->lock.m);
+	ts_shm_unlock(&h->lock);
 }
 
 /* ---- paths, open, users ------------------------------------------------------------ */
@@ -862,10 +862,10 @@ Test(cache, dead_fillers_entry_is_reclaimed)
 	/* Make the filler a fake process, then let a waiter wait for it. */
 	uint32_t slot = slot_of(&c, &k);
 	cr_assert_neq(slot, TS_CACHE_NONE);
-	cr_assert_eq(pthread_mutex_lock(&c.hdr->lock.m), 0);
+	cr_assert_eq(ts_shm_lock(&c.hdr->lock, 1000000000ull), 0);
 	c.ents[slot].filler_pid = FAKE_PID0 + 1;
 	c.ents[slot].filler_start = atomic_load(&fake_start[1]);
-	pthread_mutex_unlock(&c.hdr->lock.m);
+	ts_shm_unlock(&c.hdr->lock);
 	struct getter g = { .c = &c, .key = k, .id = 5, .len = sizeof(buf), .wait_ns = WAIT_LONG };
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, getter_main, &g), 0);
@@ -1570,12 +1570,12 @@ Test(cache, descriptor_reused_by_the_program_is_never_grown)
 	free(buf);
 }
 
-/* ---- the robust lock ------------------------------------------------------------------------ */
+/* ---- the lock ------------------------------------------------------------------------ */
 
 static void *lock_and_exit(void *arg)
 {
 	struct ts_cache *c = arg;
-	pthread_mutex_lock(&c->hdr->lock.m);
+	cr_assert_eq(ts_shm_lock(&c->hdr->lock, 1000000000ull), 0);
 	/* half-way through something: a garbage head and cursor */
 	c->hdr->head = 12345;
 	c->hdr->cursor = 999999;
@@ -1595,7 +1595,7 @@ Test(cache, lock_owner_death_is_repaired)
 	uint64_t t0 = mono_ms();
 	expect_hit(&c, &a, 1, 0, 50 * KIB);
 	cr_expect_lt(mono_ms() - t0, 1000u);
-	cr_expect_eq(stats(&c).repairs, 1u, "EOWNERDEAD must run one repair");
+	cr_expect_eq(stats(&c).repairs, 1u, "a dead holder's lock must be taken over with one repair");
 	fill_commit(&c, &b, 2, 0, 50 * KIB);
 	expect_hit(&c, &b, 2, 0, 50 * KIB);
 	check_invariants(&c);
@@ -1610,10 +1610,10 @@ struct holder {
 static void *lock_and_hold(void *arg)
 {
 	struct holder *h = arg;
-	pthread_mutex_lock(&h->c->hdr->lock.m);
+	cr_assert_eq(ts_shm_lock(&h->c->hdr->lock, 1000000000ull), 0);
 	pthread_barrier_wait(&h->locked);
 	pthread_barrier_wait(&h->release);
-	pthread_mutex_unlock(&h->c->hdr->lock.m);
+	ts_shm_unlock(&h->c->hdr->lock);
 	return NULL;
 }
 
