@@ -14,11 +14,14 @@
  * within one object. dlsym of our names finds ours only where a libjpeg
  * stands behind them (ts_jpeg_dlsym).
  *
- * What is hooked. Only entry points that libjpeg itself never calls through
- * its PLT (it does call jpeg_abort, jpeg_destroy, jpeg_calc_output_dimensions
- * and jpeg_consume_input that way): create, read_header, start, read_scanlines,
- * skip/crop, finish, abort_decompress, destroy_decompress. Anything else goes
- * straight to the real library.
+ * What is hooked: create, read_header, start, read_scanlines, skip/crop,
+ * finish, abort_decompress, destroy_decompress, which libjpeg never calls
+ * through its PLT; and the generic jpeg_abort and jpeg_destroy, which it
+ * does (from finish, abort_decompress, destroy_decompress, a tables-only
+ * read_header): those calls come from the library's own code, are told
+ * apart by their return address and pass straight through. Anything else
+ * (jpeg_calc_output_dimensions, jpeg_consume_input: libjpeg calls them too)
+ * goes straight to the real library.
  *
  * Exact mode. A decode whose compressed bytes are proven to be a dataset
  * file's (ts_io_provenance) and whose parameters we understand is looked up
@@ -53,9 +56,8 @@
 #define TS_EXPORT __attribute__((visibility("default")))
 #define CALLER() __builtin_return_address(0)
 
-/* libjpeg's global_state for an object between images (jpegint.h). The
- * generic jpeg_abort/jpeg_destroy, which we cannot hook (libjpeg calls them
- * itself), leave it here: a header read in this state starts a new image. */
+/* libjpeg's global_state for an object between images (jpegint.h): a
+ * header read in this state starts a new image. */
 #define TS_DSTATE_START 200
 /* After the header, before start_decompress began: the only state in which
  * we may decide (calc_output_dimensions refuses any other). A suspending
@@ -79,6 +81,8 @@ struct jpeg_api {
 	boolean (*finish)(j_decompress_ptr);
 	void (*abort_d)(j_decompress_ptr);
 	void (*destroy_d)(j_decompress_ptr);
+	void (*abort_c)(j_common_ptr);   /* jpeg_abort */
+	void (*destroy_c)(j_common_ptr); /* jpeg_destroy */
 	void (*calc_output_dimensions)(j_decompress_ptr);
 	boolean (*has_multiple_scans)(j_decompress_ptr);
 	const void *lib_base;    /* dli_fbase of the real libjpeg: its own source managers */
@@ -551,7 +555,7 @@ TS_EXPORT int jpeg_read_header(j_decompress_ptr cinfo, boolean require_image)
 	struct dstate *s;
 	const struct jpeg_api *a = api_of(cinfo, CALLER(), &s);
 	if (s && cinfo->global_state == TS_DSTATE_START)
-		image_reset(s); /* whatever the last image left (an unhooked jpeg_abort) */
+		image_reset(s); /* whatever the last image left (a jpeg_abort of libjpeg's own) */
 	if (s && s->trackable && s->headers++ == 0 && ts_shim_ready() && cinfo->src &&
 	    cinfo->src->next_input_byte && cinfo->src->bytes_in_buffer > 0) {
 		/* The buffer now starts at the stream's first byte: prove whose it is. */
@@ -755,6 +759,57 @@ TS_EXPORT void jpeg_destroy_decompress(j_decompress_ptr cinfo)
 	a->destroy_d(cinfo);
 }
 
+/*
+ * The generic jpeg_abort and jpeg_destroy. libjpeg calls them itself, from
+ * inside the calls we hook; those calls come from code in the library and
+ * pass straight through (our hook around them does the bookkeeping). A
+ * program's own call on a decompressor ends its image, or the object, as
+ * the _decompress variants do: a fill it interrupts is given up at once (it
+ * stalled every job's lookup of the image until this process exited), and
+ * a hit's copy is freed (300 decodes of hits ended with jpeg_destroy kept
+ * 145 MiB).
+ */
+static int called_by_lib(const struct jpeg_api *a, const void *caller)
+{
+	Dl_info info;
+	return a->lib_base && dladdr(caller, &info) && info.dli_fbase == a->lib_base;
+}
+
+/* The real one of the object's library (or the caller's), or abort: a program
+ * that calls it links a libjpeg that has it. */
+static void *generic_of(void *f, const char *name)
+{
+	if (!f)
+		f = ts_real_next(name);
+	if (!f) {
+		ts_error("%s called, but the real libjpeg has none; aborting", name);
+		abort();
+	}
+	return f;
+}
+
+TS_EXPORT void jpeg_abort(j_common_ptr cinfo)
+{
+	const void *caller = CALLER();
+	struct dstate *s = state_find(cinfo);
+	const struct jpeg_api *a = s && s->api ? s->api : api_for(caller);
+	void (*real)(j_common_ptr) = generic_of((void *)a->abort_c, "jpeg_abort");
+	if (s && !called_by_lib(a, caller))
+		image_reset(s);
+	real(cinfo);
+}
+
+TS_EXPORT void jpeg_destroy(j_common_ptr cinfo)
+{
+	const void *caller = CALLER();
+	struct dstate *s = state_find(cinfo);
+	const struct jpeg_api *a = s && s->api ? s->api : api_for(caller);
+	void (*real)(j_common_ptr) = generic_of((void *)a->destroy_c, "jpeg_destroy");
+	if (s && !called_by_lib(a, caller))
+		state_free(s);
+	real(cinfo);
+}
+
 /* ---- dlsym of our names (shim/cuda.c's dlsym entry) ---------------------------- */
 
 static int is_export(const void *p)
@@ -763,7 +818,7 @@ static int is_export(const void *p)
 	       p == (void *)jpeg_start_decompress || p == (void *)jpeg_read_scanlines ||
 	       p == (void *)jpeg_skip_scanlines || p == (void *)jpeg_crop_scanline ||
 	       p == (void *)jpeg_finish_decompress || p == (void *)jpeg_abort_decompress ||
-	       p == (void *)jpeg_destroy_decompress;
+	       p == (void *)jpeg_destroy_decompress || p == (void *)jpeg_abort || p == (void *)jpeg_destroy;
 }
 
 /* Does the object at `caller`, or the global scope, define `name`? Not us. */
@@ -810,6 +865,8 @@ static void fill_api(struct jpeg_api *a, void *h)
 	a->finish = pick(h, "jpeg_finish_decompress", (void *)jpeg_finish_decompress);
 	a->abort_d = pick(h, "jpeg_abort_decompress", (void *)jpeg_abort_decompress);
 	a->destroy_d = pick(h, "jpeg_destroy_decompress", (void *)jpeg_destroy_decompress);
+	a->abort_c = pick(h, "jpeg_abort", (void *)jpeg_abort);
+	a->destroy_c = pick(h, "jpeg_destroy", (void *)jpeg_destroy);
 	a->calc_output_dimensions = pick(h, "jpeg_calc_output_dimensions", NULL);
 	a->has_multiple_scans = pick(h, "jpeg_has_multiple_scans", NULL);
 	a->lib_id = library_id((void *)a->read_header);

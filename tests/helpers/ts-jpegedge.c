@@ -26,6 +26,12 @@
  *                     after start_decompress
  *   early A           read half the rows, then jpeg_finish_decompress (libjpeg:
  *                     error JERR_TOO_LITTLE_DATA)
+ *   generic-destroy A N  N times: a decompressor at an address of its own, A decoded
+ *                     to its last row, then the generic jpeg_destroy,
+ *                     as a program that never finishes may; prints the last
+ *                     decode, and on stderr how much the resident set grew
+ *   generic-abort A   A at scale 1/2: half its rows, the generic jpeg_abort,
+ *                     then A at scale 1/2 again, whole, on another object
  *
  * Built a second time as ts-jpegedge-dlcrop (TS_CROP_BY_DLSYM): the crop is
  * looked up with dlsym when it is needed, after start_decompress, so that
@@ -261,12 +267,64 @@ static int decode_fork(int argc, char **argv)
 	return 0;
 }
 
+/* ---- generic-destroy: the generic jpeg_destroy after the last row --------------- */
+
+static long rss_kib(void)
+{
+	long pages = 0, rss = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+	if (f && fscanf(f, "%ld %ld", &pages, &rss) != 2)
+		rss = 0;
+	if (f)
+		fclose(f);
+	return rss * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static int decode_generic_destroy(const char *path, int n)
+{
+	size_t len;
+	unsigned char *buf = slurp(path, &len);
+	uint64_t h = 0;
+	JDIMENSION w = 0, ht = 0;
+	long before = 0;
+	struct dec **all = calloc((size_t)n, sizeof(*all)); /* freed at the end: each object at an address of its own */
+	for (int i = 0; i < n && all; i++) {
+		if (i == 1)
+			before = rss_kib(); /* after the first: the allocator's and the shim's own start-up */
+		struct dec *d = calloc(1, sizeof(*d)); /* a new address each time, as a heap object's */
+		d->c.err = jpeg_std_error(&d->e);
+		jpeg_create_decompress(&d->c);
+		jpeg_mem_src(&d->c, buf, (unsigned long)len);
+		jpeg_read_header(&d->c, TRUE);
+		jpeg_start_decompress(&d->c);
+		d->row = (size_t)d->c.output_width * (size_t)d->c.output_components;
+		d->img = malloc(d->row * d->c.output_height);
+		dec_rows(d, d->c.output_height);
+		h = ts_hash64(d->img, d->row * d->c.output_height, 3);
+		w = d->c.output_width;
+		ht = d->c.output_height;
+		jpeg_destroy((j_common_ptr)&d->c); /* no finish: legal, frees everything libjpeg holds */
+		free(d->img);
+		all[i] = d;
+	}
+	long grew = rss_kib() - before;
+	for (int i = 0; i < n && all; i++)
+		free(all[i]);
+	free(all);
+	printf("generic-destroy %ux%u %016llx\n", w, ht, (unsigned long long)h);
+	fprintf(stderr, "generic-destroy: %d decodes, resident set grew %ld KiB\n", n, grew);
+	free(buf);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 3 && !strcmp(argv[1], "fork"))
 		return decode_fork(argc, argv);
+	if (argc > 3 && !strcmp(argv[1], "generic-destroy"))
+		return decode_generic_destroy(argv[2], atoi(argv[3]));
 	if (argc < 3) {
-		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|prefix|prefix-open|chunked|chunk-mod|nofancy|skip|crop-late|overread|early|dither|concat|suspend|suspend-crop|vfork A, freopen|freopen-read A B, fork X Y...\n");
+		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|prefix|prefix-open|chunked|chunk-mod|nofancy|skip|crop-late|overread|early|dither|concat|suspend|suspend-crop|vfork|generic-abort A, freopen|freopen-read A B, fork X Y..., generic-destroy A N\n");
 		return 2;
 	}
 	const char *mode = argv[1];
@@ -390,6 +448,29 @@ int main(int argc, char **argv)
 				b[i] ^= 0x55;
 		header(&c, b, got);
 		finish_image(&c, mode);
+	} else if (!strcmp(mode, "generic-abort")) {
+		header(&c, a, la);
+		c.scale_num = 1;
+		c.scale_denom = 2;
+		jpeg_start_decompress(&c);
+		size_t row = (size_t)c.output_width * (size_t)c.output_components;
+		unsigned char *img = malloc(row);
+		while (c.output_scanline < c.output_height / 2) {
+			JSAMPROW r = img;
+			if (jpeg_read_scanlines(&c, &r, 1) != 1)
+				break;
+		}
+		free(img);
+		jpeg_abort((j_common_ptr)&c); /* the image given up half-way; the object kept */
+		struct jpeg_decompress_struct c2; /* the same image decoded by another object meanwhile */
+		struct jpeg_error_mgr e2;
+		c2.err = jpeg_std_error(&e2);
+		jpeg_create_decompress(&c2);
+		header(&c2, a, la);
+		c2.scale_num = 1;
+		c2.scale_denom = 2;
+		finish_image(&c2, "generic-abort");
+		jpeg_destroy_decompress(&c2);
 	} else if (!strcmp(mode, "nofancy")) {
 		header(&c, a, la);
 		c.do_fancy_upsampling = FALSE;

@@ -2,7 +2,8 @@
 # Legal but unusual libjpeg call sequences under exact mode, each compared
 # with the same program without the shim, while the cache already holds the
 # images: an object reset with the generic jpeg_abort and reused (same image
-# with another DCT method, or another image), a buffer cut short by the
+# with another DCT method, or another image), a fill given up with the
+# generic jpeg_abort, hits ended by the generic jpeg_destroy, a buffer cut short by the
 # program, a file of which the program read only a prefix (before, served the
 # whole cached image instead of the partial decode), a finish before the last
 # row, RGB565 with and without dithering, a file holding two JPEGs, Pillow's
@@ -87,6 +88,28 @@ if [ -n "$P" ]; then
 		[ "$(hits "$T_TMP/dlcrop.err")" -gt "$(hits "$T_TMP/susp2.err")" ]'
 	[ "$want" = "$got" ] || { echo "# want: $want"; echo "# got:  $got"; }
 fi
+# The generic jpeg_abort and jpeg_destroy called by the program (libjpeg
+# calls them itself too, from the calls the shim hooks: those pass through).
+# generic-abort gives up a fill half-way with jpeg_abort and decodes the image
+# again on another object: before, the fill stayed open until the process
+# exited, and that decode waited for it (1 s here) and decoded privately.
+# generic-destroy ends 300 hits with jpeg_destroy at objects of their own
+# addresses: before, each kept its hit's decoded copy (299632 KiB).
+stat4() { "$CACHETOOL" stats "$S" | grep -oE " $1=[0-9]+" | cut -d= -f2; }
+bw0=$(stat4 bypass_wait) ab0=$(stat4 aborts)
+want=$("$EDGE" generic-abort "$A" 2>&1)
+got=$(shim generic-abort "$A" 2>&1)
+bw1=$(stat4 bypass_wait) ab1=$(stat4 aborts)
+check "generic-abort: same pixels as without the shim ($got)" [ "$want" = "$got" ]
+check "generic-abort: the fill the program gave up was aborted at its jpeg_abort, not waited for (aborts $ab0 -> $ab1, bypass_wait $bw0 -> $bw1)" \
+	[ "$bw1" = "$bw0" -a "$ab1" = $((ab0 + 1)) ]
+want=$("$EDGE" generic-destroy "$A" 300 2>/dev/null)
+got=$(shim generic-destroy "$A" 300 2>"$T_TMP/gd.err")
+grew=$(sed -n 's/.*resident set grew \([0-9]*\) KiB.*/\1/p' "$T_TMP/gd.err")
+check "generic-destroy: same pixels as without the shim ($got)" [ "$want" = "$got" ]
+check "generic-destroy: 300 hits ended by jpeg_destroy keep none of their copies (resident set grew ${grew:-?} KiB)" \
+	[ "${grew:-999999}" -lt 32768 ]
+
 # A program forks while it decodes X (a fill in progress); the child destroys
 # its copy of the object. The fill is the parent's: before, the child's
 # destroy aborted it, the range went to the next images of a 2 MiB cache while
