@@ -769,10 +769,13 @@ TS_EXPORT void jpeg_destroy_decompress(j_decompress_ptr cinfo)
  * a hit's copy is freed (300 decodes of hits ended with jpeg_destroy kept
  * 145 MiB).
  */
+/* Is the caller code of the object's libjpeg? Unknown counts as yes: a
+ * call of libjpeg's own taken for the program's would abort a fill inside
+ * our finish, before its commit; the other way round only keeps a state. */
 static int called_by_lib(const struct jpeg_api *a, const void *caller)
 {
 	Dl_info info;
-	return a->lib_base && dladdr(caller, &info) && info.dli_fbase == a->lib_base;
+	return !a->lib_base || !dladdr(caller, &info) || info.dli_fbase == a->lib_base;
 }
 
 /* The real one of the object's library (or the caller's), or abort: a program
