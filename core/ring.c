@@ -38,6 +38,7 @@
 #define EPOCH_MASK   ((1u << TS_SLOT_EPOCH_BITS) - 1)
 #define LEN_LIMIT    (1ull << 48)
 #define META_RETRIES 8           /* seqlock re-reads before calling the slot corrupt */
+#define EVICT_TRIES  8           /* CASes at one attach word per look before it counts as holding */
 
 typedef unsigned __int128 u128;
 
@@ -205,13 +206,15 @@ static int held_back(struct ts_segment *seg, unsigned self, uint64_t need, bool 
 		struct ts_member *mb = &seg->members[m];
 		/* seq_cst: the producer half of the attach Dekker pair */
 		uint64_t a = atomic_load_explicit(&mb->attach, memory_order_seq_cst);
-		while (a & 1) {
+		/* a word that keeps moving under our CAS (a peer rewriting it)
+		 * holds us for this look: the caller's wait has a deadline */
+		for (int tries = 0; a & 1; tries++) {
 			/* acquire: its reads of the old slot happen before our reuse */
 			if (atomic_load_explicit(&mb->read_seq, memory_order_acquire) >= need)
 				break;
 			if (m == self)
 				return -EDEADLK;
-			if (!health || !evictable(seg, m, now)) {
+			if (!health || tries == EVICT_TRIES || !evictable(seg, m, now)) {
 				held = 1;
 				break;
 			}
@@ -290,6 +293,7 @@ int ts_ring_begin(struct ts_segment *seg, struct ts_ring_writer *w, uint64_t tim
 	if ((ret = ring_depth(seg, &d)))
 		return ret;
 	uint64_t deadline = deadline_after(timeout_ns);
+	uint32_t skipped = 0;
 
 	for (;;) {
 		uint64_t n = w->next_seq;
@@ -308,6 +312,10 @@ int ts_ring_begin(struct ts_segment *seg, struct ts_ring_writer *w, uint64_t tim
 		if (ret < 0)
 			return ret;
 		if (ret == SLOT_SKIP) {
+			/* a dead predecessor left at most d of them; more is a peer
+			 * publishing ahead of us as fast as we skip */
+			if (++skipped > d)
+				return -EBADMSG;
 			raise_to(&seg->ring.pub_seq, n + 1, memory_order_release);
 			w->next_seq = n + 1;
 			continue;

@@ -42,8 +42,15 @@ static _Atomic uint64_t on_clock_producer;
 static _Atomic int clock_countdown;
 static void (*on_clock)(void);
 
+/* Every clock read, while set: a peer that acts as often as we look. */
+static void (*every_clock)(void);
+/* Every liveness look at a member, while set. */
+static void (*every_start)(uint32_t pid);
+
 static uint64_t fake_now(void)
 {
+	if (every_clock)
+		every_clock();
 	if (atomic_load(&clock_countdown) > 0 && atomic_fetch_sub(&clock_countdown, 1) == 1) {
 		if (on_clock)
 			on_clock();
@@ -54,6 +61,8 @@ static uint64_t fake_now(void)
 
 static int fake_start(uint32_t pid, uint64_t *out)
 {
+	if (every_start)
+		every_start(pid);
 	if (pid < PID0 || pid >= PID0 + TS_MAX_MEMBERS || atomic_load(&dead[pid - PID0]))
 		return -ESRCH;
 	*out = 1000 + (pid - PID0);
@@ -91,6 +100,8 @@ static void setup(void)
 static void teardown(void)
 {
 	on_clock = NULL;
+	every_clock = NULL;
+	every_start = NULL;
 	ts_prim = saved_prim;
 	free(seg);
 	seg = NULL;
@@ -1066,6 +1077,74 @@ Test(ring, hostile_slot_word_producer)
 	atomic_store(word, gw);
 	cr_assert_eq(produce(&w, 256, 64, 0, 0), 0);
 	cr_assert_eq(w.seq, 4);
+}
+
+/*
+ * A peer that publishes the producer's next seq in its slot each time the
+ * producer looks: each slot is one a dead predecessor could have left, so
+ * begin() skips it. A predecessor leaves at most D: past that, begin() says
+ * the ring is not sane instead of skipping for ever (it did).
+ */
+static struct ts_ring_writer *ahead_of;
+
+static void publish_ahead(void)
+{
+	uint64_t n = ahead_of->next_seq;
+	atomic_store(&seg->ring.slots[n % 4].word, ts_slot_word(TS_SLOT_PUBLISHED, 3, 1, n));
+}
+
+Test(ring, a_peer_publishing_ahead_does_not_keep_begin_skipping)
+{
+	struct ts_ring_writer w;
+	struct ts_batch_meta *m;
+
+	cr_assert_eq(ts_ring_writer_init(seg, 0, &w), 0);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(produce(&w, 64u * i, 64, 0, 0), 0);
+	ahead_of = &w;
+	every_clock = publish_ahead;
+	int ret = ts_ring_begin(seg, &w, 1000 * MS, &m);
+	every_clock = NULL;
+	cr_assert_eq(ret, -EBADMSG);
+	cr_assert_eq(w.claimed, 0);
+	cr_assert_leq(w.next_seq, 4u + 4u + 1u, "skipped %llu seqs", (unsigned long long)(w.next_seq - 4));
+}
+
+/*
+ * A dead reader holds the producer back; the producer evicts it by CAS of
+ * its attach word. A peer that rewrites that word at every look (here, at
+ * every liveness check of the reader) made the CAS fail for ever, and the
+ * producer spin without a deadline. It counts as holding for that look now,
+ * and the wait runs out.
+ */
+static void flip_attach_of_1(uint32_t pid)
+{
+	if (pid == PID0 + 1)
+		atomic_fetch_add(&seg->members[1].attach, 2);
+}
+
+Test(ring, a_peer_rewriting_an_attach_word_does_not_keep_the_producer_evicting)
+{
+	struct ts_ring_writer w;
+	struct ts_ring_reader r;
+	struct ts_batch_meta *m;
+
+	cr_assert_eq(ts_ring_writer_init(seg, 0, &w), 0);
+	cr_assert_eq(ts_ring_attach(seg, 1, &r), 0);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(produce(&w, 64u * i, 64, 0, 0), 0);
+	atomic_store(&dead[1], 1); /* seq 4 needs seq 0 read: member 1, dead, is to be evicted */
+	every_start = flip_attach_of_1;
+	uint64_t t0 = ts_prim_monotonic_ns();
+	int ret = ts_ring_begin(seg, &w, 50 * MS, &m);
+	uint64_t dt = ts_prim_monotonic_ns() - t0;
+	every_start = NULL;
+	cr_assert_eq(ret, -ETIMEDOUT);
+	cr_assert_lt(dt, 1000 * MS, "waited %llu ms for a 50 ms timeout", (unsigned long long)(dt / MS));
+	cr_assert_eq(atomic_load(&seg->members[1].attach) & 1, 1, "still attached: every eviction lost its CAS");
+	/* the peer stops: the dead reader is evicted and the producer goes on */
+	cr_assert_eq(produce(&w, 256, 64, 0, 1000 * MS), 0);
+	cr_assert_eq(atomic_load(&seg->members[1].attach) & 1, 0);
 }
 
 /* ---- threads ------------------------------------------------------------------ */
