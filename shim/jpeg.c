@@ -791,26 +791,30 @@ static void *generic_of(void *f, const char *name)
 	return f;
 }
 
-TS_EXPORT void jpeg_abort(j_common_ptr cinfo)
+/* jpeg_abort (destroy 0) or jpeg_destroy (1) of `cinfo`, called from `caller`. */
+static void generic_end(j_common_ptr cinfo, const void *caller, int destroy)
 {
-	const void *caller = CALLER();
 	struct dstate *s = state_find(cinfo);
 	const struct jpeg_api *a = s && s->api ? s->api : api_for(caller);
-	void (*real)(j_common_ptr) = generic_of((void *)a->abort_c, "jpeg_abort");
-	if (s && !called_by_lib(a, caller))
-		image_reset(s);
+	void (*real)(j_common_ptr) = destroy ? generic_of((void *)a->destroy_c, "jpeg_destroy")
+					     : generic_of((void *)a->abort_c, "jpeg_abort");
+	if (s && !called_by_lib(a, caller)) {
+		if (destroy)
+			state_free(s);
+		else
+			image_reset(s);
+	}
 	real(cinfo);
+}
+
+TS_EXPORT void jpeg_abort(j_common_ptr cinfo)
+{
+	generic_end(cinfo, CALLER(), 0);
 }
 
 TS_EXPORT void jpeg_destroy(j_common_ptr cinfo)
 {
-	const void *caller = CALLER();
-	struct dstate *s = state_find(cinfo);
-	const struct jpeg_api *a = s && s->api ? s->api : api_for(caller);
-	void (*real)(j_common_ptr) = generic_of((void *)a->destroy_c, "jpeg_destroy");
-	if (s && !called_by_lib(a, caller))
-		state_free(s);
-	real(cinfo);
+	generic_end(cinfo, CALLER(), 1);
 }
 
 /* ---- dlsym of our names (shim/cuda.c's dlsym entry) ---------------------------- */

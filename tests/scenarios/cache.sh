@@ -19,13 +19,20 @@ stat_of() { # FILE FIELD: the value of FIELD on the last stats line of FILE
 	grep '^stats ' "$1" | tail -n 1 | grep -oE "(^| )$2=[0-9]+" | cut -d= -f2
 }
 
+# SESSION TAG: a user of SESSION's cache until its fifo ($HOLD_FD) is closed;
+# its pid in HOLD, what it prints in $T_TMP/TAG.out
+start_holder() {
+	mkfifo "$T_TMP/$2.in"
+	"$TOOL" hold "$1" <"$T_TMP/$2.in" >"$T_TMP/$2.out" 2>>"$T_TMP/stderr" &
+	HOLD=$!
+	T_PIDS+=("$HOLD")
+	exec {HOLD_FD}>"$T_TMP/$2.in"
+	check "a holder opened the cache ($2)" wait_for "$T_TMP/$2.out" '^holding' 10
+}
+
 # --- a holder keeps the segment alive across the whole run -------------------
-mkfifo "$T_TMP/hold.in"
-"$TOOL" hold "$S" <"$T_TMP/hold.in" >"$T_TMP/hold.out" 2>>"$T_TMP/stderr" &
-HOLD=$!
-T_PIDS+=("$HOLD")
-exec 3>"$T_TMP/hold.in"
-check "holder opened the cache" wait_for "$T_TMP/hold.out" '^holding' 10
+start_holder "$S" hold
+HOLD1=$HOLD HOLD1_FD=$HOLD_FD
 check "segment is mode 0600" [ "$(stat -c %a "$CPATH" 2>/dev/null)" = 600 ]
 
 # --- three workers and one that stalls mid-fill ------------------------------
@@ -79,8 +86,8 @@ sed 's/^/# /' "$T_TMP/stats.out"
 check "read-only view works while the holder is in" [ "$(stat_of "$T_TMP/stats.out" users)" -ge 1 ]
 
 # --- the last one out (the killed one is reaped) removes the segment ----------
-exec 3>&-
-wait "$HOLD"
+exec {HOLD1_FD}>&-
+wait "$HOLD1"
 check "holder exited cleanly" [ $? = 0 ]
 check "the last process out removed the segment" [ ! -e "$CPATH" ]
 # A temporary file whose creator is alive is one being made (other scenarios
@@ -129,12 +136,7 @@ check "the waiter, last out, removed the segment (the dead staller is reaped)" [
 # mutex it replaced, such bytes were list links its unlock wrote through.)
 S4=$(session_name cache4)
 P4=/dev/shm/tsshim-cache.$(id -u).$S4
-mkfifo "$T_TMP/hold4.in"
-"$TOOL" hold "$S4" <"$T_TMP/hold4.in" >"$T_TMP/hold4.out" 2>>"$T_TMP/stderr" &
-H4=$!
-T_PIDS+=("$H4")
-exec 4>"$T_TMP/hold4.in"
-check "a holder keeps the fourth cache" wait_for "$T_TMP/hold4.out" '^holding' 10
+start_holder "$S4" hold4
 "$TOOL" lock "$S4" >"$T_TMP/lock4.out" 2>>"$T_TMP/stderr" &
 L4=$!
 T_PIDS+=("$L4")
@@ -188,8 +190,8 @@ done
 sed 's/^/# /' "$T_TMP/y1.out" "$T_TMP/s4c.stats"
 check "scribbled locks were taken over (repairs=$(stat_of "$T_TMP/s4c.stats" repairs))" \
 	[ "$(stat_of "$T_TMP/s4c.stats" repairs)" -gt 1 ]
-exec 4>&-
-wait "$H4"
+exec {HOLD_FD}>&-
+wait "$HOLD"
 check "the holder, last out, removed the segment (exit $?)" [ ! -e "$P4" ]
 
 # --- without a holder: concurrent workers, the last one out removes it -------------
