@@ -76,6 +76,10 @@
  *       "hits": int, "misses": int, "fills": int,  fills: real decodes kept for others
  *       "bypasses": int,                 decodes not shared (busy lock, no room, not admitted, ...)
  *       "bypass_cold": int,              of which not admitted: the cache evicts and is rarely hit
+ *       "bypass_lock": int,              of which the lock stayed busy past the wait allowed
+ *       "repairs": int,                  index repairs: a lock whose holder was gone (a job
+ *                                        died in it, or a peer wrote over it) taken over,
+ *                                        or links found broken
  *       "evictions": int, "entries": int, "bytes_in_use": int, "budget": int,
  *       "reserved_bytes": int, "users": int, "saved_decode_ns": int}}}
  *   A session with only a cache: {"name", "path": null, "state": "cache-only", "cache"}.
@@ -596,6 +600,9 @@ static void text_cache(const struct snap *s)
 	printf("\n");
 	printf("  decode time saved %.3f s\n", (double)c->saved_decode_ns / 1e9);
 	printf("  evictions         %" PRIu64 "\n", c->evictions);
+	if (c->repairs || c->bypass_lock)
+		printf("  lock              %" PRIu64 " repairs (a holder gone, or a peer wrote over it), "
+		       "%" PRIu64 " decodes private while it was busy\n", c->repairs, c->bypass_lock);
 	printf("  users             %" PRIu64 "\n", c->users);
 }
 
@@ -851,6 +858,8 @@ static void json_cache(struct jw *j, const struct snap *s)
 	j_u64(j, "fills", c->fills);
 	j_u64(j, "bypasses", c->bypasses);
 	j_u64(j, "bypass_cold", c->bypass_cold);
+	j_u64(j, "bypass_lock", c->bypass_lock);
+	j_u64(j, "repairs", c->repairs);
 	j_u64(j, "evictions", c->evictions);
 	j_u64(j, "entries", c->entries);
 	j_u64(j, "bytes_in_use", c->bytes_in_use);

@@ -190,6 +190,12 @@ done
 sed 's/^/# /' "$T_TMP/y1.out" "$T_TMP/s4c.stats"
 check "scribbled locks were taken over (repairs=$(stat_of "$T_TMP/s4c.stats" repairs))" \
 	[ "$(stat_of "$T_TMP/s4c.stats" repairs)" -gt 1 ]
+INSPECT=$PWD/$BUILD/tsshim-inspect
+"$INSPECT" "$S4" >"$T_TMP/s4.inspect" 2>&1
+sed 's/^/# /' "$T_TMP/s4.inspect"
+ij=$("$INSPECT" "$S4" --json 2>/dev/null | grep -oE '"repairs": *[0-9]+' | grep -oE '[0-9]+$')
+check "tsshim-inspect shows the repairs ($ij in JSON, and a line of text)" \
+	cond '[ "$ij" = "$(stat_of "$T_TMP/s4c.stats" repairs)" ] && grep -q "^  lock  *$ij repairs" "$T_TMP/s4.inspect"'
 exec {HOLD_FD}>&-
 wait "$HOLD"
 check "the holder, last out, removed the segment (exit $?)" [ ! -e "$P4" ]
