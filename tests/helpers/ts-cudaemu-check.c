@@ -7,7 +7,7 @@
  *                                     failed (each on stderr), 2: usage
  *
  * Commands: basics, errors, no-host-access, nodevice, getproc, route, deny, pinned,
- * fork, fork-clean, peer, ipc-mem, ipc-event, ipc-dead, ipc-exit, ipc-reset, stream-async, stream-order, capture,
+ * fork, fork-clean, peer, ipc-mem, ipc-event, ipc-dead, ipc-exit, ipc-reset, ipc-ctx-destroy, stream-async, stream-order, capture,
  * bandwidth h2d|d2d MIN_MS MAX_MS [ROUNDS], stats, quick (basics errors pinned peer
  * ipc-mem capture in one process, for valgrind). The *-child commands are the other
  * side of the IPC checks. tests/scenarios/cudaemu.sh runs them all.
@@ -1436,9 +1436,19 @@ static void t_ipc_dead_child(int argc, char **argv)
  * allocates and copies again after it. Printed ("# reset exporter: ..."):
  * what the importer's copy reads, and what cudaFree of a pointer from before
  * answers. Checked on tsemu: other bytes, the read counted.
+ *
+ * ipc-ctx-destroy: the same, with an exporter that makes a context of its
+ * own (cuCtxCreate), allocates in it, and destroys it (cuCtxDestroy) while
+ * it lives on: the memory goes with that context. Checked and printed as for
+ * ipc-reset ("# destroyed context's exporter: ...").
  */
-static void t_ipc_gone(int reset)
+enum gone_how { GONE_EXIT, GONE_RESET, GONE_CTX_DESTROY };
+static const char *const gone_arg[] = {NULL, "reset", "destroy"};
+static const char *const gone_call[] = {"normal exit", "cudaDeviceReset", "cuCtxDestroy"};
+
+static void t_ipc_gone(enum gone_how how)
 {
+	int reset = how != GONE_EXIT; /* the exporter lives on */
 	load();
 	int up[2], down[2];
 	if (pipe(up) || pipe(down))
@@ -1446,8 +1456,10 @@ static void t_ipc_gone(int reset)
 	char wfd[16], rfd[16];
 	snprintf(wfd, sizeof wfd, "%d", up[1]);
 	snprintf(rfd, sizeof rfd, "%d", down[0]);
-	char *a[] = {"ts-cudaemu-check", "ipc-exit-child", wfd, rfd, reset ? "reset" : NULL, NULL};
-	const char *who = reset ? "reset exporter" : "exited exporter";
+	char *a[] = {"ts-cudaemu-check", "ipc-exit-child", wfd, rfd, (char *)gone_arg[how], NULL};
+	const char *who = how == GONE_CTX_DESTROY ? "destroyed context's exporter"
+			  : reset		 ? "reset exporter"
+						 : "exited exporter";
 	pid_t p = spawn(a);
 	close(up[1]);
 	close(down[0]);
@@ -1472,7 +1484,7 @@ static void t_ipc_gone(int reset)
 	struct tsemu_stats s0 = stats();
 	put_byte(down[1], 'x');
 	if (reset)
-		CHECK(get_byte(up[0]) == 'r', "the exporter reset its device, allocated and copied again");
+		CHECK(get_byte(up[0]) == 'r', "the exporter's context went, it allocated and copied again");
 	else
 		CHECK(reap(p) == 0, "the exporter exited normally");
 	memset(g, 0, DEAD_SIZE);
@@ -1481,7 +1493,7 @@ static void t_ipc_gone(int reset)
 		e = rt.StreamSynchronize(s);
 	int seed = e == cudaSuccess ? seed_of(g, DEAD_SIZE) : -1;
 	fprintf(stderr, "# %s: a copy out of its memory after its %s: %s, seed %d (31: what it held; -1: other "
-		"bytes)\n", who, reset ? "cudaDeviceReset" : "normal exit", ename(e), seed);
+		"bytes)\n", who, gone_call[how], ename(e), seed);
 	fprintf(stderr, "# %s: closing its memory's handle: %s\n", who, ename(rt.IpcCloseMemHandle(d)));
 	rt.GetLastError();
 	if (reset) {
@@ -1513,7 +1525,7 @@ static int exporter_after_reset(void *old, char *h)
 	int ok = 1;
 	cudaError_t e = rt.Free(old);
 	rt.GetLastError();
-	fprintf(stderr, "# reset exporter: cudaFree of a pointer from before the reset: %s\n", ename(e));
+	fprintf(stderr, "# exporter: cudaFree of a pointer from before its context went: %s\n", ename(e));
 	if (emu_only(1, "ipc-reset: tsemu's cudaFree of a pointer from before the reset fails"))
 		CHECK(e != cudaSuccess, "tsemu: memory from before the reset is gone (cudaFree: %s)", ename(e));
 	ok &= EXPECT(rt.Malloc(&d, DEAD_SIZE), cudaSuccess);
@@ -1529,9 +1541,17 @@ static int exporter_after_reset(void *old, char *h)
 static void t_ipc_exit_child(int argc, char **argv)
 {
 	if (argc < 2)
-		die("usage: ipc-exit-child WFD RFD [reset]");
+		die("usage: ipc-exit-child WFD RFD [reset|destroy]");
 	load();
 	int wfd = atoi(argv[0]), rfd = atoi(argv[1]), reset = argc > 2 && !strcmp(argv[2], "reset");
+	int destroy = argc > 2 && !strcmp(argv[2], "destroy");
+	CUcontext own = NULL;
+	if (destroy) {
+		CUresult (*init)(unsigned int) = drv("cuInit");
+		CUresult (*create)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice) = drv("cuCtxCreate");
+		if (init(0) != CUDA_SUCCESS || create(&own, NULL, 0, 0) != CUDA_SUCCESS)
+			die("cuCtxCreate failed");
+	}
 	void *d;
 	char *h = xmalloc(DEAD_SIZE);
 	cudaIpcMemHandle_t hm;
@@ -1545,8 +1565,11 @@ static void t_ipc_exit_child(int argc, char **argv)
 	if (fails || write(wfd, mx, sizeof mx - 1) != (ssize_t)(sizeof mx - 1))
 		exit(1);
 	get_byte(rfd); /* then exit, its memory not freed: the context goes with the process */
-	if (reset) {
-		OK(rt.DeviceReset());
+	if (reset || destroy) {
+		if (reset)
+			OK(rt.DeviceReset());
+		else if (((CUresult(*)(CUcontext))drv("cuCtxDestroy"))(own) != CUDA_SUCCESS)
+			die("cuCtxDestroy failed");
 		if (!exporter_after_reset(d, h) || fails)
 			exit(1);
 		put_byte(wfd, 'r');
@@ -2310,9 +2333,11 @@ int main(int argc, char **argv)
 	else if (!strcmp(cmd, "ipc-dead-child"))
 		t_ipc_dead_child(ac, av);
 	else if (!strcmp(cmd, "ipc-exit"))
-		t_ipc_gone(0);
+		t_ipc_gone(GONE_EXIT);
 	else if (!strcmp(cmd, "ipc-reset"))
-		t_ipc_gone(1);
+		t_ipc_gone(GONE_RESET);
+	else if (!strcmp(cmd, "ipc-ctx-destroy"))
+		t_ipc_gone(GONE_CTX_DESTROY);
 	else if (!strcmp(cmd, "ipc-exit-child"))
 		t_ipc_exit_child(ac, av);
 	else if (!strcmp(cmd, "stream-async"))

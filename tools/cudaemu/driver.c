@@ -31,7 +31,13 @@
  *    (ipc_read_lost). A killed exporter runs nothing: its memory is kept
  *    while open, as ipc-dead checks (what a real driver does, it prints).
  *    A primary context reset (cuDevicePrimaryCtxReset, cudaDeviceReset) or
- *    released for the last time is destroyed the same way, memory and all.
+ *    released for the last time is destroyed the same way, memory and all,
+ *    and so is a context the program made (cuCtxCreate) at its cuCtxDestroy.
+ *  - Contexts: a primary context per device, and up to MAXCTX the program
+ *    makes (cuCtxCreate v2/v3/v4; never reused in a process). Each thread
+ *    has one current context, not a stack: cuCtxCreate makes the new one
+ *    current, and cuCtxDestroy of the current one leaves none. A destroyed
+ *    context's handle is invalid in every thread (CUDA_ERROR_INVALID_CONTEXT).
  *  - Streams: one worker thread per stream executes its queue in order.
  *    Copies run there, so a pinned source changed after an async copy and
  *    before synchronisation shows. The legacy default stream synchronises
@@ -95,6 +101,7 @@
 
 #define DRIVER_VERSION 13000
 #define MAXDEV 16
+#define MAXCTX 64 /* contexts a process makes (cuCtxCreate), never reused */
 #define CTX_MAGIC 0x54435458u /* "TCTX" */
 #define STREAM_MAGIC 0x5453544du
 #define EVENT_MAGIC 0x5445564eu
@@ -109,8 +116,9 @@
 enum { M_DEV = 1, M_IPC, M_HOSTALLOC, M_HOSTREG };
 
 struct ctx {
-	uint32_t magic;
+	uint32_t magic;   /* CTX_MAGIC while the context lives */
 	int dev;
+	int made;         /* made by the program (cuCtxCreate): G.made[made - 1] */
 	int refs;   /* primary context retains */
 	int active; /* retained at least once */
 	uint32_t peers; /* devices this context has enabled peer access to */
@@ -270,6 +278,8 @@ static struct {
 	int trace;
 	char *deny;
 	struct ctx ctx[MAXDEV];
+	struct ctx made[MAXCTX]; /* cuCtxCreate's, in order */
+	int nmade;
 	size_t used[MAXDEV];
 	struct mem **mems; /* sorted by base, non-overlapping spans */
 	size_t nmem, capmem;
@@ -460,6 +470,10 @@ static CUresult api_enter(const char *name)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (__atomic_load_n(&G.stopping, __ATOMIC_ACQUIRE))
 		return CUDA_ERROR_DEINITIALIZED;
+	/* a context destroyed since it was made current here is current no more
+	 * (its handle stays invalid; the struct is never reused) */
+	if (tls_ctx && __atomic_load_n(&tls_ctx->magic, __ATOMIC_ACQUIRE) != CTX_MAGIC)
+		tls_ctx = NULL;
 	return CUDA_SUCCESS;
 }
 
@@ -1145,8 +1159,12 @@ static struct ctx *ctx_check(CUcontext c)
 	for (int i = 0; i < G.ndev; i++)
 		if (x == &G.ctx[i])
 			return x;
+	for (int i = 0; i < __atomic_load_n(&G.nmade, __ATOMIC_ACQUIRE); i++)
+		if (x == &G.made[i])
+			return __atomic_load_n(&x->magic, __ATOMIC_ACQUIRE) == CTX_MAGIC ? x : NULL;
 	return NULL;
 }
+
 
 static struct stream *legacy_of(struct ctx *c)
 {
@@ -1159,7 +1177,7 @@ static void ptds_release(void *arg)
 {
 	struct stream **a = arg;
 	pthread_mutex_lock(&G.mu);
-	for (int i = 0; i < MAXDEV; i++)
+	for (int i = 0; i < MAXDEV + MAXCTX; i++)
 		if (a[i]) {
 			capture_discard(a[i]); /* a thread that exits capturing: its capture goes too */
 			stream_retire(a[i]);
@@ -1173,14 +1191,15 @@ static struct stream *ptds_of(struct ctx *c)
 {
 	if (!tls_ptds) {
 		/* NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers */
-		tls_ptds = calloc(MAXDEV, sizeof *tls_ptds);
+		tls_ptds = calloc(MAXDEV + MAXCTX, sizeof *tls_ptds);
 		if (!tls_ptds)
 			return NULL;
 		pthread_setspecific(G.ptds_key, tls_ptds);
 	}
-	if (!tls_ptds[c->dev])
-		tls_ptds[c->dev] = stream_new(c, S_PTDS, 0);
-	return tls_ptds[c->dev];
+	int i = c->made ? MAXDEV + c->made - 1 : c->dev; /* one per context and thread */
+	if (!tls_ptds[i])
+		tls_ptds[i] = stream_new(c, S_PTDS, 0);
+	return tls_ptds[i];
 }
 
 /* The stream a handle names. NULL means the legacy stream, or the calling
@@ -1553,6 +1572,96 @@ API CUresult cuCtxSetCurrent(CUcontext ctx)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	tls_ctx = c;
 	return CUDA_SUCCESS;
+}
+
+/*
+ * cuCtxCreate: a context of the program's own on dev, current on the calling
+ * thread from now on. _v2 is the 3.2 entry point, _v3 adds execution
+ * affinity, _v4 (cuda.h's cuCtxCreate since 12.5) a parameter struct:
+ * neither kind of parameter is emulated, so asking for one is refused.
+ */
+static CUresult ctx_make(CUcontext *pctx, CUdevice dev)
+{
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev_check(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&G.mu);
+	if (G.nmade == MAXCTX) {
+		pthread_mutex_unlock(&G.mu);
+		say("cuCtxCreate: more than %d contexts made in one process", MAXCTX);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	struct ctx *c = &G.made[G.nmade];
+	*c = (struct ctx){ .dev = dev, .made = G.nmade + 1, .active = 1 };
+	__atomic_store_n(&c->magic, CTX_MAGIC, __ATOMIC_RELEASE);
+	__atomic_store_n(&G.nmade, G.nmade + 1, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&G.mu);
+	tls_ctx = c;
+	*pctx = (CUcontext)c;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	ENTER("cuCtxCreate_v2");
+	(void)flags; /* scheduling flags: nothing to schedule */
+	return ctx_make(pctx, dev);
+}
+
+API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
+			    CUdevice dev)
+{
+	ENTER("cuCtxCreate_v3");
+	(void)flags;
+	if (numParams < 0 || (numParams > 0 && !paramsArray))
+		return CUDA_ERROR_INVALID_VALUE;
+	return numParams ? CUDA_ERROR_NOT_SUPPORTED : ctx_make(pctx, dev);
+}
+
+API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev)
+{
+	ENTER("cuCtxCreate_v4");
+	(void)flags;
+	if (ctxCreateParams && (ctxCreateParams->execAffinityParams || ctxCreateParams->numExecAffinityParams ||
+				ctxCreateParams->cigParams))
+		return CUDA_ERROR_NOT_SUPPORTED;
+	return ctx_make(pctx, dev);
+}
+
+/*
+ * cuCtxDestroy of a context the program made: its work is waited for and
+ * everything it owns goes, as at a primary reset (ctx_teardown), its legacy
+ * stream too; its handle is invalid from then on, in every thread. Current
+ * on the calling thread, it leaves it with none. A primary context is not
+ * the program's to destroy.
+ */
+API CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+	ENTER("cuCtxDestroy_v2");
+	UNSAFE();
+	pthread_mutex_lock(&G.mu);
+	struct ctx *c = ctx_check(ctx);
+	if (!c || !c->made) {
+		pthread_mutex_unlock(&G.mu);
+		return CUDA_ERROR_INVALID_CONTEXT;
+	}
+	ctx_teardown(c);
+	if (c->legacy) {
+		stream_retire(c->legacy);
+		c->legacy = NULL;
+		streams_reap();
+	}
+	__atomic_store_n(&c->magic, 0, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&G.mu);
+	if (tls_ctx == c)
+		tls_ctx = NULL;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxDestroy(CUcontext ctx)
+{
+	return cuCtxDestroy_v2(ctx);
 }
 
 API CUresult cuCtxGetDevice(CUdevice *device)
@@ -3439,6 +3548,11 @@ static const struct proc procs[] = {
 	PR(cuDevicePrimaryCtxGetState, 7000, cuDevicePrimaryCtxGetState),
 	PR(cuDevicePrimaryCtxReset, 7000, cuDevicePrimaryCtxReset),
 	PR(cuDevicePrimaryCtxReset, 11000, cuDevicePrimaryCtxReset_v2),
+	PR(cuCtxCreate, 3020, cuCtxCreate_v2),
+	PR(cuCtxCreate, 11040, cuCtxCreate_v3),
+	PR(cuCtxCreate, 12050, cuCtxCreate_v4),
+	PR(cuCtxDestroy, 2000, cuCtxDestroy),
+	PR(cuCtxDestroy, 4000, cuCtxDestroy_v2),
 	PR(cuCtxGetCurrent, 4000, cuCtxGetCurrent),
 	PR(cuCtxSetCurrent, 4000, cuCtxSetCurrent),
 	PR(cuCtxGetDevice, 2000, cuCtxGetDevice),
