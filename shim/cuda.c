@@ -17,7 +17,9 @@
  *  - cuDevicePrimaryCtxReset and cuDevicePrimaryCtxRelease (v1 and _v2),
  *    the same three ways: a primary context may go with them (the runtime's
  *    cudaDeviceReset calls the v1 reset), and GPU ring buffers with it, so
- *    gpu.c drains what lives there first (ts_gpu_ctx_going).
+ *    gpu.c drains what lives there first (ts_gpu_ctx_going); and cuCtxDestroy
+ *    (v1 and _v2) of a context the program made, in which our buffers are
+ *    made when it uploads there.
  *
  * Mapped by the real pointer. A wrapper is a fixed function bound to one
  * real function pointer: per signature ("kind") a static table of NSLOT
@@ -108,6 +110,7 @@ enum kind {
 	K_DRV_PEER_ENABLE,     /* CUresult (CUcontext, unsigned int): cuCtxEnablePeerAccess */
 	K_DRV_PEER_DISABLE,    /* CUresult (CUcontext): cuCtxDisablePeerAccess */
 	K_DRV_CTX_DEV,         /* CUresult (CUdevice): cuDevicePrimaryCtxReset/Release, v1 and _v2 */
+	K_DRV_CTX_DESTROY,     /* CUresult (CUcontext): cuCtxDestroy, v1 and _v2 */
 	K_COUNT
 };
 
@@ -136,6 +139,7 @@ typedef CUresult (*getproc2_fn)(const char *, void **, int, cuuint64_t, CUdriver
 typedef CUresult (*peer_enable_fn)(CUcontext, unsigned int);
 typedef CUresult (*peer_disable_fn)(CUcontext);
 typedef CUresult (*ctx_dev_fn)(CUdevice);
+typedef CUresult (*ctx_destroy_fn)(CUcontext);
 
 /* Every symbol we export and hook by name; the index is the export's id. */
 #define HOOKED(X)                                                                     \
@@ -148,7 +152,8 @@ typedef CUresult (*ctx_dev_fn)(CUdevice);
 	X(cuGetProcAddress, K_GETPROC) X(cuGetProcAddress_v2, K_GETPROC_V2)               \
 	X(cuCtxEnablePeerAccess, K_DRV_PEER_ENABLE) X(cuCtxDisablePeerAccess, K_DRV_PEER_DISABLE)        \
 	X(cuDevicePrimaryCtxReset, K_DRV_CTX_DEV) X(cuDevicePrimaryCtxReset_v2, K_DRV_CTX_DEV)            \
-	X(cuDevicePrimaryCtxRelease, K_DRV_CTX_DEV) X(cuDevicePrimaryCtxRelease_v2, K_DRV_CTX_DEV)
+	X(cuDevicePrimaryCtxRelease, K_DRV_CTX_DEV) X(cuDevicePrimaryCtxRelease_v2, K_DRV_CTX_DEV)        \
+	X(cuCtxDestroy, K_DRV_CTX_DESTROY) X(cuCtxDestroy_v2, K_DRV_CTX_DESTROY)
 
 enum export_id {
 #define X(name, kind) E_##name,
@@ -450,27 +455,48 @@ static inline CUresult drv_peer_disable(peer_disable_fn real, CUcontext peer)
 }
 
 /*
- * The program's calls that may destroy a primary context (a reset; a
- * release, which does when it is the last): what of the GPU ring lives in
- * it is drained before (a consumer's copy out of a buffer that went would
- * read garbage) and forgotten after (gpu.c). A nested call (a runtime's
- * reset reaching a driver hook of ours) passes straight through.
+ * The program's calls that may destroy a context: a primary context's reset
+ * or release (which does when it is the last), matched by device, and
+ * cuCtxDestroy of a context it made, matched by context. What of the GPU
+ * ring lives in it is drained before (a consumer's copy out of a buffer
+ * that went would read garbage) and forgotten after (gpu.c). A nested call
+ * (a runtime's reset reaching a driver hook of ours) passes straight through.
  */
 static __thread int ctx_depth;
+
+static inline void ctx_going(CUcontext ctx, int dev)
+{
+	int saved = errno;
+	ctx_depth = 1;
+	ts_gpu_ctx_going(ctx, dev);
+	errno = saved;
+}
+
+static inline void ctx_gone(void)
+{
+	int saved = errno;
+	ts_gpu_ctx_gone();
+	ctx_depth = 0;
+	errno = saved;
+}
 
 static inline CUresult drv_ctx_dev(ctx_dev_fn real, CUdevice dev)
 {
 	if (!call_enter() || ctx_depth)
 		return real(dev);
-	int saved = errno;
-	ctx_depth = 1;
-	ts_gpu_ctx_going((int)dev);
-	errno = saved;
+	ctx_going(NULL, (int)dev);
 	CUresult r = real(dev);
-	saved = errno;
-	ts_gpu_ctx_gone();
-	ctx_depth = 0;
-	errno = saved;
+	ctx_gone();
+	return r;
+}
+
+static inline CUresult drv_ctx_destroy(ctx_destroy_fn real, CUcontext ctx)
+{
+	if (!call_enter() || ctx_depth || !ctx)
+		return real(ctx);
+	ctx_going(ctx, -1);
+	CUresult r = real(ctx);
+	ctx_gone();
 	return r;
 }
 
@@ -545,6 +571,11 @@ static void *_Atomic slot_real[K_COUNT][NSLOT];
 	{                                                                        \
 		return drv_ctx_dev(REAL(ctx_dev_fn, k, i), dev);                 \
 	}
+#define W_DRV_CTX_DESTROY(k, i)                                                  \
+	static CUresult w_##k##_##i(CUcontext ctx)                               \
+	{                                                                        \
+		return drv_ctx_destroy(REAL(ctx_destroy_fn, k, i), ctx);         \
+	}
 
 SLOTS(W_RT_MEMCPY, K_RT_MEMCPY)
 SLOTS(W_RT_MEMCPY_ASYNC, K_RT_MEMCPY_ASYNC)
@@ -563,6 +594,7 @@ SLOTS(W_GETPROC_V2, K_GETPROC_V2)
 SLOTS(W_DRV_PEER_ENABLE, K_DRV_PEER_ENABLE)
 SLOTS(W_DRV_PEER_DISABLE, K_DRV_PEER_DISABLE)
 SLOTS(W_DRV_CTX_DEV, K_DRV_CTX_DEV)
+SLOTS(W_DRV_CTX_DESTROY, K_DRV_CTX_DESTROY)
 
 #define PTR(k, i) (void *)w_##k##_##i,
 #define ROW(k) [k] = {SLOTS(PTR, k)}
@@ -571,7 +603,7 @@ static void *const wrappers[K_COUNT][NSLOT] = {
 	ROW(K_DRV_MEMCPY),       ROW(K_DRV_MEMCPY_ASYNC),   ROW(K_RT_MEMCPY_PT),  ROW(K_RT_MEMCPY_ASYNC_PT),
 	ROW(K_DRV_HTOD_PT),      ROW(K_DRV_HTOD_ASYNC_PT),  ROW(K_DRV_MEMCPY_PT), ROW(K_DRV_MEMCPY_ASYNC_PT),
 	ROW(K_GETPROC),          ROW(K_GETPROC_V2),         ROW(K_DRV_PEER_ENABLE), ROW(K_DRV_PEER_DISABLE),
-	ROW(K_DRV_CTX_DEV),
+	ROW(K_DRV_CTX_DEV),      ROW(K_DRV_CTX_DESTROY),
 };
 #undef ROW
 #undef PTR
@@ -983,6 +1015,9 @@ static const struct {
 	{"cuDevicePrimaryCtxReset", 11000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DEV},
 	{"cuDevicePrimaryCtxRelease", 7000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DEV},
 	{"cuDevicePrimaryCtxRelease", 11000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DEV},
+	/* v1 (2000) and _v2 (4000): one signature */
+	{"cuCtxDestroy", 2000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DESTROY},
+	{"cuCtxDestroy", 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DESTROY},
 };
 
 /* Per real cuGetProcAddress (one per driver and entry point): probed once. */
@@ -1222,6 +1257,16 @@ CTX_DEV_EXPORT(cuDevicePrimaryCtxReset)
 CTX_DEV_EXPORT(cuDevicePrimaryCtxReset_v2)
 CTX_DEV_EXPORT(cuDevicePrimaryCtxRelease)
 CTX_DEV_EXPORT(cuDevicePrimaryCtxRelease_v2)
+
+#define CTX_DESTROY_EXPORT(name)                                                       \
+	static CUresult ts_##name(CUcontext ctx)                                       \
+	{                                                                              \
+		ctx_destroy_fn real = (ctx_destroy_fn)export_real(E_##name, CALLER()); \
+		return real ? drv_ctx_destroy(real, ctx) : NO_DRIVER;                  \
+	}                                                                              \
+	EXPORT_AS(name)
+CTX_DESTROY_EXPORT(cuCtxDestroy)
+CTX_DESTROY_EXPORT(cuCtxDestroy_v2)
 
 /* ---- dlsym ---------------------------------------------------------------------------------------- */
 

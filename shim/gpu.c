@@ -1464,7 +1464,8 @@ static void drain_register(void)
 /*
  * A program may destroy a context while the process goes on: cudaDeviceReset
  * (CUDA's samples end main with it; the runtime calls cuDevicePrimaryCtxReset),
- * the release of a primary context's last retain. Its memory
+ * the release of a primary context's last retain, cuCtxDestroy of a context
+ * it made (and uploads to: our buffers are made in it). Its memory
  * goes then, exported or not, and a consumer's copy out of it that is still
  * queued reads what the memory has become, as at exit (above; gpu_share.sh
  * case 29). So cuda.c calls these around the program's call:
@@ -1479,11 +1480,20 @@ static void drain_register(void)
  *    One still there (a release that was not the last) stays retired, freed
  *    once nobody holds or has it open, as any.
  * The feed goes on: the next batch is kept in a fresh buffer of the context
- * the job uploads to then. Matched by device (the primary-context calls name
- * one: a context of it the program made itself is drained too, which costs
- * sharing for a batch, never data). cuCtxDestroy is not hooked: the test
- * device has no cuCtxCreate to try it with.
+ * the job uploads to then. Matched by context (cuCtxDestroy) or by device
+ * (the primary-context calls name one: a context of it the program made
+ * itself is drained too, which costs sharing for a batch, never data).
  */
+
+/* ts_gpu_ctx_going's context in this thread; NULL: match by device. What
+ * went, for ts_gpu_ctx_gone's line. */
+static __thread CUcontext going_ctx;
+static __thread int going_made;
+
+static int going_match(CUcontext c, int d, int dev)
+{
+	return going_ctx ? c == going_ctx : d == dev;
+}
 
 /* The peer-access notes of context c (peer_note): its access goes with it. */
 static void peer_notes_forget(CUcontext c)
@@ -1505,14 +1515,14 @@ static int going_begin(struct ts_gpu *g, int dev)
 	if (g->npend)
 		poll_pending(g, POLL_WAIT); /* our served copies: their destinations may live there */
 	for (unsigned b = 0; b < TS_GPU_MAX_BUFS; b++)
-		if (g->peer[b].uniq && g->peer[b].dev == dev) {
+		if (g->peer[b].uniq && going_match(g->peer[b].ctx, g->peer[b].dev, dev)) {
 			peer_notes_forget(g->peer[b].ctx);
 			peer_close(g, b);
 		}
 	int any = 0;
 	for (int i = 0; i < (int)MAX_OWN; i++) {
 		struct own_buf *o = &g->own[i];
-		if (o->rec < 0 || o->dev != dev)
+		if (o->rec < 0 || !going_match(o->ctx, o->dev, dev))
 			continue;
 		o->going = any = 1;
 		if (o->slot >= 0) {
@@ -1539,10 +1549,14 @@ static int going_held(const struct ts_gpu *g)
 	return 0;
 }
 
-void ts_gpu_ctx_going(int dev)
+void ts_gpu_ctx_going(CUcontext ctx, int dev)
 {
-	if (atomic_load(&drv_state) > 0)
-		drain_where(going_begin, going_held, dev);
+	if (atomic_load(&drv_state) <= 0)
+		return;
+	going_ctx = ctx;
+	going_made = ctx != NULL;
+	drain_where(going_begin, going_held, dev);
+	going_ctx = NULL;
 }
 
 void ts_gpu_ctx_gone(void)
@@ -1579,8 +1593,9 @@ void ts_gpu_ctx_gone(void)
 	relax_end(relaxed, mode);
 	pthread_mutex_unlock(&gpus_mu);
 	if (gone + kept)
-		ts_debug("gpu: a primary context was reset or released: %u ring buffers went with it, %u outlived it", gone,
-			 kept);
+		ts_debug("gpu: %s: %u ring buffers went with it, %u outlived it",
+			 going_made ? "a context the job made was destroyed" : "a primary context was reset or released",
+			 gone, kept);
 }
 
 void ts_gpu_free(struct ts_gpu *g, int exiting)

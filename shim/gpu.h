@@ -55,12 +55,13 @@ CUresult ts_gpu_peer_enable(CUresult (*real)(CUcontext, unsigned int), CUcontext
 CUresult ts_gpu_peer_disable(CUresult (*real)(CUcontext), CUcontext peer);
 
 /*
- * The program is about to destroy a context of device dev (a primary-context
- * reset or release), and has (ts_gpu_ctx_gone): what of the GPU ring lives
- * there is drained before and forgotten after, if the driver no longer knows
- * it (gpu.c, "before and after the program destroys a context").
+ * The program is about to destroy context ctx (cuCtxDestroy), or, ctx NULL,
+ * a context of device dev (a primary-context reset or release), and has
+ * (ts_gpu_ctx_gone): what of the GPU ring lives there is drained before and
+ * forgotten after, if the driver no longer knows it (gpu.c, "before and
+ * after the program destroys a context").
  */
-void ts_gpu_ctx_going(int dev);
+void ts_gpu_ctx_going(CUcontext ctx, int dev);
 void ts_gpu_ctx_gone(void);
 
 struct ts_gpu *ts_gpu_new(struct ts_feed *f);

@@ -341,6 +341,37 @@ static const char *where(const void *p)
  * context's memory. Prints where each pointer lives.
  */
 typedef CUresult (*ctx_dev_fn)(CUdevice);
+typedef CUresult (*ctx_destroy_fn)(CUcontext);
+typedef CUresult (*ctx_create_fn)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+
+/*
+ * cuCtxDestroy (v1 at 2000, _v2 at 4000, and _v2 by dlsym) of a context the
+ * program made with cuCtxCreate (CUDA 13's, _v4): success, errno kept, the
+ * context's memory gone with it, its handle invalid after.
+ */
+static void ctx_destroy_calls(__typeof__(cuMemAlloc_v2) *alloc, __typeof__(cuMemFree_v2) *mfree)
+{
+	ctx_destroy_fn destroys[] = {getproc_at("cuCtxDestroy", 2000), getproc_at("cuCtxDestroy", 4000),
+				     sym(L.drv, "cuCtxDestroy_v2")};
+	ctx_create_fn create = getproc_at("cuCtxCreate", 12050);
+	__typeof__(cuCtxGetCurrent) *getcur = getproc("cuCtxGetCurrent", CU_GET_PROC_ADDRESS_LEGACY_STREAM);
+	__typeof__(cuCtxSetCurrent) *setcur = getproc("cuCtxSetCurrent", CU_GET_PROC_ADDRESS_LEGACY_STREAM);
+	for (unsigned i = 0; i < 3; i++) {
+		CUcontext prev = NULL, c = NULL, now = NULL;
+		CUdeviceptr dp;
+		CHECK(getcur(&prev) == CUDA_SUCCESS && create(&c, NULL, 0, 0) == CUDA_SUCCESS && c &&
+			      getcur(&now) == CUDA_SUCCESS && now == c,
+		      "cuCtxCreate (%u of 3): a context of our own, current", i + 1);
+		errno = 4244;
+		CHECK(alloc(&dp, 100) == CUDA_SUCCESS && destroys[i](c) == CUDA_SUCCESS && errno == 4244,
+		      "cuCtxDestroy (%u of 3): success, errno kept (%d)", i + 1, errno);
+		CHECK(setcur(prev) == CUDA_SUCCESS && mfree(dp) == CUDA_ERROR_INVALID_VALUE,
+		      "... its memory went with the context (%u of 3)", i + 1);
+		CHECK(destroys[i](c) == CUDA_ERROR_INVALID_CONTEXT, "... and its handle is invalid after (%u of 3)", i + 1);
+	}
+	printf("where-ctx-destroy destroy=%s destroy_v2=%s dlsym_destroy_v2=%s\n", where(destroys[0]),
+	       where(destroys[1]), where(destroys[2]));
+}
 
 static void ctx_calls(__typeof__(cuMemAlloc_v2) *alloc, __typeof__(cuMemFree_v2) *mfree)
 {
@@ -367,6 +398,7 @@ static void ctx_calls(__typeof__(cuMemAlloc_v2) *alloc, __typeof__(cuMemFree_v2)
 	}
 	printf("where-ctx reset=%s reset_v2=%s release=%s release_v2=%s dlsym_reset_v2=%s\n", where(reset1),
 	       where(reset2), where(release1), where(release2), where(reset_dl));
+	ctx_destroy_calls(alloc, mfree);
 }
 
 static void t_other(void)

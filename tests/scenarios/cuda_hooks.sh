@@ -122,6 +122,10 @@ check "with the shim only the hooked names come from it (cudaMalloc and cuMemAll
 # driver does (errno kept, a reset still takes the context's memory).
 check "the primary-context reset and release (v1, _v2, by cuGetProcAddress and dlsym) come from the shim and answer as the driver's" \
 	grep -q '^where-ctx reset=libtsshim.so reset_v2=libtsshim.so release=libtsshim.so release_v2=libtsshim.so dlsym_reset_v2=libtsshim.so$' "$T_TMP/other.out"
+# cuCtxDestroy (v1 at 2000, _v2 at 4000 and by dlsym) of a context the program
+# made: the same, drained by context (gpu_share.sh case 30).
+check "cuCtxDestroy (v1, _v2, by cuGetProcAddress and dlsym) comes from the shim and answers as the driver's" \
+	grep -q '^where-ctx-destroy destroy=libtsshim.so destroy_v2=libtsshim.so dlsym_destroy_v2=libtsshim.so$' "$T_TMP/other.out"
 check "... the same with a driver whose own v1 reset calls the shim's _v2 export (handled once)" \
 	calls otherinterp LD_LIBRARY_PATH="$INTERP:$EMU" LD_PRELOAD="$TS_PRELOAD" -- other
 check "dlsym(RTLD_DEFAULT) of CUDA names before CUDA is loaded: NULL and an error, as without the shim" \
@@ -144,7 +148,8 @@ off_silent() { grep -q '^shim runtime=0 driver=0 h2d=0 h2d_bytes=0 unknown=0 rep
 check "... the shim counted nothing and printed no cuda line" off_silent
 off_real() { calls offother LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=off -- other &&
 	grep -q '^where cudaMalloc=libcudart.so.13 cudaMemcpy=libcudart.so.13 cuMemcpyHtoD_v2=libcuda.so.1 cuGetProcAddress_v2=libcuda.so.1 cuMemAlloc=libcuda.so.1$' "$T_TMP/offother.out" &&
-	grep -q '^where-ctx reset=libcuda.so.1 reset_v2=libcuda.so.1 release=libcuda.so.1 release_v2=libcuda.so.1 dlsym_reset_v2=libcuda.so.1$' "$T_TMP/offother.out"; }
+	grep -q '^where-ctx reset=libcuda.so.1 reset_v2=libcuda.so.1 release=libcuda.so.1 release_v2=libcuda.so.1 dlsym_reset_v2=libcuda.so.1$' "$T_TMP/offother.out" &&
+	grep -q '^where-ctx-destroy destroy=libcuda.so.1 destroy_v2=libcuda.so.1 dlsym_destroy_v2=libcuda.so.1$' "$T_TMP/offother.out"; }
 check "... and dlsym handed out the libraries' own pointers" off_real
 check "a child forked after CUDA init gets cudaErrorInitializationError / CUDA_ERROR_NOT_INITIALIZED, without the shim" \
 	calls forkplain -- fork
