@@ -78,7 +78,7 @@ static struct options {
 	uint64_t limit, val_limit, seed, epochs, val_every, break_after;
 	unsigned batch, val_batch, size, prefetch;
 	int workers, start, shm, shuffle, persistent, pin, device, step_spin, readback, tsshim, gpu;
-	int labels_on_host, upload, graph, capture_thread, peer_probe, peer_early, device_reset;
+	int labels_on_host, upload, graph, capture_thread, peer_probe, peer_early, device_reset, own_context;
 	uint64_t ctx_release_every;
 	double step_ms, val_step_ms, timeout_s;
 } opt = {
@@ -643,6 +643,10 @@ static struct {
 	__typeof__(cudaGetDriverEntryPointByVersion) *GetDriverEntryPointByVersion;
 	__typeof__(cuDevicePrimaryCtxRetain) *PrimaryCtxRetain;
 	__typeof__(cuDevicePrimaryCtxRelease) *PrimaryCtxRelease;
+	/* --own-context: the driver's, as the runtime gets them (CUDA 13) */
+	CUresult (*CtxCreate)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+	CUresult (*CtxDestroy)(CUcontext);
+	CUcontext own_ctx;
 	cudaStream_t stream;
 	cudaStream_t side;         /* --upload-pattern side-stream: the labels' */
 	int have_stream;
@@ -692,14 +696,57 @@ static const struct rt_sym peer_syms[] = {RT_SYM(DeviceEnablePeerAccess), RT_SYM
 static const struct rt_sym reset_sym = RT_SYM(DeviceReset);
 static const struct rt_sym entry_sym = RT_SYM(GetDriverEntryPointByVersion);
 
+/* cudaGetDriverEntryPointByVersion, for the option that needs the driver API. */
+static int entry_open(const char *option)
+{
+	if (!(*entry_sym.p = entry_sym.linked ? entry_sym.linked : dlsym(cu.lib, entry_sym.name))) {
+		fprintf(stderr, PROG ": %s: the CUDA runtime lacks %s\n", option, entry_sym.name);
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * --own-context: a context of the program's own on the device (cuCtxCreate,
+ * CUDA 13's: _v4), current on this thread, so that everything the job does
+ * on the GPU (the runtime works in the driver's current context) lives in
+ * it; destroyed at the end (own_context_end), as a driver-API program does.
+ */
+static int own_context_begin(void)
+{
+	enum cudaDriverEntryPointQueryResult q;
+	if (entry_open("--own-context") < 0 ||
+	    cuda_ok(cu.GetDriverEntryPointByVersion("cuCtxCreate", (void **)&cu.CtxCreate, 13000, cudaEnableDefault, &q),
+		    "cudaGetDriverEntryPointByVersion(cuCtxCreate)") < 0 ||
+	    cuda_ok(cu.GetDriverEntryPointByVersion("cuCtxDestroy", (void **)&cu.CtxDestroy, 13000, cudaEnableDefault,
+						    &q),
+		    "cudaGetDriverEntryPointByVersion(cuCtxDestroy)") < 0)
+		return -1;
+	CUresult r = cu.CtxCreate(&cu.own_ctx, NULL, 0, opt.gpu);
+	if (r != CUDA_SUCCESS) {
+		fprintf(stderr, PROG ": --own-context: cuCtxCreate answered %d\n", (int)r);
+		return -1;
+	}
+	return 0;
+}
+
+static int own_context_end(void)
+{
+	if (!cu.own_ctx)
+		return 0;
+	CUresult r = cu.CtxDestroy(cu.own_ctx);
+	cu.own_ctx = NULL;
+	if (r != CUDA_SUCCESS)
+		fprintf(stderr, PROG ": --own-context: cuCtxDestroy answered %d\n", (int)r);
+	return r == CUDA_SUCCESS ? 0 : -1;
+}
+
 /* --ctx-release-every: the driver's primary-context retain and release, from the runtime. */
 static int ctx_release_open(void)
 {
 	enum cudaDriverEntryPointQueryResult q;
-	if (!(*entry_sym.p = entry_sym.linked ? entry_sym.linked : dlsym(cu.lib, entry_sym.name))) {
-		fprintf(stderr, PROG ": --ctx-release-every: the CUDA runtime lacks %s\n", entry_sym.name);
+	if (entry_open("--ctx-release-every") < 0)
 		return -1;
-	}
 	if (cuda_ok(cu.GetDriverEntryPointByVersion("cuDevicePrimaryCtxRetain", (void **)&cu.PrimaryCtxRetain, 7000,
 						    cudaEnableDefault, &q),
 		    "cudaGetDriverEntryPointByVersion(cuDevicePrimaryCtxRetain)") < 0 ||
@@ -995,6 +1042,8 @@ static int device_init(size_t img_cap, size_t lbl_cap)
 	if (cuda_open() < 0)
 		return -1;
 	if (opt.gpu && cuda_ok(cu.SetDevice(opt.gpu), "cudaSetDevice (--gpu)") < 0)
+		return -1;
+	if (opt.own_context && own_context_begin() < 0)
 		return -1;
 	if (opt.peer_early)
 		peer_early_rc = cu.DeviceEnablePeerAccess(opt.peer_probe, 0);
@@ -2169,6 +2218,13 @@ static void usage(FILE *f)
 "                        device buffers are freed, before the end, as CUDA's\n"
 "                        samples end main (its primary context goes, and all\n"
 "                        its memory with it); a failure fails the job\n"
+"  --own-context         with --device cuda: make a context of the job's own with\n"
+"                        the driver's cuCtxCreate (current on the main thread:\n"
+"                        the job's device memory, streams and uploads live in\n"
+"                        it) and destroy it with cuCtxDestroy after the device\n"
+"                        buffers are freed, before the end, as a driver-API\n"
+"                        program does (all its memory goes with it); a failure\n"
+"                        fails the job\n"
 "  --ctx-release-every N with --device cuda: after every N training batches,\n"
 "                        retain and release the device's primary context through\n"
 "                        the driver API (the runtime's own retain keeps it alive)\n"
@@ -2299,7 +2355,7 @@ static void parse_args(int argc, char **argv)
 		O_VAL = 256, O_LIMIT, O_VAL_LIMIT, O_SIZE, O_BATCH, O_VAL_BATCH, O_WORKERS, O_START, O_PERSIST,
 		O_PREFETCH, O_SHM, O_TIMEOUT, O_PIN, O_SEED, O_SHUFFLE, O_EPOCHS, O_DEVICE, O_CUDART, O_STEP,
 		O_VAL_STEP, O_SPIN, O_VAL_EVERY, O_BREAK, O_GPU, O_READBACK, O_LABELS_HOST, O_UPLOAD, O_TSSHIM, O_RECORD, O_HELP, O_WORKER_FD,
-		O_GRAPH, O_CAPTURE_THREAD, O_PEER_PROBE, O_PEER_EARLY, O_DEVICE_RESET, O_CTX_RELEASE,
+		O_GRAPH, O_CAPTURE_THREAD, O_PEER_PROBE, O_PEER_EARLY, O_DEVICE_RESET, O_CTX_RELEASE, O_OWN_CONTEXT,
 	};
 	static const struct option lo[] = {
 		{"val", required_argument, 0, O_VAL},
@@ -2335,6 +2391,7 @@ static void parse_args(int argc, char **argv)
 		{"peer-early", no_argument, 0, O_PEER_EARLY},
 		{"device-reset", no_argument, 0, O_DEVICE_RESET},
 		{"ctx-release-every", required_argument, 0, O_CTX_RELEASE},
+		{"own-context", no_argument, 0, O_OWN_CONTEXT},
 		{"tsshim", no_argument, 0, O_TSSHIM},
 		{"record", required_argument, 0, O_RECORD},
 		{"help", no_argument, 0, O_HELP},
@@ -2378,6 +2435,7 @@ static void parse_args(int argc, char **argv)
 		case O_PEER_PROBE: opt.peer_probe = (int)parse_u64("peer-probe", a, 0, 63); break;
 		case O_PEER_EARLY: opt.peer_early = 1; break;
 		case O_DEVICE_RESET: opt.device_reset = 1; break;
+		case O_OWN_CONTEXT: opt.own_context = 1; break;
 		case O_CTX_RELEASE: opt.ctx_release_every = parse_u64("ctx-release-every", a, 1, UINT32_MAX); break;
 		case O_TSSHIM: opt.tsshim = 1; break;
 		case O_RECORD: opt.record = a; break;
@@ -2408,6 +2466,10 @@ static void parse_args(int argc, char **argv)
 		bad_usage("--peer-early needs --peer-probe N");
 	if (opt.device_reset && opt.device != DEV_CUDA)
 		bad_usage("--device-reset needs --device cuda");
+	if (opt.own_context && opt.device != DEV_CUDA)
+		bad_usage("--own-context needs --device cuda");
+	if (opt.own_context && (opt.capture_thread || opt.device_reset || opt.ctx_release_every))
+		bad_usage("--own-context goes with none of --capture-thread, --device-reset, --ctx-release-every");
 	if (opt.ctx_release_every && opt.device != DEV_CUDA)
 		bad_usage("--ctx-release-every needs --device cuda");
 	if ((opt.graph || opt.capture_thread) && opt.upload == UP_SIDE_STREAM)
@@ -2533,6 +2595,8 @@ out:
 		rc = 1; /* a persistent worker died on its own */
 	pin_stop();
 	device_free();
+	if (own_context_end() < 0)
+		rc = rc ? rc : 1;
 	if (cu.DeviceReset && cuda_ok(cu.DeviceReset(), "cudaDeviceReset (--device-reset)") < 0) /* (resolved for it only) */
 		rc = rc ? rc : 1;
 	free(J.share_ids);

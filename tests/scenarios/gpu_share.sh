@@ -1148,6 +1148,35 @@ check "29 (release): every buffer outlived the releases (${outlived29:-none} eac
 	cond '[ -n "$outlived29" ] && [ "$went29" = 0 ] && [ "$d2d29" -gt "$h2d29" ]'
 echo "# case 29: $((SECONDS - T1)) s"
 
+# === 30. the producer destroys a context it made while a consumer's copy out of its ring is queued ====
+# As case 29 (p, pc), but the job makes a context of its own with the
+# driver's cuCtxCreate and destroys it with cuCtxDestroy at its end
+# (tsshim-train --own-context), as a driver-API program does: the ring
+# buffers are made in that context and go with it. The shim hooks cuCtxDestroy
+# (v1 and _v2; the runtime's cudaGetDriverEntryPointByVersion reaches it
+# through cuGetProcAddress) and drains by context. Before, the consumer's
+# batch read the lost memory (verify: 16 of 16 samples' device bytes differ;
+# ipc_read_lost 2, in 2 of 2 runs by hand).
+T1=$SECONDS
+for variant in p pc; do
+	S=$(session_name "c30$variant")
+	cown=()
+	[ "$variant" = pc ] && cown=(--own-context)
+	job c30p "$S" TSSHIM_TIMEOUT_MS=3000 TSSHIM_LOG=debug -- --seed 1 --batch 16 --limit 96 --pin --step-ms 400 \
+		--own-context "$TR"
+	for ((i = 0; i < 500; i++)); do shm_list "$S" | grep -q '^tsshim-feed' && break; sleep 0.01; done
+	job c30c "$S" TSSHIM_TIMEOUT_MS=3000 TSEMU_D2D_GBPS=0.00004 -- --seed 2 --batch 16 --limit 96 --pin \
+		"${cown[@]}" "$TR"
+	wait_jobs c30p c30c
+	case_end "30 (cuCtxDestroy: $variant)" "$S" c30p c30c
+	read30=$(stat c30c ipc_read_lost) freed30=$(stat c30p ipc_freed_while_open)
+	wait30=$(sed -n "s/.*waited \([0-9]*\) ms for consumers' copies out of our ring buffers.*/\1/p" "$T_TMP/c30p.err" | xargs)
+	gone30=$(sed -n "s/.*a context the job made was destroyed: \([0-9]*\) ring buffers went with it.*/\1/p" "$T_TMP/c30p.err" | xargs)
+	check "30 ($variant): the producer waited for the consumer's copy before its cuCtxDestroy (${wait30:-no wait} ms), forgot the buffers that went (${gone30:-none}); the consumer read none of them lost (ipc_read_lost $read30) and was served ($(nlines c30c ' share=served ') batches); nothing freed while open ($freed30)" \
+		cond '[ -n "$wait30" ] && [ "${gone30:-0}" -ge 1 ] && [ "$read30" = 0 ] && [ "$freed30" = 0 ] && [ "$(nlines c30c " share=served ")" -ge 1 ]'
+done
+echo "# case 30: $((SECONDS - T1)) s"
+
 # Across every case: no producer freed a buffer a live consumer still had open
 # through IPC (undefined on CUDA; tsemu counts it and overwrites the memory).
 freed_open=$(cat "$T_TMP"/*.stats 2>/dev/null | python3 -c '
