@@ -1104,26 +1104,30 @@ echo "# case 28: $((SECONDS - T1)) s"
 # then forgets the buffers that went. Before, the consumer's batch read the
 # lost memory (verify: device bytes differ, 16 of 16 samples; ipc_read_lost
 # 2). The same with the consumer resetting too (its mappings closed first).
+# ctx_case NUM OPTION CALL WENT VARIANT: the producer runs with OPTION (and
+# so does the consumer, VARIANT pc), whose CALL destroys, at its end, the
+# context that holds its ring buffers, while the consumer's slowed copies
+# out of them are queued; WENT: the producer's debug line's words for it.
+ctx_case() {
+	local n=$1 opt=$2 call=$3 went=$4 variant=$5 copt=() s rd fr wt gn
+	s=$(session_name "c$n$variant")
+	[ "$variant" = pc ] && copt=("$opt")
+	job "c${n}p" "$s" TSSHIM_TIMEOUT_MS=3000 TSSHIM_LOG=debug -- --seed 1 --batch 16 --limit 96 --pin --step-ms 400 \
+		"$opt" "$TR"
+	for ((i = 0; i < 500; i++)); do shm_list "$s" | grep -q '^tsshim-feed' && break; sleep 0.01; done
+	job "c${n}c" "$s" TSSHIM_TIMEOUT_MS=3000 TSEMU_D2D_GBPS=0.00004 -- --seed 2 --batch 16 --limit 96 --pin \
+		"${copt[@]}" "$TR"
+	wait_jobs "c${n}p" "c${n}c"
+	case_end "$n ($call: $variant)" "$s" "c${n}p" "c${n}c"
+	rd=$(stat "c${n}c" ipc_read_lost) fr=$(stat "c${n}p" ipc_freed_while_open)
+	wt=$(sed -n "s/.*waited \([0-9]*\) ms for consumers' copies out of our ring buffers.*/\1/p" "$T_TMP/c${n}p.err" | xargs)
+	gn=$(sed -n "s/.*$went: \([0-9]*\) ring buffers went with it.*/\1/p" "$T_TMP/c${n}p.err" | xargs)
+	check "$n ($variant): the producer waited for the consumer's copy before its $call (${wt:-no wait} ms), forgot the buffers that went (${gn:-none}); the consumer read none of them lost (ipc_read_lost $rd) and was served ($(nlines "c${n}c" ' share=served ') batches); nothing of the ring freed while the consumer had it open (ipc_freed_while_open $fr)" \
+		cond "[ -n '$wt' ] && [ '${gn:-0}' -ge 1 ] && [ '$rd' = 0 ] && [ '$fr' = 0 ] && [ \"\$(nlines c${n}c ' share=served ')\" -ge 1 ]"
+}
 T1=$SECONDS
 for variant in p pc; do
-	S=$(session_name "c29$variant")
-	creset=()
-	[ "$variant" = pc ] && creset=(--device-reset)
-	job c29p "$S" TSSHIM_TIMEOUT_MS=3000 TSSHIM_LOG=debug -- --seed 1 --batch 16 --limit 96 --pin --step-ms 400 \
-		--device-reset "$TR"
-	for ((i = 0; i < 500; i++)); do shm_list "$S" | grep -q '^tsshim-feed' && break; sleep 0.01; done
-	job c29c "$S" TSSHIM_TIMEOUT_MS=3000 TSEMU_D2D_GBPS=0.00004 -- --seed 2 --batch 16 --limit 96 --pin \
-		"${creset[@]}" "$TR"
-	wait_jobs c29p c29c
-	case_end "29 (cudaDeviceReset: $variant)" "$S" c29p c29c
-	read29=$(stat c29c ipc_read_lost)
-	wait29=$(sed -n "s/.*waited \([0-9]*\) ms for consumers' copies out of our ring buffers.*/\1/p" "$T_TMP/c29p.err" | xargs)
-	gone29=$(sed -n "s/.*primary context was reset or released: \([0-9]*\) ring buffers went with it.*/\1/p" "$T_TMP/c29p.err" | xargs)
-	check "29 ($variant): the producer waited for the consumer's copy before its reset (${wait29:-no wait} ms), forgot the buffers that went (${gone29:-none}); the consumer read none of them lost (ipc_read_lost $read29) and was served ($(nlines c29c ' share=served ') batches)" \
-		cond '[ -n "$wait29" ] && [ "${gone29:-0}" -ge 1 ] && [ "$read29" = 0 ] && [ "$(nlines c29c " share=served ")" -ge 1 ]'
-	freed29=$(stat c29p ipc_freed_while_open)
-	check "29 ($variant): nothing of the ring freed while the consumer had it open (ipc_freed_while_open $freed29)" \
-		cond '[ "$freed29" = 0 ]'
+	ctx_case 29 --device-reset cudaDeviceReset "primary context was reset or released" "$variant"
 done
 # A release that is not the last (the runtime keeps its own retain): the
 # shim cannot tell it from one that destroys the context, so it drains the
@@ -1159,21 +1163,7 @@ echo "# case 29: $((SECONDS - T1)) s"
 # ipc_read_lost 2, in 2 of 2 runs by hand).
 T1=$SECONDS
 for variant in p pc; do
-	S=$(session_name "c30$variant")
-	cown=()
-	[ "$variant" = pc ] && cown=(--own-context)
-	job c30p "$S" TSSHIM_TIMEOUT_MS=3000 TSSHIM_LOG=debug -- --seed 1 --batch 16 --limit 96 --pin --step-ms 400 \
-		--own-context "$TR"
-	for ((i = 0; i < 500; i++)); do shm_list "$S" | grep -q '^tsshim-feed' && break; sleep 0.01; done
-	job c30c "$S" TSSHIM_TIMEOUT_MS=3000 TSEMU_D2D_GBPS=0.00004 -- --seed 2 --batch 16 --limit 96 --pin \
-		"${cown[@]}" "$TR"
-	wait_jobs c30p c30c
-	case_end "30 (cuCtxDestroy: $variant)" "$S" c30p c30c
-	read30=$(stat c30c ipc_read_lost) freed30=$(stat c30p ipc_freed_while_open)
-	wait30=$(sed -n "s/.*waited \([0-9]*\) ms for consumers' copies out of our ring buffers.*/\1/p" "$T_TMP/c30p.err" | xargs)
-	gone30=$(sed -n "s/.*a context the job made was destroyed: \([0-9]*\) ring buffers went with it.*/\1/p" "$T_TMP/c30p.err" | xargs)
-	check "30 ($variant): the producer waited for the consumer's copy before its cuCtxDestroy (${wait30:-no wait} ms), forgot the buffers that went (${gone30:-none}); the consumer read none of them lost (ipc_read_lost $read30) and was served ($(nlines c30c ' share=served ') batches); nothing freed while open ($freed30)" \
-		cond '[ -n "$wait30" ] && [ "${gone30:-0}" -ge 1 ] && [ "$read30" = 0 ] && [ "$freed30" = 0 ] && [ "$(nlines c30c " share=served ")" -ge 1 ]'
+	ctx_case 30 --own-context cuCtxDestroy "a context the job made was destroyed" "$variant"
 done
 echo "# case 30: $((SECONDS - T1)) s"
 
