@@ -55,7 +55,7 @@ echo "gpu-check: $ngpu GPU(s): $(nvidia-smi --query-gpu=name --format=csv,nohead
 # 77 is a command with nothing to check here (peer on one GPU).
 if [ -x "$CHK" ]; then
 	for c in basics errors no-host-access getproc pinned fork fork-clean peer ipc-mem ipc-event ipc-dead \
-		ipc-exit ipc-reset ipc-ctx-destroy stream-async stream-order capture; do
+		ipc-exit ipc-reset ipc-ctx-destroy ctx-stack stream-async stream-order capture; do
 		LD_LIBRARY_PATH=$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 120 "$CHK" "$c" \
 			>"$T/emu-$c.out" 2>&1
 		rc=$?

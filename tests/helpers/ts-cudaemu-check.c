@@ -7,7 +7,7 @@
  *                                     failed (each on stderr), 2: usage
  *
  * Commands: basics, errors, no-host-access, nodevice, getproc, route, deny, pinned,
- * fork, fork-clean, peer, ipc-mem, ipc-event, ipc-dead, ipc-exit, ipc-reset, ipc-ctx-destroy, stream-async, stream-order, capture,
+ * fork, fork-clean, peer, ipc-mem, ipc-event, ipc-dead, ipc-exit, ipc-reset, ipc-ctx-destroy, ctx-stack, stream-async, stream-order, capture,
  * bandwidth h2d|d2d MIN_MS MAX_MS [ROUNDS], stats, quick (basics errors pinned peer
  * ipc-mem capture in one process, for valgrind). The *-child commands are the other
  * side of the IPC checks. tests/scenarios/cudaemu.sh runs them all.
@@ -1579,6 +1579,71 @@ static void t_ipc_exit_child(int argc, char **argv)
 	exit(fails ? 1 : 0);
 }
 
+/* ---- contexts --------------------------------------------------------------------------------------- */
+
+/*
+ * ctx-stack: a thread's context stack, as cuda.h documents it. cuCtxCreate
+ * pushes the new context; cuCtxPushCurrent/cuCtxPopCurrent push and pop;
+ * cuCtxSetCurrent replaces the top; memory allocated lives in the current
+ * context; cuCtxDestroy of the current context pops it, and its handle is
+ * invalid after. Checked everywhere but the last pop of an empty stack,
+ * whose error is tsemu's (printed for a real driver).
+ */
+static void t_ctx_stack(void)
+{
+	load();
+	CUresult (*create)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice) = drv("cuCtxCreate");
+	CUresult (*destroy)(CUcontext) = drv("cuCtxDestroy");
+	CUresult (*push)(CUcontext) = drv("cuCtxPushCurrent");
+	CUresult (*pop)(CUcontext *) = drv("cuCtxPopCurrent");
+	CUresult (*setcur)(CUcontext) = drv("cuCtxSetCurrent");
+	CUresult (*getcur)(CUcontext *) = drv("cuCtxGetCurrent");
+	CUresult (*alloc)(CUdeviceptr *, size_t) = drv("cuMemAlloc");
+	CUresult (*mfree)(CUdeviceptr) = drv("cuMemFree");
+	CUresult (*attr)(void *, CUpointer_attribute, CUdeviceptr) = drv("cuPointerGetAttribute");
+	CUcontext p = NULL, a = NULL, x = NULL;
+	OK(rt.Free(NULL)); /* the runtime makes the primary context current */
+	EXPECT(getcur(&p), CUDA_SUCCESS);
+	CHECK(p != NULL, "the runtime made a context current");
+	EXPECT(create(&a, NULL, 0, 0), CUDA_SUCCESS);
+	EXPECT(getcur(&x), CUDA_SUCCESS);
+	CHECK(x == a && a != p, "cuCtxCreate: the new context is current");
+	EXPECT(push(p), CUDA_SUCCESS);
+	EXPECT(getcur(&x), CUDA_SUCCESS);
+	CHECK(x == p, "cuCtxPushCurrent: the pushed context is current");
+	x = NULL;
+	EXPECT(pop(&x), CUDA_SUCCESS);
+	CHECK(x == p, "cuCtxPopCurrent gives the popped context");
+	EXPECT(getcur(&x), CUDA_SUCCESS);
+	CHECK(x == a, "... and the one below is current again");
+	EXPECT(setcur(p), CUDA_SUCCESS);
+	EXPECT(getcur(&x), CUDA_SUCCESS);
+	CHECK(x == p, "cuCtxSetCurrent: current");
+	EXPECT(setcur(a), CUDA_SUCCESS);
+	EXPECT(getcur(&x), CUDA_SUCCESS);
+	CHECK(x == a, "... it replaced the top, not pushed");
+	CUdeviceptr d = 0;
+	CUcontext owner = NULL;
+	EXPECT(alloc(&d, 4096), CUDA_SUCCESS);
+	EXPECT(attr(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, d), CUDA_SUCCESS);
+	CHECK(owner == a, "memory allocated lives in the current context");
+	EXPECT(destroy(a), CUDA_SUCCESS);
+	EXPECT(getcur(&x), CUDA_SUCCESS);
+	CHECK(x == p, "cuCtxDestroy of the current context pops it: the one below is current");
+	EXPECT(mfree(d), CUDA_ERROR_INVALID_VALUE); /* its memory went with it */
+	CHECK(destroy(a) == CUDA_ERROR_INVALID_CONTEXT, "a destroyed context's handle is invalid");
+	x = NULL;
+	EXPECT(pop(&x), CUDA_SUCCESS);
+	CHECK(x == p, "the runtime's context was at the bottom");
+	CUresult e = pop(&x);
+	fprintf(stderr, "# cuCtxPopCurrent of an empty stack: %d\n", (int)e);
+	if (emu_only(1, "ctx-stack: tsemu's answer to a pop of an empty stack"))
+		CHECK(e == CUDA_ERROR_INVALID_CONTEXT, "a pop of an empty stack: CUDA_ERROR_INVALID_CONTEXT (%d)", (int)e);
+	OK(rt.Free(NULL)); /* the runtime makes its context current again */
+	EXPECT(getcur(&x), CUDA_SUCCESS);
+	CHECK(x == p, "the runtime's next call made its primary context current again");
+}
+
 /* ---- streams ------------------------------------------------------------------------------------------ */
 
 /* Every stream operation waits 200 ms before it runs. Real mode: no delay,
@@ -2338,6 +2403,8 @@ int main(int argc, char **argv)
 		t_ipc_gone(GONE_RESET);
 	else if (!strcmp(cmd, "ipc-ctx-destroy"))
 		t_ipc_gone(GONE_CTX_DESTROY);
+	else if (!strcmp(cmd, "ctx-stack"))
+		t_ctx_stack();
 	else if (!strcmp(cmd, "ipc-exit-child"))
 		t_ipc_exit_child(ac, av);
 	else if (!strcmp(cmd, "stream-async"))

@@ -102,6 +102,8 @@ check "IPC, an exporter that calls cudaDeviceReset and lives on while the import
 	run ipcreset -- ipc-reset
 check "IPC, an exporter that destroys a context it made (cuCtxCreate, cuCtxDestroy) and lives on while the importer has its memory open: the memory goes with that context (overwritten; the importer's read of it counted); the exporter's cudaFree of a pointer from before fails, it allocates and copies again (in its primary context); the importer's own work goes on" \
 	run ipcctxdestroy -- ipc-ctx-destroy
+check "contexts: cuCtxCreate pushes, cuCtxPushCurrent/cuCtxPopCurrent push and pop, cuCtxSetCurrent replaces the top, memory lives in the current context, cuCtxDestroy of the current context pops it and its handle is invalid after, the runtime makes its context current again" \
+	run ctxstack -- ctx-stack
 check "TSEMU_DEAD_EVENTS=bogus: one line on stderr, tsemu's default kept" \
 	cond "run ipcdeadx TSEMU_DEAD_EVENTS=bogus -- ipc-dead &&
 		grep -q \"TSEMU_DEAD_EVENTS='bogus' is invalid\" '$T_TMP/ipcdeadx.out'"
@@ -116,7 +118,7 @@ check "stream capture: captured copies do not run, a graph launch replays H2D/D2
 # Real mode, forced here (TS_CUDAEMU_CHECK_REAL=1): what scripts/gpu-check.sh
 # checks on a real GPU. tsemu claims those semantics, so they hold on it too,
 # without its knobs; what only tsemu shows (counters, delays) is skipped.
-REAL_CMDS="basics errors no-host-access getproc pinned fork fork-clean peer ipc-mem ipc-event ipc-dead ipc-exit ipc-reset ipc-ctx-destroy stream-async stream-order capture"
+REAL_CMDS="basics errors no-host-access getproc pinned fork fork-clean peer ipc-mem ipc-event ipc-dead ipc-exit ipc-reset ipc-ctx-destroy ctx-stack stream-async stream-order capture"
 real_subset() {
 	local c rc=0
 	for c in $REAL_CMDS; do

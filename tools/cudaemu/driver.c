@@ -35,9 +35,12 @@
  *    and so is a context the program made (cuCtxCreate) at its cuCtxDestroy.
  *  - Contexts: a primary context per device, and up to MAXCTX the program
  *    makes (cuCtxCreate v2/v3/v4; never reused in a process). Each thread
- *    has one current context, not a stack: cuCtxCreate makes the new one
- *    current, and cuCtxDestroy of the current one leaves none. A destroyed
- *    context's handle is invalid in every thread (CUDA_ERROR_INVALID_CONTEXT).
+ *    has a stack of contexts (CTX_STACK deep), the current one on top:
+ *    cuCtxCreate and cuCtxPushCurrent push, cuCtxPopCurrent pops,
+ *    cuCtxSetCurrent replaces the top (NULL pops), cuCtxDestroy of the
+ *    current one pops it. A destroyed context's handle is invalid in every
+ *    thread (CUDA_ERROR_INVALID_CONTEXT); one left on a thread's stack is
+ *    popped at that thread's next call.
  *  - Streams: one worker thread per stream executes its queue in order.
  *    Copies run there, so a pinned source changed after an async copy and
  *    before synchronisation shows. The legacy default stream synchronises
@@ -297,7 +300,10 @@ static struct {
 	.once = PTHREAD_ONCE_INIT,
 };
 
-static TLS struct ctx *tls_ctx;
+static TLS struct ctx *tls_ctx;              /* the current context: the top of tls_stack */
+#define CTX_STACK 32
+static TLS struct ctx *tls_stack[CTX_STACK];
+static TLS int tls_depth;
 static TLS CUstreamCaptureMode tls_capmode; /* cuThreadExchangeStreamCaptureMode; 0 is GLOBAL */
 static TLS struct stream **tls_ptds; /* [MAXDEV], malloc'd on first use */
 
@@ -470,11 +476,30 @@ static CUresult api_enter(const char *name)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (__atomic_load_n(&G.stopping, __ATOMIC_ACQUIRE))
 		return CUDA_ERROR_DEINITIALIZED;
-	/* a context destroyed since it was made current here is current no more
-	 * (its handle stays invalid; the struct is never reused) */
-	if (tls_ctx && __atomic_load_n(&tls_ctx->magic, __ATOMIC_ACQUIRE) != CTX_MAGIC)
-		tls_ctx = NULL;
+	/* contexts destroyed (elsewhere) since they were made current here are
+	 * current no more: off the stack (the structs are never reused) */
+	while (tls_depth && __atomic_load_n(&tls_stack[tls_depth - 1]->magic, __ATOMIC_ACQUIRE) != CTX_MAGIC)
+		tls_ctx = --tls_depth ? tls_stack[tls_depth - 1] : NULL;
 	return CUDA_SUCCESS;
+}
+
+/* The calling thread's context stack; the current context is its top. */
+static CUresult ctx_push(struct ctx *c)
+{
+	if (tls_depth == CTX_STACK)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	tls_stack[tls_depth++] = c;
+	tls_ctx = c;
+	return CUDA_SUCCESS;
+}
+
+static struct ctx *ctx_pop(void)
+{
+	if (!tls_depth)
+		return NULL;
+	struct ctx *c = tls_stack[--tls_depth];
+	tls_ctx = tls_depth ? tls_stack[tls_depth - 1] : NULL;
+	return c;
 }
 
 #define ENTER(name)                                    \
@@ -1560,18 +1585,51 @@ API CUresult cuCtxGetCurrent(CUcontext *pctx)
 	return CUDA_SUCCESS;
 }
 
+/* "replace the top of that stack with ctx. If ctx is NULL then this will be
+ * equivalent to popping the top" (cuda.h) */
 API CUresult cuCtxSetCurrent(CUcontext ctx)
 {
 	ENTER("cuCtxSetCurrent");
 	if (!ctx) {
-		tls_ctx = NULL;
+		ctx_pop();
 		return CUDA_SUCCESS;
 	}
 	struct ctx *c = ctx_check(ctx);
 	if (!c)
 		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!tls_depth)
+		return ctx_push(c);
+	tls_stack[tls_depth - 1] = c;
 	tls_ctx = c;
 	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+	ENTER("cuCtxPushCurrent_v2");
+	struct ctx *c = ctx_check(ctx);
+	return c ? ctx_push(c) : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+API CUresult cuCtxPushCurrent(CUcontext ctx)
+{
+	return cuCtxPushCurrent_v2(ctx);
+}
+
+API CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+	ENTER("cuCtxPopCurrent_v2");
+	struct ctx *c = ctx_pop();
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (pctx)
+		*pctx = (CUcontext)c;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxPopCurrent(CUcontext *pctx)
+{
+	return cuCtxPopCurrent_v2(pctx);
 }
 
 /*
@@ -1586,6 +1644,8 @@ static CUresult ctx_make(CUcontext *pctx, CUdevice dev)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (dev_check(dev))
 		return CUDA_ERROR_INVALID_DEVICE;
+	if (tls_depth == CTX_STACK)
+		return CUDA_ERROR_OUT_OF_MEMORY; /* nowhere to push it */
 	pthread_mutex_lock(&G.mu);
 	if (G.nmade == MAXCTX) {
 		pthread_mutex_unlock(&G.mu);
@@ -1597,9 +1657,8 @@ static CUresult ctx_make(CUcontext *pctx, CUdevice dev)
 	__atomic_store_n(&c->magic, CTX_MAGIC, __ATOMIC_RELEASE);
 	__atomic_store_n(&G.nmade, G.nmade + 1, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&G.mu);
-	tls_ctx = c;
 	*pctx = (CUcontext)c;
-	return CUDA_SUCCESS;
+	return ctx_push(c);
 }
 
 API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
@@ -1655,7 +1714,7 @@ API CUresult cuCtxDestroy_v2(CUcontext ctx)
 	__atomic_store_n(&c->magic, 0, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&G.mu);
 	if (tls_ctx == c)
-		tls_ctx = NULL;
+		ctx_pop(); /* "as though cuCtxPopCurrent() were called" (cuda.h) */
 	return CUDA_SUCCESS;
 }
 
@@ -3553,6 +3612,10 @@ static const struct proc procs[] = {
 	PR(cuCtxCreate, 12050, cuCtxCreate_v4),
 	PR(cuCtxDestroy, 2000, cuCtxDestroy),
 	PR(cuCtxDestroy, 4000, cuCtxDestroy_v2),
+	PR(cuCtxPushCurrent, 2000, cuCtxPushCurrent),
+	PR(cuCtxPushCurrent, 4000, cuCtxPushCurrent_v2),
+	PR(cuCtxPopCurrent, 2000, cuCtxPopCurrent),
+	PR(cuCtxPopCurrent, 4000, cuCtxPopCurrent_v2),
 	PR(cuCtxGetCurrent, 4000, cuCtxGetCurrent),
 	PR(cuCtxSetCurrent, 4000, cuCtxSetCurrent),
 	PR(cuCtxGetDevice, 2000, cuCtxGetDevice),
