@@ -1627,7 +1627,26 @@ static void t_ctx_stack(void)
 	EXPECT(alloc(&d, 4096), CUDA_SUCCESS);
 	EXPECT(attr(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, d), CUDA_SUCCESS);
 	CHECK(owner == a, "memory allocated lives in the current context");
+	/* pinned host memory of the context, and a registration in it */
+	CUresult (*hostalloc)(void **, size_t, unsigned int) = drv("cuMemHostAlloc");
+	CUresult (*hostreg)(void *, size_t, unsigned int) = drv("cuMemHostRegister");
+	CUresult (*hostunreg)(void *) = drv("cuMemHostUnregister");
+	void *pinned = NULL;
+	char *mine = xmalloc(8192);
+	EXPECT(hostalloc(&pinned, 4096, 0), CUDA_SUCCESS);
+	EXPECT(hostreg(mine, 8192, 0), CUDA_SUCCESS);
 	EXPECT(destroy(a), CUDA_SUCCESS);
+	unsigned int mtype = 0;
+	CUresult pe = attr(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)pinned);
+	CUresult ue = hostunreg(mine);
+	fprintf(stderr, "# after cuCtxDestroy: its pinned allocation's memory type: %d (type %u); unregistering its "
+		"registration: %d\n", (int)pe, mtype, (int)ue);
+	if (emu_only(2, "ctx-stack: tsemu's answers about a destroyed context's host memory")) {
+		CHECK(pe == CUDA_ERROR_INVALID_VALUE, "its pinned allocation went with it (%d)", (int)pe);
+		CHECK(ue == CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "its registration ended with it (%d)", (int)ue);
+	}
+	memset(mine, 1, 8192); /* the registered memory is the program's: still there */
+	free(mine);
 	EXPECT(getcur(&x), CUDA_SUCCESS);
 	CHECK(x == p, "cuCtxDestroy of the current context pops it: the one below is current");
 	EXPECT(mfree(d), CUDA_ERROR_INVALID_VALUE); /* its memory went with it */

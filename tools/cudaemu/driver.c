@@ -1490,17 +1490,19 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
  * mappings it opened, its events and its streams, whose handles are invalid
  * from then on. The handle itself stays (a later retain or use brings the
  * context back, empty), and so do the legacy and per-thread streams, which
- * tsemu keeps per context for its life. Host allocations are kept: tsemu
- * ties them to no context. Under G.mu.
+ * tsemu keeps per context for its life. Its pinned host allocations go too
+ * (unmapped: a later access faults, as on CUDA) and its host registrations
+ * end (the memory is the program's). Under G.mu.
  */
 static void ctx_teardown(struct ctx *c)
 {
 	ctx_sync(c);
 	for (size_t i = G.nmem; i-- > 0;) { /* (backwards: a removal shifts only what was looked at) */
 		struct mem *m = G.mems[i];
-		if (!is_dev(m) || m->ctx != c)
+		if (m->ctx != c)
 			continue;
-		mem_lose_with_ctx(m);
+		if (is_dev(m))
+			mem_lose_with_ctx(m);
 		mem_table_remove(m);
 		mem_unref(m); /* the table's; an operation of another context that uses it holds its own */
 	}
