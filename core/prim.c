@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -208,6 +209,19 @@ int ts_shm_create_tmp(const char *path, char *tmp, size_t tmplen)
 #define PM_PRESENT    (1ull << 63)
 #define PM_SWAPPED    (1ull << 62)
 #define PM_FILE_SHARED (1ull << 61)
+
+int ts_prim_read_own(void *dst, const void *src, size_t n)
+{
+	int saved = errno, ret = 0;
+	struct iovec local = {dst, n}, remote = {(void *)(uintptr_t)src, n};
+	ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+	if (got < 0)
+		ret = ts_neg_errno();
+	else if ((size_t)got != n)
+		ret = -EFAULT; /* a partial read: the range ends in an unmapped page */
+	errno = saved;
+	return ret;
+}
 
 int ts_pages_unwritten(const void *addr, size_t len)
 {

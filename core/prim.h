@@ -103,6 +103,14 @@ int ts_shm_create_tmp(const char *path, char *tmp, size_t tmplen);
  */
 int ts_pages_unwritten(const void *addr, size_t len);
 
+/*
+ * Copy n bytes of our own memory at src, which may not be mapped (a
+ * pointer a program hands to a call that checks it itself): process_vm_readv
+ * on ourselves, so a bad address is -EFAULT, never a fault. 0, or -errno
+ * (-EPERM or -ENOSYS where a sandbox forbids the call).
+ */
+int ts_prim_read_own(void *dst, const void *src, size_t n);
+
 /* Size of the file system that holds them (statvfs); 0 when unknown. */
 uint64_t ts_shm_fs_bytes(void);
 /*
