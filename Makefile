@@ -154,6 +154,7 @@ $(EMU_DIR)/libcudart.so.13: $(BUILD)/obj/tools/cudaemu/runtime.o tools/cudaemu/l
 # ts-cudaemu-check links nothing CUDA: it dlopen()s the emulated libraries.
 LIBS_ts-cudaemu-check := -ldl
 LIBS_ts-cudacalls     := -ldl
+LIBS_ts-fdupload      := -ldl
 # ts-gpurace calls the CUDA runtime directly: tsemu's at build and run time.
 LIBS_ts-gpurace       := -L$(EMU_DIR) -l:libcudart.so.13
 $(BUILD)/tests/ts-gpurace: | $(EMU_DIR)/libcudart.so.13

@@ -150,9 +150,12 @@ static int find_python_dir(char *out, size_t outlen)
 	return -ENOENT;
 }
 
+int ts_is_python;
+
 void ts_bootstrap_python(void)
 {
-	if (!ts_cfg.python || !ts_shim_ready() || !is_python_process() || python_already_initialized())
+	ts_is_python = is_python_process();
+	if (!ts_cfg.python || !ts_shim_ready() || !ts_is_python || python_already_initialized())
 		return;
 	if (python_skips_site_or_env()) {
 		ts_debug("python: started with -E, -I or -S: no bootstrap (PYTHONPATH left as it is)");

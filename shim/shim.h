@@ -59,6 +59,8 @@ void ts_shim_scope_known(void);
 void ts_shim_fds_closing(void);
 /* In a Python process, put our sitecustomize first on PYTHONPATH (bootstrap.c). */
 void ts_bootstrap_python(void);
+/* The running binary is a Python interpreter (set by ts_bootstrap_python, in the constructor). */
+extern int ts_is_python;
 /* Set once this process shares a DataLoader through a feed (inherited by forked workers). */
 extern _Atomic int ts_feed_active;
 /* Leave every data feed of this process (at exit). */

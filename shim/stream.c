@@ -28,6 +28,7 @@
 #include "feed.h"
 #include "hash.h"
 #include "log.h"
+#include "native.h"
 #include "prim.h"
 #include "shim.h"
 #include "stream.h"
@@ -956,6 +957,7 @@ TS_EXPORT int tsshim_batch(const char *loader, unsigned npos, void *const *data,
 {
 	if (!ts_shim_ready() || atomic_load(&ts_is_fork_child))
 		return TSSHIM_BATCH_OWN;
+	ts_native_batch_api_used();
 	if (ts_cfg.mode != TS_MODE_SOCKET && ts_cfg.mode != TS_MODE_AUTO)
 		return TSSHIM_BATCH_OWN;
 	if (!args_valid(loader, npos, data, bytes, nsamples, ids, nindex))
