@@ -30,19 +30,38 @@ finish() { # scenario name
 	[ "$T_FAILED" -eq 0 ]
 }
 
+# our_child PID: is PID a child of this shell still, not a number the kernel
+# has handed to another process since ours exited and was reaped? pid_max is
+# often 32768 and a test run starts that many processes in minutes (every
+# grep and sleep of a wait loop): the other lane's processes get our old
+# numbers. Until we reap it, a child's number cannot be reused, so a yes
+# here stays true until our own wait.
+our_child() {
+	local st
+	read -r st 2>/dev/null <"/proc/$1/stat" || return 1
+	st=${st##*) } # "STATE PPID ...", past "PID (COMM) "
+	st=${st#* }
+	[ "${st%% *}" = "$$" ]
+}
+
 cleanup() {
-	local p i alive
+	local p i alive mine=()
+	# Only what is still ours: a kill of a number from T_PIDS whose process
+	# ended long ago hit whatever process of the other lane had it by then
+	# (CI: scenario/shmfull's share_verify, "Terminated", as scenario/
+	# pytorch_share ended beside it).
+	for p in "${T_PIDS[@]}"; do our_child "$p" && mine+=("$p"); done
 	# TERM first: a job started as `timeout N CMD` passes it on to CMD, while
 	# KILL would end only timeout and leave CMD running. What is left after
 	# 2 s is killed.
-	for p in "${T_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+	for p in "${mine[@]}"; do kill -TERM "$p" 2>/dev/null; done
 	for ((i = 0; i < 20; i++)); do
 		alive=
-		for p in "${T_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+		for p in "${mine[@]}"; do our_child "$p" && alive=1; done
 		[ -n "$alive" ] || break
 		sleep 0.1
 	done
-	for p in "${T_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+	for p in "${mine[@]}"; do kill -KILL "$p" 2>/dev/null; done
 	wait 2>/dev/null
 	# This run's sessions, feeds and caches, also those of members that were
 	# killed (they cannot remove their files).

@@ -52,7 +52,9 @@ UID_=$(id -u)
 declare -A JPID JRC
 kill_jobs() {
 	local n
-	for n in "${!JPID[@]}"; do kill -KILL -- "-${JPID[$n]}" 2>/dev/null; done
+	# (a job's group only while its timeout is our child: a number reaped
+	# long ago may lead another lane's group by now, see our_child)
+	for n in "${!JPID[@]}"; do our_child "${JPID[$n]}" && kill -KILL -- "-${JPID[$n]}" 2>/dev/null; done
 	wait 2>/dev/null
 	rm -f /dev/shm/tsshim*."$UID_".t-"$$"-* 2>/dev/null
 	cleanup
