@@ -105,7 +105,7 @@ for round in 1 2 3; do
 	done
 	check "round $round: after killing the producer exactly one member believes it is producer (max seen $most)" cond '[ "$n" = 1 ] && [ "$most" = 1 ]'
 done
-for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+for p in "${pids[@]}"; do our_child "$p" && kill -TERM "$p" 2>/dev/null; done # (producers killed above were reaped: their numbers are not ours)
 wait 2>/dev/null
 check "no segment left after the race" [ ! -e "$(seg_path "$S")" ]
 
