@@ -50,7 +50,11 @@ int ts_objseen_head_of(const void *p, size_t len, uint64_t *head)
 
 void ts_objseen_note(struct ts_objseen *t, uint64_t head)
 {
-	pthread_mutex_lock(&t->mu);
+	/* recvmsg is async-signal-safe: a handler that receives descriptors
+	 * while its thread looks at an upload must not wait on itself. A head
+	 * not noted costs a later match, never a wrong one. */
+	if (pthread_mutex_trylock(&t->mu) != 0)
+		return;
 	t->head[t->next] = head;
 	t->next = (t->next + 1) % TS_OBJSEEN_RECENT;
 	if (atomic_load_explicit(&t->n, memory_order_relaxed) < TS_OBJSEEN_RECENT)

@@ -70,7 +70,8 @@ int ts_objseen_head_end(const struct ts_objseen_hasher *h, uint64_t *head);
 /* The same, of one buffer of len bytes (only its first TS_OBJSEEN_HEAD count). */
 int ts_objseen_head_of(const void *p, size_t len, uint64_t *head);
 
-/* An object received: remember its head (the oldest is forgotten). */
+/* An object received: remember its head (the oldest is forgotten); not
+ * when the record is busy this instant (safe in a signal handler). */
 void ts_objseen_note(struct ts_objseen *t, uint64_t head);
 
 /* Is a look worth its cost: a head noted, and the watch still on? Lock-free hint. */
