@@ -14,7 +14,7 @@ TRAIN=$PWD/$BUILD/tsshim-train
 MKDATA=$PWD/$BUILD/tsshim-mkdata
 FDUP=$PWD/$BUILD/tests/ts-fdupload
 EMU=$PWD/$BUILD/emu
-for f in "$TRAIN" "$MKDATA" "$FDUP" "$EMU/libcudart.so.13" "$TS_PRELOAD"; do
+for f in "$TRAIN" "$MKDATA" "$FDUP" "$EMU/libcudart.so.13" "$BUILD/libtsshim.so"; do
 	[ -e "$f" ] || { echo "skip: $f not built"; exit 77; }
 done
 [ -w /dev/shm ] || { echo "skip: /dev/shm not writable"; exit 77; }
