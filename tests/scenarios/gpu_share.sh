@@ -1149,9 +1149,12 @@ went29=$(grep -c "primary context was reset or released: [1-9]" "$T_TMP/c29p.err
 d2d29=$(stat c29c d2d_bytes) h2d29=$(stat c29c h2d_bytes)
 # By hand: 443392 bytes device to device, 147968 from the host (the batches
 # dropped at each release); with nothing kept after the first release,
-# 98560 and 492800.
-check "29 (release): every buffer outlived the releases (${outlived29:-none} each), none forgotten ($went29); the feed went on: the consumer's uploads came more device to device ($d2d29 bytes) than from the host ($h2d29)" \
-	cond '[ -n "$outlived29" ] && [ "$went29" = 0 ] && [ "$d2d29" -gt "$h2d29" ]'
+# 98560 and 492800: the 2 of the consumer's 12 batches that the producer
+# kept before it. So more than 2/12 device to device means the ring served
+# after a release. (It asked for more device than host bytes before: beside
+# two busy loops, 3 of 10 runs served 5 or 6 of 12 and failed that.)
+check "29 (release): every buffer outlived the releases (${outlived29:-none} each), none forgotten ($went29); the feed went on: more of the consumer's uploads came device to device ($d2d29 bytes) than the 2 of its 12 batches kept before the first release (of $((d2d29 + h2d29)))" \
+	cond '[ -n "$outlived29" ] && [ "$went29" = 0 ] && [ $((d2d29 * 6)) -gt $((d2d29 + h2d29)) ]'
 echo "# case 29: $((SECONDS - T1)) s"
 
 # === 30. the producer destroys a context it made while a consumer's copy out of its ring is queued ====
