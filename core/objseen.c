@@ -59,14 +59,7 @@ void ts_objseen_note(struct ts_objseen *t, uint64_t head)
 	t->next = (t->next + 1) % TS_OBJSEEN_RECENT;
 	if (atomic_load_explicit(&t->n, memory_order_relaxed) < TS_OBJSEEN_RECENT)
 		atomic_fetch_add_explicit(&t->n, 1, memory_order_relaxed);
-	t->noted++;
 	pthread_mutex_unlock(&t->mu);
-}
-
-int ts_objseen_watching(const struct ts_objseen *t)
-{
-	return atomic_load_explicit(&t->n, memory_order_relaxed) &&
-	       atomic_load_explicit(&t->state, memory_order_relaxed) == TS_OBJSEEN_WATCH;
 }
 
 /* mu held: one more look in vain */
@@ -106,9 +99,4 @@ int ts_objseen_upload_unknown(struct ts_objseen *t)
 		st = in_vain(t);
 	pthread_mutex_unlock(&t->mu);
 	return st;
-}
-
-void ts_objseen_reset(struct ts_objseen *t)
-{
-	ts_objseen_init(t);
 }

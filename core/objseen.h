@@ -47,7 +47,6 @@ struct ts_objseen {
 	_Atomic uint32_t n; /* heads remembered, <= TS_OBJSEEN_RECENT */
 	uint32_t next;      /* where the next head goes */
 	uint32_t tries;     /* uploads looked at in vain */
-	uint64_t noted;     /* heads noted in all */
 	uint64_t head[TS_OBJSEEN_RECENT];
 };
 
@@ -74,8 +73,13 @@ int ts_objseen_head_of(const void *p, size_t len, uint64_t *head);
  * when the record is busy this instant (safe in a signal handler). */
 void ts_objseen_note(struct ts_objseen *t, uint64_t head);
 
-/* Is a look worth its cost: a head noted, and the watch still on? Lock-free hint. */
-int ts_objseen_watching(const struct ts_objseen *t);
+/* Is a look worth its cost: a head noted, and the watch still on? Lock-free
+ * hint, inline: the copy hooks ask it for every large upload. */
+static inline int ts_objseen_watching(const struct ts_objseen *t)
+{
+	return atomic_load_explicit(&t->n, memory_order_relaxed) &&
+	       atomic_load_explicit(&t->state, memory_order_relaxed) == TS_OBJSEEN_WATCH;
+}
 
 /*
  * An upload whose head is `head`: the state after it. FOUND exactly once,
@@ -85,8 +89,5 @@ int ts_objseen_watching(const struct ts_objseen *t);
 int ts_objseen_upload(struct ts_objseen *t, uint64_t head, int *first);
 /* An upload whose head could not be had (too short, unreadable, uniform). */
 int ts_objseen_upload_unknown(struct ts_objseen *t);
-
-/* A forked child starts afresh: what its parent received is not its own. */
-void ts_objseen_reset(struct ts_objseen *t);
 
 #endif

@@ -99,7 +99,7 @@ static void note_received(const struct msghdr *msg)
 			continue;
 		size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
 		const unsigned char *data = CMSG_DATA(c);
-		for (size_t i = 0; i < nfd && i < 16; i++) {
+		for (size_t i = 0; i < nfd && i < 16; i++) { /* a loader passes one per tensor: a few */
 			int fd;
 			memcpy(&fd, data + i * sizeof(int), sizeof(fd));
 			note_object(fd);

@@ -193,7 +193,7 @@ Test(shmlock, a_thread_that_exits_holding_it_is_taken_over)
 	/*
 	 * pthread_join returns once the kernel has cleared the thread's tid
 	 * word, which it does before the thread leaves its group: tgkill may
-	 * find it for a moment more (CI, 1 run in several hundred). The lock's
+	 * find it for a moment more (CI once; 17 of 1500 runs beside two busy loops). The lock's
 	 * waiters look again every 2 ms; here, a second at most.
 	 */
 	uint64_t t_gone = now_ms();
