@@ -158,6 +158,9 @@ LIBS_ts-fdupload      := -ldl
 # ts-gpurace calls the CUDA runtime directly: tsemu's at build and run time.
 LIBS_ts-gpurace       := -L$(EMU_DIR) -l:libcudart.so.13
 $(BUILD)/tests/ts-gpurace: | $(EMU_DIR)/libcudart.so.13
+# ts-servedge too (tests/scenarios/serve_edge.sh).
+LIBS_ts-servedge      := -L$(EMU_DIR) -l:libcudart.so.13 -pthread
+$(BUILD)/tests/ts-servedge: | $(EMU_DIR)/libcudart.so.13
 
 # tsshim-train with the CUDA runtime linked into the program, as nvcc links
 # it by default (-cudart static; tools/train.c, TRAIN_CUDART_LINKED): no

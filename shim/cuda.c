@@ -110,7 +110,8 @@ enum kind {
 	K_GETPROC_V2,          /* cuGetProcAddress_v2 */
 	K_DRV_PEER_ENABLE,     /* CUresult (CUcontext, unsigned int): cuCtxEnablePeerAccess */
 	K_DRV_PEER_DISABLE,    /* CUresult (CUcontext): cuCtxDisablePeerAccess */
-	K_DRV_CTX_DEV,         /* CUresult (CUdevice): cuDevicePrimaryCtxReset/Release, v1 and _v2 */
+	K_DRV_CTX_RESET,       /* CUresult (CUdevice): cuDevicePrimaryCtxReset, v1 and _v2 */
+	K_DRV_CTX_RELEASE,     /* CUresult (CUdevice): cuDevicePrimaryCtxRelease, v1 and _v2 */
 	K_DRV_CTX_DESTROY,     /* CUresult (CUcontext): cuCtxDestroy, v1 and _v2 */
 	K_COUNT
 };
@@ -152,8 +153,8 @@ typedef CUresult (*ctx_destroy_fn)(CUcontext);
 	X(cuMemcpyAsync, K_DRV_MEMCPY_ASYNC) X(cuMemcpyAsync_ptsz, K_DRV_MEMCPY_ASYNC_PT) \
 	X(cuGetProcAddress, K_GETPROC) X(cuGetProcAddress_v2, K_GETPROC_V2)               \
 	X(cuCtxEnablePeerAccess, K_DRV_PEER_ENABLE) X(cuCtxDisablePeerAccess, K_DRV_PEER_DISABLE)        \
-	X(cuDevicePrimaryCtxReset, K_DRV_CTX_DEV) X(cuDevicePrimaryCtxReset_v2, K_DRV_CTX_DEV)            \
-	X(cuDevicePrimaryCtxRelease, K_DRV_CTX_DEV) X(cuDevicePrimaryCtxRelease_v2, K_DRV_CTX_DEV)        \
+	X(cuDevicePrimaryCtxReset, K_DRV_CTX_RESET) X(cuDevicePrimaryCtxReset_v2, K_DRV_CTX_RESET)        \
+	X(cuDevicePrimaryCtxRelease, K_DRV_CTX_RELEASE) X(cuDevicePrimaryCtxRelease_v2, K_DRV_CTX_RELEASE) \
 	X(cuCtxDestroy, K_DRV_CTX_DESTROY) X(cuCtxDestroy_v2, K_DRV_CTX_DESTROY)
 
 enum export_id {
@@ -310,11 +311,15 @@ static inline CUstream our_stream(CUstream s, int sync, int pt)
  * stream whose status cannot be had counts as capturing. Asked only for
  * batch uploads (other copies cost nothing more): a consumer's before it
  * would be served, a producer's after its real call, in the context the
- * runtime made current for it. 1: captured, pass it through.
+ * runtime made current for it. A consumer's synchronous upload while a
+ * capture bars its thread from such calls (its own, or another thread's in
+ * global mode) passes through as well, to be refused by CUDA as without
+ * us. 1: captured, pass it through.
  */
-static int batch_captured(const struct ts_stream_hit *hit, enum ts_hit_kind k, CUstream s, int pt)
+static int batch_captured(const struct ts_stream_hit *hit, enum ts_hit_kind k, CUstream s, int sync, int pt)
 {
-	if (!ts_gpu_in_capture(our_stream(s, 0, pt)))
+	if (!ts_gpu_in_capture(our_stream(s, 0, pt)) &&
+	    !(k == TS_HIT_CONSUMER && sync && ts_gpu_sync_barred(our_stream(s, 1, pt))))
 		return 0;
 	if (!atomic_exchange_explicit(&st.captured, 1, memory_order_relaxed))
 		ts_info("cuda: a batch upload inside a CUDA graph capture passes through (a graph replays its copies "
@@ -357,7 +362,7 @@ static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstrea
 		enum ts_hit_kind k_ = batch_hit(dir, src, n, &hit_);                               \
 		if (k_ == TS_HIT_NONE && (dir) == DIR_H2D)                                         \
 			ts_native_upload_maybe(src, n);                                            \
-		if (k_ == TS_HIT_CONSUMER && !batch_captured(&hit_, k_, stream, pt) &&              \
+		if (k_ == TS_HIT_CONSUMER && !batch_captured(&hit_, k_, stream, sync, pt) &&        \
 		    batch_serve(&hit_, dst, stream, sync, pt)) {                                     \
 			copy_leave();                                                              \
 			errno = errno_;                                                            \
@@ -366,7 +371,7 @@ static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstrea
 		errno = errno_;                                                                    \
 		__typeof__(CALL) r_ = (CALL);                                                      \
 		errno_ = errno;                                                                    \
-		if (k_ == TS_HIT_PRODUCER && r_ == (OK) && !batch_captured(&hit_, k_, stream, pt)) \
+		if (k_ == TS_HIT_PRODUCER && r_ == (OK) && !batch_captured(&hit_, k_, stream, sync, pt)) \
 			batch_keep(&hit_, dst, stream, sync, pt);                                    \
 		ts_gpu_poll_if_pending(); /* holds of our served copies done: let go soon */      \
 		copy_leave();                                                                      \
@@ -475,21 +480,21 @@ static inline void ctx_going(CUcontext ctx, int dev)
 	errno = saved;
 }
 
-static inline void ctx_gone(void)
+static inline void ctx_gone(int dev, int reset, CUresult r)
 {
 	int saved = errno;
-	ts_gpu_ctx_gone();
+	ts_gpu_ctx_gone(dev, reset, r);
 	ctx_depth = 0;
 	errno = saved;
 }
 
-static inline CUresult drv_ctx_dev(ctx_dev_fn real, CUdevice dev)
+static inline CUresult drv_ctx_dev(ctx_dev_fn real, CUdevice dev, int reset)
 {
 	if (!call_enter() || ctx_depth)
 		return real(dev);
 	ctx_going(NULL, (int)dev);
 	CUresult r = real(dev);
-	ctx_gone();
+	ctx_gone((int)dev, reset, r);
 	return r;
 }
 
@@ -499,7 +504,7 @@ static inline CUresult drv_ctx_destroy(ctx_destroy_fn real, CUcontext ctx)
 		return real(ctx);
 	ctx_going(ctx, -1);
 	CUresult r = real(ctx);
-	ctx_gone();
+	ctx_gone(-1, 0, r);
 	return r;
 }
 
@@ -572,7 +577,7 @@ static void *_Atomic slot_real[K_COUNT][NSLOT];
 #define W_DRV_CTX_DEV(k, i)                                                      \
 	static CUresult w_##k##_##i(CUdevice dev)                                \
 	{                                                                        \
-		return drv_ctx_dev(REAL(ctx_dev_fn, k, i), dev);                 \
+		return drv_ctx_dev(REAL(ctx_dev_fn, k, i), dev, (k) == K_DRV_CTX_RESET); \
 	}
 #define W_DRV_CTX_DESTROY(k, i)                                                  \
 	static CUresult w_##k##_##i(CUcontext ctx)                               \
@@ -596,7 +601,8 @@ SLOTS(W_GETPROC, K_GETPROC)
 SLOTS(W_GETPROC_V2, K_GETPROC_V2)
 SLOTS(W_DRV_PEER_ENABLE, K_DRV_PEER_ENABLE)
 SLOTS(W_DRV_PEER_DISABLE, K_DRV_PEER_DISABLE)
-SLOTS(W_DRV_CTX_DEV, K_DRV_CTX_DEV)
+SLOTS(W_DRV_CTX_DEV, K_DRV_CTX_RESET)
+SLOTS(W_DRV_CTX_DEV, K_DRV_CTX_RELEASE)
 SLOTS(W_DRV_CTX_DESTROY, K_DRV_CTX_DESTROY)
 
 #define PTR(k, i) (void *)w_##k##_##i,
@@ -606,7 +612,7 @@ static void *const wrappers[K_COUNT][NSLOT] = {
 	ROW(K_DRV_MEMCPY),       ROW(K_DRV_MEMCPY_ASYNC),   ROW(K_RT_MEMCPY_PT),  ROW(K_RT_MEMCPY_ASYNC_PT),
 	ROW(K_DRV_HTOD_PT),      ROW(K_DRV_HTOD_ASYNC_PT),  ROW(K_DRV_MEMCPY_PT), ROW(K_DRV_MEMCPY_ASYNC_PT),
 	ROW(K_GETPROC),          ROW(K_GETPROC_V2),         ROW(K_DRV_PEER_ENABLE), ROW(K_DRV_PEER_DISABLE),
-	ROW(K_DRV_CTX_DEV),      ROW(K_DRV_CTX_DESTROY),
+	ROW(K_DRV_CTX_RESET),    ROW(K_DRV_CTX_RELEASE),    ROW(K_DRV_CTX_DESTROY),
 };
 #undef ROW
 #undef PTR
@@ -1014,10 +1020,10 @@ static const struct {
 	{"cuCtxEnablePeerAccess", 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_PEER_ENABLE},
 	{"cuCtxDisablePeerAccess", 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_PEER_DISABLE},
 	/* v1 (7000: the real libcudart 13 asks for these) and _v2 (11000): one signature */
-	{"cuDevicePrimaryCtxReset", 7000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DEV},
-	{"cuDevicePrimaryCtxReset", 11000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DEV},
-	{"cuDevicePrimaryCtxRelease", 7000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DEV},
-	{"cuDevicePrimaryCtxRelease", 11000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DEV},
+	{"cuDevicePrimaryCtxReset", 7000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_RESET},
+	{"cuDevicePrimaryCtxReset", 11000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_RESET},
+	{"cuDevicePrimaryCtxRelease", 7000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_RELEASE},
+	{"cuDevicePrimaryCtxRelease", 11000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_RELEASE},
 	/* v1 (2000) and _v2 (4000): one signature */
 	{"cuCtxDestroy", 2000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DESTROY},
 	{"cuCtxDestroy", 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, K_DRV_CTX_DESTROY},
@@ -1249,17 +1255,17 @@ static CUresult ts_cuCtxDisablePeerAccess(CUcontext peer)
 }
 EXPORT_AS(cuCtxDisablePeerAccess)
 
-#define CTX_DEV_EXPORT(name)                                                      \
+#define CTX_DEV_EXPORT(name, reset)                                               \
 	static CUresult ts_##name(CUdevice dev)                                   \
 	{                                                                         \
 		ctx_dev_fn real = (ctx_dev_fn)export_real(E_##name, CALLER());    \
-		return real ? drv_ctx_dev(real, dev) : NO_DRIVER;                 \
+		return real ? drv_ctx_dev(real, dev, reset) : NO_DRIVER;          \
 	}                                                                         \
 	EXPORT_AS(name)
-CTX_DEV_EXPORT(cuDevicePrimaryCtxReset)
-CTX_DEV_EXPORT(cuDevicePrimaryCtxReset_v2)
-CTX_DEV_EXPORT(cuDevicePrimaryCtxRelease)
-CTX_DEV_EXPORT(cuDevicePrimaryCtxRelease_v2)
+CTX_DEV_EXPORT(cuDevicePrimaryCtxReset, 1)
+CTX_DEV_EXPORT(cuDevicePrimaryCtxReset_v2, 1)
+CTX_DEV_EXPORT(cuDevicePrimaryCtxRelease, 0)
+CTX_DEV_EXPORT(cuDevicePrimaryCtxRelease_v2, 0)
 
 #define CTX_DESTROY_EXPORT(name)                                                       \
 	static CUresult ts_##name(CUcontext ctx)                                       \

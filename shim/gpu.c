@@ -37,10 +37,14 @@ static struct {
 	CUresult (*IpcGetEventHandle)(CUipcEventHandle *, CUevent);
 	CUresult (*IpcOpenEventHandle)(CUevent *, CUipcEventHandle);
 	CUresult (*StreamSynchronize)(CUstream);
+	CUresult (*StreamQuery)(CUstream);
 	CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 	CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
 	CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
 	CUresult (*CtxGetDeviceOf)(CUdevice *, CUcontext); /* cuCtxGetDevice_v2 (12.8); NULL before */
+	CUresult (*PrimaryCtxGetState)(CUdevice, unsigned int *, int *);
+	CUresult (*PrimaryCtxRetain)(CUcontext *, CUdevice);
+	CUresult (*PrimaryCtxRelease)(CUdevice);
 } drv;
 
 /*
@@ -66,7 +70,9 @@ static void drv_resolve(void)
 		F(EventCreate, "cuEventCreate"), F(EventDestroy, "cuEventDestroy_v2"), F(EventRecord, "cuEventRecord"),
 		F(EventQuery, "cuEventQuery"), F(EventSynchronize, "cuEventSynchronize"),
 		F(IpcGetEventHandle, "cuIpcGetEventHandle"), F(IpcOpenEventHandle, "cuIpcOpenEventHandle"),
-		F(StreamSynchronize, "cuStreamSynchronize"),
+		F(StreamSynchronize, "cuStreamSynchronize"), F(StreamQuery, "cuStreamQuery"),
+		F(PrimaryCtxGetState, "cuDevicePrimaryCtxGetState"), F(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
+		F(PrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"),
 		F(MemcpyAsync, "cuMemcpyAsync"), F(StreamIsCapturing, "cuStreamIsCapturing"),
 		F(ThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode"),
 #undef F
@@ -214,6 +220,23 @@ int ts_gpu_in_capture(CUstream s)
 		return 0; /* nothing is kept or served without a driver */
 	/* the legacy stream beside a blocking capture answers an error: not ours to use either */
 	return drv.StreamIsCapturing(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/*
+ * Would the program's own synchronous copy be refused because of a capture
+ * (its thread's own, not begun relaxed, or another thread's begun in global
+ * mode)? A synchronous copy is one of CUDA's "potentially unsafe" calls; so
+ * is a query, asked here in the thread's own capture mode. A barred query
+ * invalidates the captures that bar it, as the program's copy, which then
+ * goes to the driver and is refused, does anyway. Served, the copy would
+ * have succeeded, and the capture gone on, where CUDA refuses both.
+ */
+int ts_gpu_sync_barred(CUstream s)
+{
+	if (!drv_ready())
+		return 0;
+	CUresult r = drv.StreamQuery(s);
+	return r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY;
 }
 
 /*
@@ -1231,10 +1254,18 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 	if (i < npieces || producer_copies_done(g, pc, pb, npieces) || !writers_alive(g, pc, npieces) ||
 	    drv.EventCreate(&pd.done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
 		goto unhold;
-	for (i = 0; i < npieces; i++) {
+	/*
+	 * The last piece first: the pieces lie in the upload in order, so one
+	 * that runs past the end of its allocation is refused at its first copy,
+	 * with nothing of it written, as the program's own upload would be.
+	 */
+	int failed = 0;
+	for (i = npieces; i-- > 0;) {
 		if (drv.MemcpyAsync(dst + pc[i].at, pb[i]->ptr + h[i].off[pc[i].pos] + pc[i].off, pc[i].len, s) !=
-		    CUDA_SUCCESS)
+		    CUDA_SUCCESS) {
+			failed = 1;
 			break;
+		}
 	}
 	/*
 	 * The event tells when our copies are done, so we may let go of the
@@ -1244,7 +1275,7 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 	 */
 	if (drv.EventRecord(pd.done, s) != CUDA_SUCCESS)
 		drv.StreamSynchronize(s);
-	if (i < npieces) {
+	if (failed) {
 		/* some copies may be queued: they must finish before we let go */
 		drv.EventSynchronize(pd.done);
 		drv.EventDestroy(pd.done);
@@ -1507,6 +1538,53 @@ static void peer_notes_forget(CUcontext c)
 	pthread_mutex_unlock(&peer_mu);
 }
 
+/*
+ * The program's peer access goes with its context too: a note that says it
+ * enabled access (peer_note's prog) would make its enable in the context
+ * made again (a reset primary context keeps its handle) answer "already
+ * enabled" once our mapping enables access lazily. The context a call may
+ * destroy: cuCtxDestroy's, or the device's primary context, its handle had
+ * by a retain and release of ours (count unchanged) while it is active.
+ * Asked only when the program has made a peer-access call.
+ */
+static __thread CUcontext peer_going;
+
+static void peer_ctx_going(CUcontext ctx, int dev)
+{
+	unsigned flags;
+	int active = 0;
+	CUcontext pctx;
+	pthread_mutex_lock(&peer_mu);
+	unsigned notes = npeer_notes;
+	pthread_mutex_unlock(&peer_mu);
+	peer_going = notes ? ctx : NULL;
+	if (!notes || ctx)
+		return;
+	if (drv.PrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active &&
+	    drv.PrimaryCtxRetain(&pctx, dev) == CUDA_SUCCESS) {
+		drv.PrimaryCtxRelease(dev);
+		peer_going = pctx;
+	}
+}
+
+/*
+ * After the program's call (r its answer): was the context destroyed? A
+ * reset destroys the primary context's state whatever its retains; a
+ * release only with the last one (then the context is no longer active).
+ */
+static void peer_ctx_gone(int dev, int reset, CUresult r)
+{
+	CUcontext c = peer_going;
+	unsigned flags;
+	int active = 1;
+	peer_going = NULL;
+	if (!c)
+		return;
+	if (dev < 0 || reset ? r == CUDA_SUCCESS
+			     : drv.PrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
+		peer_notes_forget(c);
+}
+
 /* Under g->mu: what of g lives in the context, given up; 1 when one of our buffers does. */
 static int going_begin(struct ts_gpu *g, int dev)
 {
@@ -1553,18 +1631,23 @@ void ts_gpu_ctx_going(CUcontext ctx, int dev)
 {
 	if (atomic_load(&drv_state) <= 0)
 		return;
+	CUstreamCaptureMode mode;
+	int relaxed = relax_begin(&mode);
+	peer_ctx_going(ctx, dev);
+	relax_end(relaxed, mode);
 	going_ctx = ctx;
 	going_made = ctx != NULL;
 	drain_where(going_begin, going_held, dev);
 	going_ctx = NULL;
 }
 
-void ts_gpu_ctx_gone(void)
+void ts_gpu_ctx_gone(int dev, int reset, CUresult r)
 {
 	CUstreamCaptureMode mode;
 	struct timespec until;
 	if (atomic_load(&drv_state) <= 0)
 		return;
+	peer_ctx_gone(dev, reset, r);
 	if (gpus_lock_timed(&until))
 		return; /* what is left marked going stays retired: freed, or failing to be, as any */
 	int relaxed = relax_begin(&mode);

@@ -47,6 +47,14 @@ int ts_gpu_driver_ready(void);
 int ts_gpu_in_capture(CUstream s);
 
 /*
+ * Would CUDA refuse a synchronous copy of this thread now, for a capture
+ * (cudaErrorStreamCaptureUnsupported)? s: the default stream it goes to.
+ * A consumer's synchronous upload is then not served: it goes to the
+ * driver, which refuses it as without the shim.
+ */
+int ts_gpu_sync_barred(CUstream s);
+
+/*
  * The program's cuCtxEnablePeerAccess / cuCtxDisablePeerAccess (real: the
  * driver's), answered as without the shim: our mappings of another
  * device's ring buffers enable peer access as a side effect (gpu.c).
@@ -57,12 +65,15 @@ CUresult ts_gpu_peer_disable(CUresult (*real)(CUcontext), CUcontext peer);
 /*
  * The program is about to destroy context ctx (cuCtxDestroy), or, ctx NULL,
  * a context of device dev (a primary-context reset or release), and has
- * (ts_gpu_ctx_gone): what of the GPU ring lives there is drained before and
- * forgotten after, if the driver no longer knows it (gpu.c, "before and
- * after the program destroys a context").
+ * (ts_gpu_ctx_gone: dev as given to ts_gpu_ctx_going, -1 for cuCtxDestroy;
+ * reset, 1 for a primary context's reset, 0 for its release; r, the
+ * driver's answer): what of the GPU ring lives there is drained
+ * before and forgotten after, if the driver no longer knows it, and so is
+ * the peer access the program enabled there (gpu.c, "before and after the
+ * program destroys a context").
  */
 void ts_gpu_ctx_going(CUcontext ctx, int dev);
-void ts_gpu_ctx_gone(void);
+void ts_gpu_ctx_gone(int dev, int reset, CUresult r);
 
 struct ts_gpu *ts_gpu_new(struct ts_feed *f);
 /*
