@@ -1358,9 +1358,19 @@ TS_UNINSTRUMENTED void *ts_dlsym_route(void *handle, const char *name)
 	dlsym_fn real = get_real_dlsym();
 	if (!real)
 		return (void *)dlsym_none;
-	/* Hooked names in every mode: the real dlsym finds our exports even
-	 * where nothing stands behind them. */
-	if (handle == RTLD_NEXT || (hooked_name(name) < 0 && !jpeg_name(name)))
+	/*
+	 * Hooked names in every mode: the real dlsym finds our exports even
+	 * where nothing stands behind them. RTLD_NEXT goes to it with the
+	 * caller's return address, which names the object to search after:
+	 * from the program itself (before us), that finds our export, which
+	 * wraps the next definition, as an interposer should; with none behind
+	 * us (no CUDA library loaded, or only RTLD_LOCAL), nothing, as without
+	 * us. Our own look for it has failed then, so dlerror() says
+	 * "undefined symbol".
+	 */
+	if (handle == RTLD_NEXT)
+		return hooked_name(name) >= 0 && !ts_real_next(name) ? (void *)dlsym_none : (void *)real;
+	if (hooked_name(name) < 0 && !jpeg_name(name))
 		return (void *)real;
 	return (void *)ts_dlsym_hook;
 }

@@ -464,20 +464,27 @@ static void t_other(void)
 	print_shim();
 }
 
-/* dlsym(RTLD_DEFAULT) of CUDA names while no CUDA library is loaded. */
+/* dlsym(RTLD_DEFAULT) and dlsym(RTLD_NEXT) (from the program, which comes
+ * before a preloaded library) of CUDA names while no CUDA library is loaded. */
 static void t_probe(void)
 {
 	static const char *const names[] = {"cudaMemcpy", "cudaMemcpyAsync_ptsz", "cuMemcpyHtoD_v2",
-					    "cuGetProcAddress", "cuGetProcAddress_v2", "cudaMalloc"};
+					    "cuGetProcAddress", "cuGetProcAddress_v2", "cuDevicePrimaryCtxReset",
+					    "cudaMalloc"};
 	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
 		dlerror();
 		void *p = dlsym(RTLD_DEFAULT, names[i]);
 		const char *err = dlerror();
 		CHECK(!p && err, "dlsym(RTLD_DEFAULT, %s) with no CUDA loaded: %p (%s)", names[i], p, err ? err : "no error");
+		p = dlsym(RTLD_NEXT, names[i]);
+		err = dlerror();
+		CHECK(!p && err, "dlsym(RTLD_NEXT, %s) with no CUDA loaded: %p (%s)", names[i], p, err ? err : "no error");
 	}
 	load();
 	CHECK(dlsym(RTLD_DEFAULT, "cudaMemcpy") && dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2"),
 	      "after loading CUDA (RTLD_GLOBAL) the names are found");
+	CHECK(dlsym(RTLD_NEXT, "cudaMemcpy") && dlsym(RTLD_NEXT, "cuGetProcAddress_v2"),
+	      "after loading CUDA (RTLD_GLOBAL) RTLD_NEXT finds the names");
 	printf("probe done\n");
 }
 
