@@ -374,13 +374,18 @@ static int pick_successor(const struct ts_segment *seg, int self, uint64_t now)
  */
 #define SESSION_FDS 128
 static _Atomic int session_fds[SESSION_FDS];
+static _Atomic unsigned session_fds_top; /* slots at and above it were never used */
 
 static void fd_list(int fd)
 {
 	for (unsigned i = 0; i < SESSION_FDS; i++) {
 		int empty = 0;
-		if (atomic_compare_exchange_strong(&session_fds[i], &empty, fd + 1))
+		if (atomic_compare_exchange_strong(&session_fds[i], &empty, fd + 1)) {
+			unsigned top = atomic_load(&session_fds_top);
+			while (top < i + 1 && !atomic_compare_exchange_weak(&session_fds_top, &top, i + 1))
+				;
 			return;
+		}
 	}
 }
 
@@ -391,6 +396,32 @@ static void fd_unlist(int fd)
 		if (atomic_compare_exchange_strong(&session_fds[i], &mine, 0))
 			return;
 	}
+}
+
+int ts_session_holds_fd(int fd)
+{
+	unsigned top = atomic_load_explicit(&session_fds_top, memory_order_acquire);
+	if (fd < 0)
+		return 0;
+	for (unsigned i = 0; i < top; i++)
+		if (atomic_load_explicit(&session_fds[i], memory_order_relaxed) == fd + 1)
+			return 1;
+	return 0;
+}
+
+unsigned ts_session_fds_in(unsigned first, unsigned last, int *out, unsigned max)
+{
+	unsigned top = atomic_load_explicit(&session_fds_top, memory_order_acquire), n = 0;
+	for (unsigned i = 0; i < top && n < max; i++) {
+		int v = atomic_load_explicit(&session_fds[i], memory_order_relaxed) - 1;
+		if (v >= 0 && (unsigned)v >= first && (unsigned)v <= last) {
+			unsigned j = n++;
+			for (; j > 0 && out[j - 1] > v; j--) /* kept in order: a handful at most */
+				out[j] = out[j - 1];
+			out[j] = v;
+		}
+	}
+	return n;
 }
 
 void ts_session_atfork_child(void)

@@ -75,6 +75,17 @@ void ts_session_forget(struct ts_session *s);
  * child never locks, joins or leaves for its parent.
  */
 void ts_session_atfork_child(void);
+/*
+ * Is fd a session descriptor of this process? The program never got its
+ * number from an open of its own: a close of it is one of a range of
+ * numbers closed blindly (a daemon's loop up to its descriptor limit), which
+ * the shim answers as without it (EBADF) instead of losing its lock file,
+ * then closing, at its exit or in a forked child, whatever the program has
+ * opened in that number since. Lock-free (close hooks ask it).
+ */
+int ts_session_holds_fd(int fd);
+/* The session descriptors in [first, last], in order; at most max. */
+unsigned ts_session_fds_in(unsigned first, unsigned last, int *out, unsigned max);
 
 /*
  * One heartbeat: refresh our timestamp, then if the producer is missing,

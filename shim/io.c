@@ -34,6 +34,7 @@
 #include "log.h"
 #include "real.h"
 #include "scope.h"
+#include "session.h"
 #include "shim.h"
 
 #define TS_EXPORT __attribute__((visibility("default")))
@@ -641,6 +642,10 @@ TS_REAL(int, close, (int));
 TS_EXPORT int close(int fd)
 {
 	REAL_OR_FAIL(close, -1);
+	if (ts_session_holds_fd(fd)) { /* not the program's to close: not open, as far as it knows */
+		errno = EBADF;
+		return -1;
+	}
 	/* Forget first: once closed, another thread may get this number back. */
 	entry_clear(fd);
 	return real_close(fd);
@@ -786,12 +791,40 @@ static void closing_range(unsigned first, unsigned last)
 }
 
 TS_REAL(int, close_range, (unsigned, unsigned, int));
+
+/*
+ * close_range of [first, last] but our session descriptors (the program
+ * closes every number it did not open; see ts_session_holds_fd): the gaps
+ * between them. -1 with errno at the first that fails; 1 when there was
+ * none of ours in the range (nothing done).
+ */
+static int close_range_around_ours(unsigned first, unsigned last, int flags)
+{
+	int ours[128];
+	unsigned n = ts_session_fds_in(first, last, ours, sizeof(ours) / sizeof(ours[0]));
+	if (!n)
+		return 1;
+	unsigned from = first;
+	for (unsigned i = 0; i <= n; i++) {
+		unsigned to = i < n ? (unsigned)ours[i] : last + 1u; /* the gap [from, to) */
+		if (to > from && real_close_range(from, to - 1, flags) != 0)
+			return -1;
+		if (i == n || (unsigned)ours[i] == ~0u)
+			break;
+		from = (unsigned)ours[i] + 1;
+	}
+	return 0;
+}
+
 TS_EXPORT int close_range(unsigned first, unsigned last, int flags)
 {
 	REAL_OR_FAIL(close_range, -1);
 	if (!(flags & CLOSE_RANGE_CLOEXEC)) { /* that one closes nothing until exec */
 		closing_range(first, last);
 		forget_range(first, last);
+		int r = first <= last ? close_range_around_ours(first, last, flags) : 1;
+		if (r <= 0)
+			return r;
 	}
 	return real_close_range(first, last, flags);
 }
@@ -801,7 +834,15 @@ TS_EXPORT void closefrom(int lowfd)
 {
 	if (!TS_RESOLVE(closefrom))
 		return;
-	closing_range(lowfd < 0 ? 0 : (unsigned)lowfd, ~0u);
-	forget_range(lowfd < 0 ? 0 : (unsigned)lowfd, ~0u);
+	unsigned low = lowfd < 0 ? 0 : (unsigned)lowfd;
+	closing_range(low, ~0u);
+	forget_range(low, ~0u);
+	int saved = errno;
+	/* around ours when close_range is there (Linux 5.9); else all, as before */
+	if (TS_RESOLVE(close_range) && close_range_around_ours(low, ~0u, 0) == 0) {
+		errno = saved;
+		return;
+	}
+	errno = saved;
 	real_closefrom(lowfd);
 }

@@ -1582,3 +1582,36 @@ Test(heartbeat, successor_of_leaving_producer_reports_at_once)
 	ts_session_leave(&b);
 	cr_expect(!path_exists(path));
 }
+
+/*
+ * The session descriptors a process holds are known to the close hooks
+ * (ts_session_holds_fd): a program closing every number from 3 must not
+ * close them. Listed while joined, in order within a range, gone at leave.
+ */
+Test(shm, the_session_descriptors_held_are_known_until_leave)
+{
+	char n1[64], n2[64], path[TS_PATH_MAX];
+	unique_name(n1, sizeof(n1), path);
+	unique_name(n2, sizeof(n2), path);
+	struct ts_session a, b;
+	cr_assert_eq(ts_session_join(&a, n1, &default_params), 0, "%s", a.why);
+	cr_assert_eq(ts_session_join(&b, n2, &default_params), 0, "%s", b.why);
+	cr_assert(ts_session_holds_fd(a.fd) && ts_session_holds_fd(b.fd));
+	int other = dup(0);
+	cr_assert_geq(other, 0);
+	cr_assert(!ts_session_holds_fd(other) && !ts_session_holds_fd(-1));
+	int lo = a.fd < b.fd ? a.fd : b.fd, hi = a.fd < b.fd ? b.fd : a.fd, got[4];
+	cr_assert_eq(ts_session_fds_in(0, ~0u, got, 4), 2);
+	cr_assert(got[0] == lo && got[1] == hi, "in order: %d %d", got[0], got[1]);
+	cr_assert_eq(ts_session_fds_in((unsigned)hi, (unsigned)hi, got, 4), 1);
+	cr_assert_eq(got[0], hi);
+	cr_assert_eq(ts_session_fds_in((unsigned)hi + 1, ~0u, got, 4), 0);
+	int afd = a.fd;
+	ts_session_leave(&a);
+	cr_assert(!ts_session_holds_fd(afd) || afd == b.fd);
+	cr_assert_eq(ts_session_fds_in(0, ~0u, got, 4), 1);
+	cr_assert_eq(got[0], b.fd);
+	ts_session_leave(&b);
+	cr_assert_eq(ts_session_fds_in(0, ~0u, got, 4), 0);
+	close(other);
+}
