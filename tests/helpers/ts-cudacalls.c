@@ -465,7 +465,8 @@ static void t_other(void)
 }
 
 /* dlsym(RTLD_DEFAULT) and dlsym(RTLD_NEXT) (from the program, which comes
- * before a preloaded library) of CUDA names while no CUDA library is loaded. */
+ * before a preloaded library) of CUDA names while no CUDA library is loaded,
+ * and RTLD_NEXT of libjpeg's names (this program links no libjpeg). */
 static void t_probe(void)
 {
 	static const char *const names[] = {"cudaMemcpy", "cudaMemcpyAsync_ptsz", "cuMemcpyHtoD_v2",
@@ -479,6 +480,14 @@ static void t_probe(void)
 		p = dlsym(RTLD_NEXT, names[i]);
 		err = dlerror();
 		CHECK(!p && err, "dlsym(RTLD_NEXT, %s) with no CUDA loaded: %p (%s)", names[i], p, err ? err : "no error");
+	}
+	/* libjpeg's names too: the shim exports them, and a call through ours aborts where none is loaded */
+	static const char *const jpeg[] = {"jpeg_CreateDecompress", "jpeg_read_header", "jpeg_destroy"};
+	for (size_t i = 0; i < sizeof jpeg / sizeof jpeg[0]; i++) {
+		dlerror();
+		void *p = dlsym(RTLD_NEXT, jpeg[i]);
+		const char *err = dlerror();
+		CHECK(!p && err, "dlsym(RTLD_NEXT, %s) with no libjpeg loaded: %p (%s)", jpeg[i], p, err ? err : "no error");
 	}
 	load();
 	CHECK(dlsym(RTLD_DEFAULT, "cudaMemcpy") && dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2"),

@@ -128,7 +128,7 @@ check "cuCtxDestroy (v1, _v2, by cuGetProcAddress and dlsym) comes from the shim
 	grep -q '^where-ctx-destroy destroy=libtsshim.so destroy_v2=libtsshim.so dlsym_destroy_v2=libtsshim.so$' "$T_TMP/other.out"
 check "... the same with a driver whose own v1 reset calls the shim's _v2 export (handled once)" \
 	calls otherinterp LD_LIBRARY_PATH="$INTERP:$EMU" LD_PRELOAD="$TS_PRELOAD" -- other
-check "dlsym(RTLD_DEFAULT) and dlsym(RTLD_NEXT) from the program of CUDA names before CUDA is loaded: NULL and an error, as without the shim (before, RTLD_NEXT found the shim's exports)" \
+check "dlsym(RTLD_DEFAULT) and dlsym(RTLD_NEXT) from the program of CUDA names before CUDA is loaded: NULL and an error, as without the shim, and RTLD_NEXT of libjpeg's names (before, RTLD_NEXT found the shim's exports)" \
 	calls probe LD_PRELOAD="$TS_PRELOAD" -- probe
 check "... and with the shim off (before, off mode answered with the shim's own exports)" \
 	calls probeoff LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=off -- probe
