@@ -1279,7 +1279,7 @@ int ts_gpu_serve(struct ts_gpu *g, const struct ts_gpu_piece *pc, unsigned npiec
 		/* some copies may be queued: they must finish before we let go */
 		drv.EventSynchronize(pd.done);
 		drv.EventDestroy(pd.done);
-		ts_info("gpu: serving an upload failed part-way; it is done from the host");
+		ts_info("gpu: serving an upload failed; it is done from the host");
 		goto unhold;
 	}
 	for (i = 0; i < npieces; i++) {
@@ -1580,8 +1580,8 @@ static void peer_ctx_gone(int dev, int reset, CUresult r)
 	peer_going = NULL;
 	if (!c)
 		return;
-	if (dev < 0 || reset ? r == CUDA_SUCCESS
-			     : drv.PrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
+	if ((dev < 0 || reset) ? r == CUDA_SUCCESS
+			       : drv.PrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
 		peer_notes_forget(c);
 }
 
