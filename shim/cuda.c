@@ -1365,8 +1365,8 @@ TS_UNINSTRUMENTED void *ts_dlsym_route(void *handle, const char *name)
 	 * from the program itself (before us), that finds our export, which
 	 * wraps the next definition, as an interposer should; with none behind
 	 * us (no CUDA library or libjpeg loaded, or only RTLD_LOCAL), nothing,
-	 * as without us (a call of our libjpeg export would abort then). Our own look for it has failed then, so dlerror() says
-	 * "undefined symbol".
+	 * as without us (a call of our libjpeg export would abort then). Our
+	 * own look for it has failed then, so dlerror() says "undefined symbol".
 	 */
 	if (handle == RTLD_NEXT)
 		return (hooked_name(name) >= 0 || jpeg_name(name)) && !ts_real_next(name) ? (void *)dlsym_none

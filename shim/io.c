@@ -809,9 +809,8 @@ static int close_range_around_ours(unsigned first, unsigned last, int flags)
 		unsigned to = i < n ? (unsigned)ours[i] : last + 1u; /* the gap [from, to) */
 		if (to > from && real_close_range(from, to - 1, flags) != 0)
 			return -1;
-		if (i == n || (unsigned)ours[i] == ~0u)
-			break;
-		from = (unsigned)ours[i] + 1;
+		if (i < n)
+			from = (unsigned)ours[i] + 1; /* a descriptor is an int: never past ~0u */
 	}
 	return 0;
 }
@@ -822,7 +821,7 @@ TS_EXPORT int close_range(unsigned first, unsigned last, int flags)
 	if (!(flags & CLOSE_RANGE_CLOEXEC)) { /* that one closes nothing until exec */
 		closing_range(first, last);
 		forget_range(first, last);
-		int r = first <= last ? close_range_around_ours(first, last, flags) : 1;
+		int r = close_range_around_ours(first, last, flags); /* none of ours in an empty range */
 		if (r <= 0)
 			return r;
 	}

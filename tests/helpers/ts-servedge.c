@@ -4,7 +4,7 @@
  * answers something other than success, so that a scenario can compare the
  * answers with and without the shim (tests/scenarios/serve_edge.sh).
  *   prod N              producer: N batches of 4 samples, each uploaded with
- *                       cudaMemcpy (TSSHIM_DEVICE=d: on device d)
+ *                       cudaMemcpy (TS_DEVICE=d: on device d)
  *   cons N CASE[,CASE]  consumer: batches of TS_SAMPLES samples (default 4);
  *                       each case is run on the next batch the shim says it
  *                       serves (TSSHIM_BATCH_SERVED), or, without the shim,
@@ -156,7 +156,7 @@ int main(int argc, char **argv)
 		return 2;
 	char *cases = prod ? NULL : strdup(argv[3]), *next = cases, *save = NULL;
 	const char *c = cases ? strtok_r(next, ",", &save) : NULL;
-	if (prod && getenv("TSSHIM_DEVICE") && cudaSetDevice(atoi(getenv("TSSHIM_DEVICE"))) != cudaSuccess)
+	if (prod && getenv("TS_DEVICE") && cudaSetDevice(atoi(getenv("TS_DEVICE"))) != cudaSuccess)
 		return 2;
 	if (!prod && getenv("TS_PEER_RESET")) {
 		say("enable peer access to device 1", cudaDeviceEnablePeerAccess(1, 0));

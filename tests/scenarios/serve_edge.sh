@@ -36,7 +36,7 @@ edge() {
 	sess=$(session_name "edge-$name")
 	env "$@" timeout 60 "$EDGE" cons 40 "$cases" >"$T_TMP/$name.plain" 2>"$T_TMP/$name.plainerr"
 	PLAIN_RC=$?
-	env LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$sess" TSSHIM_DEVICE="$dev" \
+	env LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$sess" TS_DEVICE="$dev" \
 		timeout 60 "$EDGE" prod 40 >"$T_TMP/$name.prod" 2>&1 &
 	local prod=$!
 	T_PIDS+=("$prod")
