@@ -22,7 +22,7 @@
  * socket mode, a Python interpreter, a forked child) cost a few loads. A
  * watch costs a pread of 4 KiB per received object and a process_vm_readv
  * of 4 KiB per large upload, for at most TS_OBJSEEN_TRIES uploads.
- * recvmmsg is not followed: loaders pass descriptors one message at a time.
+ * recvmmsg is followed as recvmsg is, for each message it received.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -120,6 +120,28 @@ TS_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 		return r;
 	if (ts_hook_enter()) {
 		note_received(msg);
+		ts_hook_leave();
+	}
+	return r;
+}
+
+/* recvmmsg: the same, for each message received. */
+TS_REAL(int, recvmmsg, (int, struct mmsghdr *, unsigned int, int, struct timespec *));
+TS_EXPORT int recvmmsg(int fd, struct mmsghdr *msgs, unsigned int n, int flags, struct timespec *timeout)
+{
+	if (!TS_RESOLVE(recvmmsg)) {
+		errno = ENOSYS;
+		return -1;
+	}
+	int r = real_recvmmsg(fd, msgs, n, flags, timeout);
+	if (r <= 0 || !msgs || !watch_applies())
+		return r;
+	if (ts_hook_enter()) {
+		for (int i = 0; i < r; i++) {
+			const struct msghdr *msg = &msgs[i].msg_hdr;
+			if (msg->msg_control && msg->msg_controllen >= sizeof(struct cmsghdr))
+				note_received(msg);
+		}
 		ts_hook_leave();
 	}
 	return r;

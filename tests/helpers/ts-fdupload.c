@@ -4,13 +4,15 @@
  * loaders do; the main process maps each and uploads something with
  * cudaMemcpy, then reads it back and checks every byte.
  *
- *   ts-fdupload KIND CONTENT UPLOAD N
+ *   ts-fdupload KIND CONTENT UPLOAD N [RECV]
  *     KIND     memfd | posix | file   (memfd_create, shm_open + unlink, a
  *                                      file in $TMPDIR or /tmp: not shared memory)
  *     CONTENT  random | zeros         (what the worker writes into each)
  *     UPLOAD   object | copy | other  (the mapping itself, a malloc'd copy
  *                                      of it, a buffer of other bytes)
  *     N        objects passed, each followed by one upload
+ *     RECV     recvmsg | recvmmsg      (how the main process takes each
+ *                                      descriptor; recvmsg by default)
  *
  * Links nothing CUDA: dlopen()s libcudart.so.13 (LD_LIBRARY_PATH=build/emu).
  * Prints "uploaded N" and exits 0 when every byte came back as sent; 1 when
@@ -83,14 +85,20 @@ static void send_fd(int sock, int fd)
 		die("sendmsg");
 }
 
-static int recv_fd(int sock)
+static int recv_fd(int sock, int mmsg)
 {
 	char ctl[CMSG_SPACE(sizeof(int))];
 	char byte;
 	struct iovec iov = {&byte, 1};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-	if (recvmsg(sock, &mh, MSG_CMSG_CLOEXEC) != 1)
+	if (mmsg) {
+		struct mmsghdr one = {.msg_hdr = mh};
+		if (recvmmsg(sock, &one, 1, MSG_CMSG_CLOEXEC, NULL) != 1 || one.msg_len != 1)
+			die("recvmmsg");
+		mh = one.msg_hdr;
+	} else if (recvmsg(sock, &mh, MSG_CMSG_CLOEXEC) != 1) {
 		die("recvmsg");
+	}
 	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
 	if (!cm || cm->cmsg_type != SCM_RIGHTS)
 		die("no descriptor came");
@@ -116,8 +124,9 @@ static void worker(int sock, const char *kind, int zeros, unsigned n)
 
 int main(int argc, char **argv)
 {
-	if (argc != 5)
-		die("usage: ts-fdupload memfd|posix|file random|zeros object|copy|other N");
+	if (argc != 5 && !(argc == 6 && (!strcmp(argv[5], "recvmsg") || !strcmp(argv[5], "recvmmsg"))))
+		die("usage: ts-fdupload memfd|posix|file random|zeros object|copy|other N [recvmsg|recvmmsg]");
+	int mmsg = argc == 6 && !strcmp(argv[5], "recvmmsg");
 	const char *kind = argv[1], *upload = argv[3];
 	int zeros = !strcmp(argv[2], "zeros");
 	unsigned n = (unsigned)strtoul(argv[4], NULL, 10);
@@ -147,7 +156,7 @@ int main(int argc, char **argv)
 
 	int bad = 0;
 	for (unsigned i = 0; i < n; i++) {
-		int fd = recv_fd(sv[0]);
+		int fd = recv_fd(sv[0], mmsg);
 		unsigned char *obj = mmap(NULL, OBJ_BYTES, PROT_READ, MAP_SHARED, fd, 0);
 		if (obj == MAP_FAILED)
 			die("mmap");
