@@ -360,7 +360,7 @@ static void batch_keep(const struct ts_stream_hit *hit, const void *dst, CUstrea
 		int errno_ = errno; /* ours may set it (a ring file opened, /proc read) */        \
 		copy_seen(path, dir, n);                                                           \
 		enum ts_hit_kind k_ = batch_hit(dir, src, n, &hit_);                               \
-		if (k_ == TS_HIT_NONE && (dir) == DIR_H2D)                                         \
+		if (k_ == TS_HIT_NONE && (dir) != DIR_OTHER)                                       \
 			ts_native_upload_maybe(src, n);                                            \
 		if (k_ == TS_HIT_CONSUMER && !batch_captured(&hit_, k_, stream, sync, pt) &&        \
 		    batch_serve(&hit_, dst, stream, sync, pt)) {                                     \

@@ -9,12 +9,15 @@
  * object received (core/objseen.h): a regular file of tmpfs or hugetlbfs
  * (shm_open, memfd_create), read with pread before the program has even
  * seen the descriptor. The copy hooks hand us the job's large host-to-device
- * uploads that nothing registered as batches; the head of one is read with
- * process_vm_readv (a bad pointer is an error there, never a fault) and
- * looked up. One that starts with a worker's object carries that worker's
- * batch, from its mapping or from a pinned copy: the job uploads its
- * loader's batches itself, which the shim shares only when the program
- * says what they are (tsshim_batch(): samples, tensors, loader, epoch).
+ * uploads that nothing registered as batches, and copies whose direction
+ * the driver infers from the pointers (cudaMemcpyDefault, cuMemcpy); the
+ * head of one is read with process_vm_readv (a bad pointer, or a device
+ * pointer the host cannot read, is an error there, never a fault: one try
+ * spent) and looked up. One that starts with a worker's object carries
+ * that worker's batch, from its mapping or from a pinned copy: the job
+ * uploads its loader's batches itself, which the shim shares only when the
+ * program says what they are (tsshim_batch(): samples, tensors, loader,
+ * epoch).
  * So it says that, once, and changes nothing.
  *
  * Cost: recvmsg without control data, a copy of another kind and every

@@ -4,15 +4,16 @@
  * loaders do; the main process maps each and uploads something with
  * cudaMemcpy, then reads it back and checks every byte.
  *
- *   ts-fdupload KIND CONTENT UPLOAD N [RECV]
+ *   ts-fdupload KIND CONTENT UPLOAD N [recvmmsg] [default]
  *     KIND     memfd | posix | file   (memfd_create, shm_open + unlink, a
  *                                      file in $TMPDIR or /tmp: not shared memory)
  *     CONTENT  random | zeros         (what the worker writes into each)
  *     UPLOAD   object | copy | other  (the mapping itself, a malloc'd copy
  *                                      of it, a buffer of other bytes)
  *     N        objects passed, each followed by one upload
- *     RECV     recvmsg | recvmmsg      (how the main process takes each
- *                                      descriptor; recvmsg by default)
+ *     recvmmsg the main process takes each descriptor with recvmmsg,
+ *              not recvmsg
+ *     default  uploads are cudaMemcpyDefault copies, not HostToDevice
  *
  * Links nothing CUDA: dlopen()s libcudart.so.13 (LD_LIBRARY_PATH=build/emu).
  * Prints "uploaded N" and exits 0 when every byte came back as sent; 1 when
@@ -124,9 +125,17 @@ static void worker(int sock, const char *kind, int zeros, unsigned n)
 
 int main(int argc, char **argv)
 {
-	if (argc != 5 && !(argc == 6 && (!strcmp(argv[5], "recvmsg") || !strcmp(argv[5], "recvmmsg"))))
-		die("usage: ts-fdupload memfd|posix|file random|zeros object|copy|other N [recvmsg|recvmmsg]");
-	int mmsg = argc == 6 && !strcmp(argv[5], "recvmmsg");
+	int mmsg = 0, dflt = 0, bad_arg = argc < 5;
+	for (int a = 5; a < argc; a++) {
+		if (!strcmp(argv[a], "recvmmsg"))
+			mmsg = 1;
+		else if (!strcmp(argv[a], "default"))
+			dflt = 1;
+		else
+			bad_arg = 1;
+	}
+	if (bad_arg)
+		die("usage: ts-fdupload memfd|posix|file random|zeros object|copy|other N [recvmmsg] [default]");
 	const char *kind = argv[1], *upload = argv[3];
 	int zeros = !strcmp(argv[2], "zeros");
 	unsigned n = (unsigned)strtoul(argv[4], NULL, 10);
@@ -169,7 +178,7 @@ int main(int argc, char **argv)
 			fill(copy, OBJ_BYTES, 1000 + i, 0);
 			src = copy;
 		}
-		if (Memcpy(dev, src, OBJ_BYTES, cudaMemcpyHostToDevice) != cudaSuccess ||
+		if (Memcpy(dev, src, OBJ_BYTES, dflt ? cudaMemcpyDefault : cudaMemcpyHostToDevice) != cudaSuccess ||
 		    Memcpy(back, dev, OBJ_BYTES, cudaMemcpyDeviceToHost) != cudaSuccess || memcmp(back, src, OBJ_BYTES))
 			bad++;
 		munmap(obj, OBJ_BYTES);

@@ -84,6 +84,9 @@ check "a shm_open object uploaded from a copy: told, bytes unchanged (rc $FRC)" 
 fdup mmsg memfd random object 3 recvmmsg
 check "a memfd object taken with recvmmsg, uploaded from its mapping: told, bytes unchanged (rc $FRC)" \
 	cond '[ $FRC = 0 ] && [ "$(notices mmsg)" = 1 ]'
+fdup dflt posix random copy 3 default
+check "a shm_open object uploaded from a copy by a cudaMemcpyDefault copy: told, bytes unchanged (rc $FRC)" \
+	cond '[ $FRC = 0 ] && [ "$(notices dflt)" = 1 ]'
 fdup zeros memfd zeros object 3
 check "zeroed objects (they would match any zeroed buffer): not told (rc $FRC)" \
 	cond '[ $FRC = 0 ] && [ "$(notices zeros)" = 0 ]'
