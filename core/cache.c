@@ -67,7 +67,7 @@
 #define OPEN_ATTEMPTS 16
 #define E_SHM         4095        /* internal: reserving arena pages failed (/dev/shm full) */
 
-_Static_assert(sizeof(struct ts_cache_key) == 64, "key must be 64 bytes without padding");
+_Static_assert(sizeof(struct ts_cache_key) == 72, "key must be 72 bytes without padding");
 _Static_assert(sizeof(struct ts_shm_lock) == 64, "the lock is one cache line of the header");
 _Static_assert(sizeof(struct ts_cache_entry) % 8 == 0, "entry alignment");
 

@@ -64,7 +64,7 @@
 #include "shmlock.h"
 
 #define TS_CACHE_MAGIC          0x3148434143535354ULL /* "TSSCACH1" little-endian */
-#define TS_CACHE_LAYOUT_VERSION 3u
+#define TS_CACHE_LAYOUT_VERSION 4u
 #define TS_CACHE_PREFIX         "tsshim-cache."
 #define TS_CACHE_MAX_USERS      128u
 #define TS_CACHE_MIN_BUDGET     (1ull << 20)  /* 1 MiB */
@@ -85,8 +85,9 @@
 #define TS_CACHE_STALE_FILL_NS    30000000000ull  /* a live fill older than 30 s is orphaned */
 
 /*
- * The key: compared in full (all 64 bytes), hashed for the table. Every byte
- * that can change the decoded output must be in it: the file's identity and
+ * The key: compared in full (all 72 bytes), hashed for the table. Every byte
+ * that can change the decoded output must be in it: the file's identity
+ * (ctime too: a rewrite whose mtime was put back, cp -p, still changes it) and
  * every decode parameter (packed raw, not hashed, into params, unused bytes
  * zero), including which decoder library produced it.
  */
@@ -95,6 +96,7 @@ struct ts_cache_key {
 	uint64_t ino;
 	uint64_t size;
 	int64_t mtime_ns;
+	int64_t ctime_ns;
 	uint8_t params[32];
 };
 

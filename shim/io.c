@@ -230,7 +230,8 @@ static int wanted(const char *abs)
 static struct ts_file_id file_id_of(const struct stat *sb)
 {
 	return (struct ts_file_id){ (uint64_t)sb->st_dev, (uint64_t)sb->st_ino, (uint64_t)sb->st_size,
-				    (uint64_t)sb->st_mtim.tv_sec * 1000000000ull + (uint64_t)sb->st_mtim.tv_nsec };
+				    (uint64_t)sb->st_mtim.tv_sec * 1000000000ull + (uint64_t)sb->st_mtim.tv_nsec,
+				    (uint64_t)sb->st_ctim.tv_sec * 1000000000ull + (uint64_t)sb->st_ctim.tv_nsec };
 }
 
 static void track_open(int dirfd, const char *path, int flags, int fd)
@@ -271,11 +272,12 @@ static void track_open(int dirfd, const char *path, int flags, int fd)
 }
 
 /*
- * Is descriptor fd still the file it was opened as? Asked once, at its first
- * read: freopen, close_range, fcntl(F_DUPFD) and raw syscalls close and reuse
- * a number without a hook of ours, and the bytes read would be proven under
+ * Is descriptor fd still the file it was opened as? Asked at its first read:
+ * freopen, close_range, fcntl(F_DUPFD) and raw syscalls close and reuse a
+ * number without a hook of ours, and the bytes read would be proven under
  * the old file's identity (a later decode of that file served another's
- * pixels). A file changed since its open is not it either.
+ * pixels). A file changed since its open is not it either; asked again at
+ * every later read that is hashed, for a rewrite while it is read.
  */
 static int still_the_file(int fd, const struct ts_file_id *id)
 {
@@ -297,8 +299,21 @@ static void track_read(int fd, const void *buf, ssize_t n, off_t off)
 		off_t now = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR);
 		off = now >= n ? now - n : -2;
 	}
-	if (off == 0 && e->first_len == 0 && !still_the_file(fd, &e->id)) {
-		entry_clear(fd); /* the number was reused behind our back: another file now */
+	/*
+	 * The bytes read are the file's as it is now: checked at the first read
+	 * (the number reused behind our back: another file now) and at every
+	 * later one that is hashed (rewritten in place since: its bytes are no
+	 * longer one version of the file, and a decode of them is not the one
+	 * its identity names). A write changes mtime and ctime before any byte,
+	 * so a read that saw a new byte is followed by a stat that sees them.
+	 */
+	int hashing = off == 0 ? e->first_len == 0
+			       : off > 0 && (uint64_t)off == e->contig && e->read_hash.len == e->contig &&
+					 (uint64_t)n <= READ_HASH_MAX - e->contig;
+	if (hashing && !still_the_file(fd, &e->id)) {
+		entry_clear(fd);
+		if (last_read.fd == fd)
+			last_read.valid = 0;
 		errno = saved;
 		ts_hook_leave();
 		return;

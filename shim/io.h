@@ -10,9 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The identity of a file as the cache keys it. */
+/* The identity of a file as the cache keys it: ctime too, which no one can
+ * put back after a rewrite (cp -p and rsync -t put back the mtime). */
 struct ts_file_id {
-	uint64_t dev, ino, size, mtime_ns;
+	uint64_t dev, ino, size, mtime_ns, ctime_ns;
 };
 
 /*

@@ -416,6 +416,7 @@ static void make_key(const struct dstate *s, j_decompress_ptr c, struct ts_cache
 	k->ino = s->id.ino;
 	k->size = s->id.size;
 	k->mtime_ns = (int64_t)s->id.mtime_ns;
+	k->ctime_ns = (int64_t)s->id.ctime_ns;
 	uint8_t *p = k->params;
 	memcpy(p, &s->api->lib_id, 8);
 	uint32_t w = c->output_width, h = c->output_height;

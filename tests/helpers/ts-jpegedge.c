@@ -32,6 +32,15 @@
  *                     decode, and on stderr how much the resident set grew
  *   generic-abort A   A at scale 1/2: half its rows, the generic jpeg_abort,
  *                     then A at scale 1/2 again, whole, on another object
+ *   rewrite-mtime F   F decoded (its bytes A, mtime put to a fixed time), then
+ *                     rewritten in place with B (A with one quantisation
+ *                     table entry changed: the same size, another image) and
+ *                     its mtime put back, as cp -p and rsync -t do; F
+ *                     decoded again. F holds A again at the end
+ *   rewrite-open F    F decoded, then opened and its first 16 bytes read;
+ *                     rewritten in place with B by another descriptor, the
+ *                     rest read, closed, and what was read decoded (B's
+ *                     bytes). F holds A again at the end
  *
  * Built a second time as ts-jpegedge-dlcrop (TS_CROP_BY_DLSYM): the crop is
  * looked up with dlsym when it is needed, after start_decompress, so that
@@ -317,14 +326,94 @@ static int decode_generic_destroy(const char *path, int n)
 	return 0;
 }
 
+/* Write buf over path's bytes in place; with t, put its mtime to t after. */
+static void put_bytes(const char *path, const unsigned char *buf, size_t len, const struct timespec *t)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	struct timespec ts[2] = {{0, UTIME_OMIT}, {0, 0}};
+	if (t)
+		ts[1] = *t;
+	if (fd < 0 || pwrite(fd, buf, len, 0) != (ssize_t)len || (t && futimens(fd, ts) != 0)) {
+		perror(path);
+		exit(2);
+	}
+	close(fd);
+}
+
+static void decode_buf(const unsigned char *buf, size_t len, const char *tag)
+{
+	struct jpeg_decompress_struct c;
+	struct jpeg_error_mgr e;
+	c.err = jpeg_std_error(&e);
+	e.emit_message = count_warning;
+	jpeg_create_decompress(&c);
+	header(&c, buf, len);
+	finish_image(&c, tag);
+	jpeg_destroy_decompress(&c);
+}
+
+/* rewrite-mtime and rewrite-open (above). */
+static int decode_rewrite(const char *path, int open_while)
+{
+	size_t la, lb = 0;
+	unsigned char *a = slurp(path, &la), *b = malloc(la + 1);
+	if (!b)
+		return 2;
+	memcpy(b, a, la);
+	/* B: the first 8-bit quantisation table's 11th entry one step up (never 0) */
+	size_t q = 0;
+	for (size_t i = 2; i + 69 < la && !q; i++)
+		if (a[i] == 0xFF && a[i + 1] == 0xDB && (a[i + 4] >> 4) == 0)
+			q = i + 5 + 10;
+	if (!q || q < 16) {
+		fprintf(stderr, "ts-jpegedge: %s has no 8-bit quantisation table past its first 16 bytes\n", path);
+		return 2;
+	}
+	b[q] = b[q] == 255 ? 254 : (unsigned char)(b[q] + 1);
+	const struct timespec then = {1600000000, 0};
+	put_bytes(path, a, la, &then);
+	size_t n;
+	unsigned char *first = slurp(path, &n);
+	decode_buf(first, n, "before");
+	free(first);
+	usleep(20000); /* past the file system's clock tick: the rewrite's ctime differs */
+	unsigned char *got = malloc(la + 1);
+	if (!got)
+		return 2;
+	if (open_while) {
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		ssize_t r = fd >= 0 ? read(fd, got, 16) : -1;
+		if (r != 16)
+			return 2;
+		lb = 16;
+		usleep(20000);
+		put_bytes(path, b, la, NULL);
+		while (lb < la && (r = read(fd, got + lb, la - lb)) > 0)
+			lb += (size_t)r;
+		close(fd);
+	} else {
+		put_bytes(path, b, la, &then);
+		free(got);
+		got = slurp(path, &lb);
+	}
+	decode_buf(got, lb, open_while ? "rewrite-open" : "rewrite-mtime");
+	put_bytes(path, a, la, &then);
+	free(got);
+	free(a);
+	free(b);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 3 && !strncmp(argv[1], "rewrite-", 8))
+		return decode_rewrite(argv[2], !strcmp(argv[1], "rewrite-open"));
 	if (argc > 3 && !strcmp(argv[1], "fork"))
 		return decode_fork(argc, argv);
 	if (argc > 3 && !strcmp(argv[1], "generic-destroy"))
 		return decode_generic_destroy(argv[2], atoi(argv[3]));
 	if (argc < 3) {
-		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|prefix|prefix-open|chunked|chunk-mod|nofancy|skip|crop-late|overread|early|dither|concat|suspend|suspend-crop|vfork|generic-abort A, freopen|freopen-read A B, fork X Y..., generic-destroy A N\n");
+		fprintf(stderr, "usage: ts-jpegedge plain|abort-reuse|abort-other|trunc|prefix|prefix-open|chunked|chunk-mod|nofancy|skip|crop-late|overread|early|dither|concat|suspend|suspend-crop|vfork|generic-abort A, rewrite-mtime|rewrite-open F, freopen|freopen-read A B, fork X Y..., generic-destroy A N\n");
 		return 2;
 	}
 	const char *mode = argv[1];

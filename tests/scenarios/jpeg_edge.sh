@@ -9,8 +9,8 @@
 # row, RGB565 with and without dithering, a file holding two JPEGs, Pillow's
 # incremental feeding of progressive images (libjpeg suspends in
 # start_decompress) on a fill, a hit, a crop after the hit, and a bypass (image
-# larger than the cache), and descriptors reused by freopen or closed by a
-# vfork child.
+# larger than the cache), descriptors reused by freopen or closed by a vfork
+# child, and a file rewritten in place (its mtime put back, or while it is read).
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib.sh
@@ -23,6 +23,9 @@ CACHETOOL="$PWD/$BUILD/tests/ts-cachetool"
 A=$(ls -S "$T_TMP"/d/train/*/*.jpg | sed -n 1p)
 B=$(ls -S "$T_TMP"/d/train/*/*.jpg | sed -n 2p)
 cat "$A" "$B" >"$T_TMP/d/train/c000/zz-two.jpg"
+# RW: rewritten in place by its cases (rewrite-mtime, rewrite-open), A again after each
+RW=$T_TMP/d/train/c000/zz-rewritten.jpg
+cp "$A" "$RW"
 # P: a progressive image (start_decompress reads all its scans, so it suspends)
 P=$(awk -F'\t' '$7 == "progressive" { print $1; exit }' "$T_TMP/d/manifest.tsv")
 [ -n "$P" ] && P=$T_TMP/d/$P
@@ -48,8 +51,12 @@ shim nofancy "$A" >/dev/null # fills the image without fancy upsampling: skip, c
 # upsampler differ from a whole decode's; these files do not show it, so
 # this one is a check, not a regression test); crop-late (a crop after rows were read: libjpeg's
 # JERR_BAD_STATE; it was accepted); overread (rows asked past the last:
-# libjpeg's JWRN_TOO_MUCH_DATA warning; it was none).
-for args in "abort-reuse $A" "abort-other $A $B" "trunc $A" "prefix $A" "prefix-open $A" "chunked $A" "chunk-mod $A" "skip $A" "crop-late $A" "overread $A" "early $A" "dither $A" "concat $T_TMP/d/train/c000/zz-two.jpg"; do
+# libjpeg's JWRN_TOO_MUCH_DATA warning; it was none). rewrite-mtime: a file
+# rewritten in place, the same size, its mtime put back as cp -p does (was
+# served the old image: the key held no ctime); rewrite-open: rewritten while
+# it is read, after its first read (was served the old image: its identity
+# was taken at that read, and the later reads were not checked).
+for args in "rewrite-mtime $RW" "rewrite-open $RW" "abort-reuse $A" "abort-other $A $B" "trunc $A" "prefix $A" "prefix-open $A" "chunked $A" "chunk-mod $A" "skip $A" "crop-late $A" "overread $A" "early $A" "dither $A" "concat $T_TMP/d/train/c000/zz-two.jpg"; do
 	# shellcheck disable=SC2086
 	want=$("$EDGE" $args 2>&1)
 	# shellcheck disable=SC2086
