@@ -776,8 +776,17 @@ class _Epoch:
         if self.feed.attached and self.feed.skip_to_next:
             self.skip_to_epoch_start()
         if not self.feed.attached:
-            self.attach(at_epoch_start=not self.feed.broke_off)
+            broke_off, self.feed.broke_off = self.feed.broke_off, False
+            self.attach(at_epoch_start=not broke_off)
             self.note_head()
+            if broke_off and self.role() == ROLE_PRODUCER:
+                # We produce, and broke out of our last epoch while others read the
+                # stream (finish): the rest of that stream epoch is theirs, not a
+                # new epoch of ours (it was: a short epoch, and a loop taking
+                # len(loader) batches died of StopIteration). Make it for them,
+                # reading past it; our epoch is the next stream epoch, from our own
+                # loader, whole, as without the shim.
+                self.skip_to_epoch_start()
         if self.role() == ROLE_PRODUCER:
             self.lib.tsshim_feed_set_idle(self.h, 0)
             try:

@@ -39,6 +39,8 @@
 #          privately gets the part of a batch it holds as it is (no crash)
 #   xs/xo  a consumer with persistent workers that later runs its own loader (elected
 #          producer; sharing off): no second base seed drawn, its workers' seeds kept
+#   sb     a producer that breaks out of an epoch while a consumer reads on: the
+#          rest of that stream epoch is the consumer's; its next epochs are whole
 #   z      a train loader that goes off sharing, then a validation loader (its feed
 #          gets the closed feed's handle): the train epoch's end leaves it alone
 # plus the same jobs as (a) without the shim: per-job checks pass, and the
@@ -757,6 +759,24 @@ PY
 )
 check "(s) a lone job breaking out of each epoch trains on the batches it trains on without the shim ($same)" \
 	[ "$same" = same ]
+
+# --- sb: a producer that breaks out of an epoch while a consumer reads on ----------
+# Job 1 produces and leaves its first epoch after 9 of its 10 batches; job 2
+# reads every epoch whole. The rest of that stream epoch is job 2's: job 1
+# makes it for job 2 and reads past it, and its next epochs are its own
+# loader's, whole, taken with next() len(loader) times (--exact-len). Before,
+# job 1's next epoch was that rest, one batch, and its second next() died of
+# StopIteration (a `for` loop got a 1-batch epoch).
+job sb 1 1 --seed 1 --model a --batch-size 16 --workers 2 --epochs 3 --sleep 0.1 --break-after 9 \
+	--break-epochs 1 --exact-len --barrier "$T_TMP/sb.go:2"
+job sb 2 1 --seed 2 --model b --batch-size 16 --workers 2 --epochs 3 --sleep 0.1 --barrier "$T_TMP/sb.go:2" \
+	--start-delay 0.5
+finished sb 2
+verify sb "a producer leaving its first epoch one batch early: every job's epochs whole" $(recs sb 2)
+nb=$(grep -c '"loader":"train","epoch":[12],"batch"' "$T_TMP/sb.1.jsonl")
+check "(sb) job 1's epochs 1 and 2 are whole: $nb batches of 20" [ "$nb" = 20 ]
+check "(sb) job 1 made the rest of the epoch it left for job 2" \
+	grep -q "producing the rest of stream epoch 1" "$T_TMP/sb.1.err"
 
 # --- t: a stream this torch cannot read; a fault in the layer ----------------------
 # Job 1's schema names a dtype no torch has (as a newer torch's new dtype would be
