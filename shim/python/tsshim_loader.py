@@ -10,7 +10,9 @@ What enters the key: the dataset (class, the code of its methods when the
 class is not torch's or torchvision's, and a description of its content that
 does not read the data), its transforms (with the code of transform classes
 of the user's own), the sampler KIND and the collate
-function. What does not: batch size, drop_last (each consumer cuts and drops
+function; with the code of the user's own, the module globals it reads
+(args.scale: that attribute), and torch's default dtype: two jobs of one
+script that set them differently make different batches. What does not: batch size, drop_last (each consumer cuts and drops
 on its own; tsshim_feed adds the number of samples an epoch holds, which
 drop_last can change, to the feed's key), num_workers, pin_memory,
 persistent_workers, prefetch_factor,
@@ -19,6 +21,7 @@ worker_init_fn, the generator, the model, the DataLoader subclass.
 Imported only once torch.utils.data is loaded; never imports torch or
 torchvision itself (it looks them up in sys.modules).
 """
+import dis
 import enum
 import hashlib
 import json
@@ -26,7 +29,7 @@ import os
 import sys
 import types
 
-VERSION = 3  # bump when the description changes: old and new never share
+VERSION = 4  # bump when the description changes: old and new never share
 _MAX_DEPTH = 8
 
 
@@ -79,8 +82,11 @@ def _describe(loader):
         raise NotShareable("no automatic batching (batch_size=None)")
     if type(batch_sampler) is not data.BatchSampler or batch_sampler.sampler is not sampler:
         raise NotShareable("custom batch sampler %s" % _qualname(type(batch_sampler)))
+    torch = sys.modules.get("torch")
     return {
         "v": VERSION,
+        # torch.tensor(float) in the dataset's code makes this dtype
+        "default_dtype": str(torch.get_default_dtype()) if torch is not None else None,
         "dataset": _dataset(dataset, 0),
         "sampler": _sampler(sampler, dataset, data),
         "collate": _collate(getattr(loader, "collate_fn", None), data),
@@ -372,7 +378,7 @@ def _callable_name(fn):
     return getattr(fn, "__qualname__", None) or _qualname(type(fn))
 
 
-def _function(fn):
+def _function(fn, seen=None):
     """module.qualname[#code hash] of a plain module-level function, else None.
 
     Lambdas, closures, nested functions, bound methods and partials are not
@@ -396,6 +402,7 @@ def _function(fn):
     h = hashlib.sha256()
     try:
         _hash_code(fn.__code__, h, 0)
+        _hash_globals(fn.__code__, fn.__globals__, h, seen if seen is not None else set())
         h.update(json.dumps([_value(d, 1) for d in (fn.__defaults__ or ())]).encode())
         h.update(json.dumps(sorted((k, _value(d, 1)) for k, d in
                                    (fn.__kwdefaults__ or {}).items())).encode())
@@ -414,7 +421,7 @@ def _is_library_class(cls):
     return top in ("torch", "torchvision") or top in _STDLIB
 
 
-def _class_code(cls):
+def _class_code(cls, seen=None):
     """Hash of the code of cls and its bases that are not torch's, torchvision's
     or builtins (methods, static and class methods, properties, simple class
     attributes), or None when there are none. Two scripts' __main__.MyData
@@ -422,6 +429,8 @@ def _class_code(cls):
     differ, and so must their keys."""
     h = hashlib.sha256()
     own = False
+    seen = seen if seen is not None else set()
+    seen.add(id(cls))
     try:
         for c in cls.__mro__:
             if _is_library_class(c):
@@ -437,12 +446,120 @@ def _class_code(cls):
                     if isinstance(f, types.FunctionType):
                         h.update(name.encode("utf-8", "surrogatepass") + b"\0")
                         _hash_code(f.__code__, h, 0)
+                        _hash_globals(f.__code__, f.__globals__, h, seen)
                         h.update(json.dumps([_value(d, 1) for d in (f.__defaults__ or ())]).encode())
                     elif isinstance(f, _SIMPLE) and not name.startswith("__"):
                         h.update(json.dumps([name, _value(f, 1)]).encode())
     except (_Undescribable, NotShareable) as e:
         raise NotShareable("the code of %s cannot be described (%s)" % (_qualname(cls), e))
     return h.hexdigest()[:16] if own else None
+
+
+def _global_reads(code, depth=0):
+    """The module globals code reads, each with the attributes read straight
+    off it: {("args", ("scale",)), ("SCALE", ())}. From the bytecode, so an
+    attribute of self that has a global's name is not taken for it."""
+    if depth > _MAX_DEPTH:
+        raise _Undescribable("code nested too deep")
+    out = set()
+    ins = list(dis.get_instructions(code))
+    for k, i in enumerate(ins):
+        if i.opname not in ("LOAD_GLOBAL", "LOAD_NAME") or not isinstance(i.argval, str):
+            continue
+        path = []
+        for j in ins[k + 1:]:
+            if j.opname not in ("LOAD_ATTR", "LOAD_METHOD") or not isinstance(j.argval, str):
+                break
+            path.append(j.argval)
+        out.add((i.argval, tuple(path)))
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= _global_reads(c, depth + 1)
+    return out
+
+
+def _hash_globals(code, globs, h, seen):
+    """Hash what the module globals that code reads hold (_global_value): a
+    dataset whose __getitem__ scales by SCALE = args.scale makes other
+    batches when the script is run with another --scale, and must not share."""
+    for name, path in sorted(_global_reads(code)):
+        if name not in globs:
+            continue  # a builtin (len, range), or a global not set yet
+        v, read = globs[name], []
+        for attr in path:
+            if isinstance(v, (types.ModuleType, type)) or callable(v):
+                break  # torch.tensor, np.random.rand, T.Compose: the module or class says it
+            try:
+                v = getattr(v, attr)
+            except Exception:
+                break
+            read.append(attr)
+        h.update(json.dumps([name, read, _global_value(v, seen)], sort_keys=True).encode("utf-8", "surrogatepass"))
+
+
+def _is_library_module(modname):
+    """torch's, torchvision's, Python's own, or an installed package's (under
+    site-packages or dist-packages): not the user's code."""
+    top = (modname or "").split(".", 1)[0]
+    if top in ("torch", "torchvision", "numpy", "PIL") or top in _STDLIB:
+        return True
+    mod = sys.modules.get(top)
+    f = getattr(mod, "__file__", None) or ""
+    return "site-packages" in f or "dist-packages" in f
+
+
+def _global_value(v, seen):
+    """A description of a global's value for the key: modules and the
+    libraries' classes and functions by name; the user's own classes and
+    functions by their code (and the globals it reads in turn); tensors and
+    arrays by their bytes; data as attributes are (_value); the libraries'
+    other objects (a logger, a lock, a random generator: no data of the
+    batches) by their type. Anything else of the user's own that cannot be
+    described keeps the loader from sharing."""
+    if isinstance(v, types.ModuleType):
+        return ["module", v.__name__]
+    if isinstance(v, type):
+        if _is_library_class(v) or _is_library_module(getattr(v, "__module__", None)) or id(v) in seen:
+            return ["class", _qualname(v)]
+        return ["class", _qualname(v), _class_code(v, seen)]
+    if isinstance(v, types.FunctionType):
+        qn = "%s.%s" % (v.__module__, v.__qualname__)
+        if _is_library_module(v.__module__) or id(v) in seen:
+            return ["function", qn]
+        seen.add(id(v))
+        h = hashlib.sha256()
+        _hash_code(v.__code__, h, 0)
+        _hash_globals(v.__code__, v.__globals__, h, seen)
+        h.update(json.dumps([_value(d, 1) for d in (v.__defaults__ or ())]).encode())
+        return ["function", qn, h.hexdigest()[:16]]
+    if isinstance(v, (types.BuiltinFunctionType, types.MethodType, types.BuiltinMethodType)):
+        return ["callable", _callable_name(v)]
+    torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
+    if torch is not None and isinstance(v, torch.Tensor):
+        t = v.detach().cpu().contiguous()
+        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return ["tensor", str(t.dtype), list(t.shape), hashlib.sha256(raw).hexdigest()[:32]]
+    if np is not None and isinstance(v, np.ndarray):
+        return ["ndarray", str(v.dtype), list(v.shape), hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()[:32]]
+    try:
+        return _value(v, 1)
+    except _Undescribable:
+        pass
+    t = type(v)
+    if _is_library_class(t) or _is_library_module(getattr(t, "__module__", None)):
+        state = getattr(v, "__dict__", None)
+        if t.__module__ in ("argparse", "types") and isinstance(state, dict):  # Namespace, SimpleNamespace
+            return ["object", _qualname(t), _value(dict(state), 1)]
+        return ["object", _qualname(t)]
+    state = getattr(v, "__dict__", None)
+    if not isinstance(state, dict):
+        raise NotShareable("a global the dataset's code reads holds a %s object that cannot be described"
+                           % _qualname(t))
+    if id(v) in seen:
+        return ["object", _qualname(t)]
+    seen.add(id(v))
+    code = _class_code(t, seen) if id(t) not in seen else None
+    return ["object", _qualname(t), code, _value(dict(state), 1)]
 
 
 def _hash_code(code, h, depth):

@@ -291,6 +291,45 @@ class Fingerprint(unittest.TestCase):
         # torchvision's own classes carry no code hash: same key across installs of the layer
         self.assertNotIn("code", tsshim_loader.describe(DataLoader(self.ds(), batch_size=4))["dataset"])
 
+    def test_globals_the_code_reads(self):
+        """Two runs of one script that set a module global the dataset's code
+        reads differently (SCALE = args.scale, a config object's field, a
+        helper function's constant, a mean tensor) make different batches:
+        different keys. What the code does not read, a library object and a
+        global of the same name as an attribute of self do not count; torch's
+        default dtype does."""
+        import argparse
+
+        def make(scale, lr, mean, helper_k, cfg_scale):
+            ns = {"SCALE": scale, "args": argparse.Namespace(scale=scale, lr=lr),
+                  "MEAN": torch.tensor(mean), "K": helper_k, "n": 1000 + lr,
+                  "LOCK": __import__("threading").Lock(), "CFG": type("Cfg", (), {})()}
+            ns["CFG"].scale = cfg_scale
+            exec("import torch\nfrom torch.utils.data import Dataset\n"
+                 "def helper(x): return x * K\n"
+                 "class G(Dataset):\n"
+                 "    def __init__(self, n): self.n = n\n"
+                 "    def __len__(self): return self.n\n"
+                 "    def __getitem__(self, i):\n"
+                 "        with LOCK: pass\n"
+                 "        return torch.tensor([helper(i) * SCALE * args.scale * CFG.scale]) - MEAN\n", ns)
+            ns["G"].__module__, ns["G"].__qualname__ = "__main__", "G"
+            ns["helper"].__module__ = "__main__"
+            return DataLoader(ns["G"](8), batch_size=4)
+        base = dict(scale=1.0, lr=0.1, mean=[0.5], helper_k=3, cfg_scale=2)
+        k = self.shareable(make(**base))
+        self.assertEqual(self.shareable(make(**base)), k)
+        # what the code does not read: args.lr, and n (read as self.n, not the global)
+        self.assertEqual(self.shareable(make(**dict(base, lr=0.01))), k)
+        for change in (dict(scale=2.0), dict(mean=[0.4]), dict(helper_k=4), dict(cfg_scale=3)):
+            self.assertNotEqual(self.shareable(make(**dict(base, **change))), k, change)
+        was = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            self.assertNotEqual(self.shareable(make(**base)), k)
+        finally:
+            torch.set_default_dtype(was)
+
     def test_describe(self):
         d = tsshim_loader.describe(loader("train", ROOT))
         self.assertTrue(d["shareable"])
