@@ -45,6 +45,7 @@ SCHEMA_MAX = 8192
 
 _lib = None
 _feeds = {}             # key -> _Feed, one per key and process
+_no_feeds = False  # close_all ran (the interpreter is exiting), or a forked child: no feed opens
 
 
 class Fallback(Exception):
@@ -149,6 +150,14 @@ class _UserError(Exception):
         self.exc = exc
 
 
+class _Delegate:
+    """Yielded once by an epoch's generator that does not run the epoch itself:
+    SharedIter hands every next() to it (DataLoader's own iterator) from then on."""
+
+    def __init__(self, it):
+        self.it = it
+
+
 class _Raised:
     """Yielded by an epoch's generator for an exception of the job's own loader
     that the job sees at this next() while its iterator goes on (SharedIter
@@ -166,6 +175,13 @@ def _why_off(e):
         return "batches cannot be shared: %s" % e
     # a fault of the layer, not the job's: where it was is what a report needs
     return "internal error: %s: %s%s" % (type(e).__name__, e, hook.where(e))
+
+
+def _off_level(e):
+    """How loudly sharing going off for e is said: a batch the stream cannot
+    carry (strings, a 0-d tensor) is the job's choice, said at info as a
+    loader left alone at its first iter() is; failures at warn."""
+    return "info" if isinstance(e, NotCarried) else "warn"
 
 
 def _user(fn, *args):
@@ -265,8 +281,30 @@ def feed_for(key, label, nindex):
 
 
 def close_all():
+    """At exit (atexit): every feed closed, for good. A loader iterated after
+    this (an atexit handler of the job's that ran after ours) runs on its own,
+    as without the shim: before, it found its feed closed, sharing went off
+    part-way, and its epoch came from a private loader in another order."""
+    global _no_feeds
+    _no_feeds = True
     for f in list(_feeds.values()):
         f.close()
+    _feeds.clear()
+
+
+def forget_all():
+    """In a forked child (os.register_at_fork): the parent's feeds are the
+    parent's, forgotten, not closed (the C side lets go of its state in a
+    child itself), and the C side opens no feed in a forked child (ECHILD):
+    its loaders run on their own, as without the shim. Before, the child
+    read the parent's handles (EBADF), and its epoch came from a private
+    loader in another order."""
+    global _no_feeds
+    _no_feeds = True
+    for f in list(_feeds.values()):
+        f.h = -1
+        f.attached = False
+        f.busy = False
     _feeds.clear()
 
 
@@ -477,6 +515,11 @@ class SharedIter:
         item = next(self._gen)
         if type(item) is _Raised:
             raise item.exc
+        if type(item) is _Delegate:
+            # the loader's own iterator from here on: its exceptions, and its
+            # StopIteration, reach the job as they do without the shim
+            self._gen = item.it
+            return next(self._gen)
         return item
 
     def __len__(self):
@@ -484,7 +527,9 @@ class SharedIter:
 
     def close(self):
         try:
-            self._gen.close()
+            close = getattr(self._gen, "close", None)  # a delegate (DataLoader's own) has none
+            if close is not None:
+                close()
         finally:
             if self._on_close is not None:
                 self._on_close()
@@ -497,10 +542,15 @@ class SharedIter:
 
 
 def _run(loader, st, orig_iter, length):
-    feed = st.feed
+    # The feed as it is now, at the first next(): the iterator this one
+    # replaced (it = iter(dl) again, part-way) may have left it since iter().
+    feed = None if st.disabled or _no_feeds else _open_feed(loader, st)
     yielded = 0
-    if feed.busy:  # a second live iterator of the same loader: it runs on its own
-        yield from st.own_iter(loader, orig_iter)
+    if feed is None or feed.busy:
+        # sharing went off, or a second live iterator of the same loader: it runs
+        # on its own, SharedIter handing next() to that iterator from here on
+        yield _Delegate(st.own_iter(loader, orig_iter) if feed is not None
+                        else _unshared(loader, st, orig_iter) or orig_iter(loader))
         return
     feed.busy = True
     ep = _Epoch(loader, orig_iter, st, feed)
@@ -521,7 +571,7 @@ def _run(loader, st, orig_iter, length):
                 yield from ep.private_rest()
                 return
         except Exception as e:  # NotCarried, or a fault of the layer (or of a peer's data it did not foresee)
-            st.disable(_why_off(e))
+            st.disable(_why_off(e), _off_level(e))
         if user_exc is not None:
             raise user_exc
         rest = length - yielded
@@ -820,6 +870,15 @@ class _Epoch:
             try:
                 batch = _user(next, real)
             except StopIteration:
+                if publishing and nb is not None and k < nb:
+                    # The job's own loader ended its epoch early (its dataset raised
+                    # StopIteration, as an old idiom does): so does the job's, as
+                    # without the shim. The stream cannot end an epoch short (its
+                    # consumers, and our next epoch, waited for batches that never
+                    # came: a hang): it stops here, as for an exception below.
+                    self.lib.tsshim_feed_set_unshareable(self.h)
+                    self.st.disable("the job's loader ended its epoch after %d of %d batches; the stream "
+                                    "stops here" % (k, nb), level="info")
                 break
             except _UserError as u:
                 # The job's own loader failed this batch (its dataset raised): the job
@@ -832,7 +891,8 @@ class _Epoch:
                 k += 1
                 if publishing:
                     self.lib.tsshim_feed_set_unshareable(self.h)
-                    self.st.disable("the job's loader raised %s; the stream stops here" % type(u.exc).__name__)
+                    self.st.disable("the job's loader raised %s; the stream stops here" % type(u.exc).__name__,
+                                    level="info")
                     publishing = None
                 yield _Raised(u.exc)
                 continue
@@ -847,7 +907,7 @@ class _Epoch:
                     # consumers see the flag and finish the epoch on their own; ours goes on
                     # from our own loader, unshared: no sample twice, none lost
                     self.lib.tsshim_feed_set_unshareable(self.h)
-                    self.st.disable(_why_off(e))
+                    self.st.disable(_why_off(e), _off_level(e))
                     publishing = ok = None
                 if ok:
                     leaves = ok
@@ -1503,6 +1563,13 @@ def _epoch_samples(loader):
 class LoaderState:
     """What the layer knows of one DataLoader object (kept on it)."""
 
+    def __reduce__(self):
+        # A copy or a pickle of the loader (copy.deepcopy, torch.save) begins
+        # afresh: the feed is this process's, and ctypes handles do not pickle
+        # (both failed). NoneType() is None, with no module of ours to import:
+        # the pickle loads where the shim is not.
+        return (type(None), ())
+
     def __init__(self, loader, key, why):
         self.key, self.why = key, why
         self.disabled = None if key else why
@@ -1541,11 +1608,15 @@ class LoaderState:
         what each batch made privately costs (making it, then the step)."""
         return min(self.steps) if self.steps else None
 
-    def disable(self, why):
+    def disable(self, why, level="warn"):
+        """Sharing off for this loader, for good. A failure says so at warn; what the
+        job itself does (its loader raised, ended early, or makes batches the stream
+        cannot carry: strings, a 0-d tensor) at info, as a loader left alone at its
+        first iter() is (the job sees its own exceptions anyway)."""
         if self.disabled:
             return
         self.disabled = why
-        hook.log("warn", "DataLoader sharing off for this loader: %s; it runs on its own" % why)
+        hook.log(level, "DataLoader sharing off for this loader: %s; it runs on its own" % why)
         self.leave_feed()
 
     def leave_feed(self):
@@ -1686,6 +1757,8 @@ def iterate(loader, orig_iter):
     if loader.__dict__.get("_tsshim_private"):
         return None
     st = loader.__dict__.get("_tsshim_state")
+    if _no_feeds:
+        return _unshared(loader, st, orig_iter) if st is not None else None
     if st is None:
         import tsshim_loader
         key, why = tsshim_loader.fingerprint(loader)
@@ -1696,21 +1769,30 @@ def iterate(loader, orig_iter):
         loader.__dict__["_tsshim_state"] = st
         if st.disabled:
             hook.log("info", "DataLoader not shared: %s" % st.why)
-    if st.disabled:
+    if st.disabled or _open_feed(loader, st) is None:
         return _unshared(loader, st, orig_iter)
-    if st.feed is None:
-        try:
-            st.feed = feed_for(st.key, _label(loader, st), st.nindex)
-        except Fallback as e:
-            st.disable(str(e))
-            return _unshared(loader, st, orig_iter)
-        if st.feed is None:  # the C shim is not loaded here
-            st.disabled = "tsshim not loaded"
-            return None
-        if not st.announced:
-            hook.log("info", "DataLoader shares as feed %s (%s)" % (st.key, _label(loader, st)))
-            st.announced = True
     return SharedIter(loader, st, orig_iter)
+
+
+def _open_feed(loader, st):
+    """The loader's feed, opened if it has none or its one was closed (another
+    loader of the same key in this process left it: they share one), or None:
+    sharing is off for the loader (st.disabled says why)."""
+    if st.feed is not None and st.feed.h >= 0:
+        return st.feed
+    st.feed = None
+    try:
+        st.feed = feed_for(st.key, _label(loader, st), st.nindex)
+    except Fallback as e:
+        st.disable(str(e))
+        return None
+    if st.feed is None:  # the C shim is not loaded here
+        st.disabled = "tsshim not loaded"
+        return None
+    if not st.announced:
+        hook.log("info", "DataLoader shares as feed %s (%s)" % (st.key, _label(loader, st)))
+        st.announced = True
+    return st.feed
 
 
 def _unshared(loader, st, orig_iter):

@@ -88,6 +88,7 @@ def on_torch_data(module):
     cls._tsshim_hooked = True
     import atexit
     atexit.register(_close_feeds)
+    os.register_at_fork(after_in_child=_forget_feeds)
     log("debug", "%s imported: DataLoader hooked" % TARGET)
 
 
@@ -95,6 +96,12 @@ def _close_feeds():
     mod = sys.modules.get("tsshim_feed")
     if mod is not None:
         mod.close_all()
+
+
+def _forget_feeds():
+    mod = sys.modules.get("tsshim_feed")
+    if mod is not None:
+        mod.forget_all()
 
 
 def install():

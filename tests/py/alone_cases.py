@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: MIT
+"""A PyTorch job alone in its session must behave as without the shim: small
+programs, each printing what it sees (batches, random draws, errors), run by
+tests/scenarios/alone.sh plainly and under the shim, and compared.
+
+  python3 tests/py/alone_cases.py CASE
+
+Each case is a way a differential run found the layer changing a job alone:
+  reassign     it = iter(dl) again part-way through an epoch (the new
+               iterator died of AttributeError: the old one left the feed)
+  stopiter     the dataset raises StopIteration (an old idiom): the epoch
+               ends there (the next epoch hung: the stream's was never ended)
+  two_loaders  two loaders over one dataset, one left part-way: the other's
+               next epoch (found its shared feed closed: another order)
+  fork_child   a forked child iterates a loader (read the parent's feed:
+               another order)
+  atexit       an atexit handler iterates a loader after the layer's own
+               handler closed its feeds (another order)
+  copy         copy.deepcopy and pickle of a loader after an epoch (failed:
+               the layer's state held ctypes handles)
+  strings      batches holding strings: the loader is not shared, said at
+               info, not on stderr at the default level (a warn line)
+"""
+import atexit
+import copy
+import os
+import pickle
+import sys
+
+if __name__ == "__main__" and sys.argv[1:] == ["atexit"]:
+    # registered before torch is imported (which loads the layer, and its own
+    # atexit handler): runs after the layer's, as such a job's final evaluation
+    atexit.register(lambda: at_exit_eval())
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+
+class Numbers(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor([i])
+
+
+class StopsAt3(Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if i == 3:
+            raise StopIteration
+        return torch.tensor([i])
+
+
+class Named(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor([i]), "file%d.jpg" % i
+
+
+def flat(batches):
+    return [b.flatten().tolist() for b in batches]
+
+
+def reassign():
+    dl = DataLoader(Numbers(6), batch_size=2)
+    it = iter(dl)
+    print("first", next(it).tolist())
+    it = iter(dl)  # the old iterator is dropped here, part-way
+    print("again", [next(it).tolist() for _ in range(3)])
+
+
+def stopiter():
+    dl = DataLoader(StopsAt3(), batch_size=2)
+    for ep in range(3):
+        print("epoch", ep, flat(dl), flush=True)
+
+
+def two_loaders():
+    torch.manual_seed(0)
+    ds = Numbers(12)
+    a = DataLoader(ds, batch_size=4, shuffle=True)
+    b = DataLoader(ds, batch_size=3, shuffle=True)
+    print("b", flat(b))
+    for x in a:
+        print("a first", x.flatten().tolist())
+        break
+    print("b", flat(b))
+    print("rand", torch.rand(1).item())
+
+
+def fork_child():
+    dl = DataLoader(Numbers(12), batch_size=4, shuffle=True)
+    torch.manual_seed(0)
+    print("parent", flat(dl), flush=True)
+    pid = os.fork()
+    if pid == 0:
+        torch.manual_seed(1)
+        print("child", flat(DataLoader(Numbers(12), batch_size=4, shuffle=True)), torch.rand(1).item(), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+EXIT_DL = []
+
+
+def at_exit():
+    dl = DataLoader(Numbers(9), batch_size=3, shuffle=True)
+    torch.manual_seed(0)
+    print("main", flat(dl), flush=True)
+    EXIT_DL.append(dl)
+
+
+def at_exit_eval():
+    torch.manual_seed(5)
+    print("atexit", flat(EXIT_DL[0]), torch.rand(1).item(), flush=True)
+
+
+def copies():
+    dl = DataLoader(Numbers(8), batch_size=4)
+    print("epoch", flat(dl))
+    for name, f in (("deepcopy", lambda: copy.deepcopy(dl)), ("pickle", lambda: pickle.loads(pickle.dumps(dl)))):
+        try:
+            print(name, "ok", flat(f()))
+        except Exception as e:
+            print(name, "failed:", type(e).__name__, e)
+
+
+def strings():
+    for x, names in DataLoader(Named(), batch_size=2):
+        print(x.flatten().tolist(), names)
+
+
+CASES = {"reassign": reassign, "stopiter": stopiter, "two_loaders": two_loaders, "fork_child": fork_child,
+         "atexit": at_exit, "copy": copies, "strings": strings}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
+        sys.exit("usage: alone_cases.py %s" % "|".join(CASES))
+    CASES[sys.argv[1]]()
