@@ -685,6 +685,22 @@ int ts_feed_evict_laggards(struct ts_feed *f)
 	return ts_ring_evict_laggards(f->s.seg, &f->w);
 }
 
+int ts_feed_evict_away(struct ts_feed *f, uint64_t min_ns)
+{
+	if (writer_ready(f))
+		return -EPERM;
+	return ts_ring_evict_away(f->s.seg, &f->w, min_ns);
+}
+
+void ts_feed_set_away(struct ts_feed *f, int away)
+{
+	if (f->s.self < 0 || f->s.self >= (int)TS_MAX_MEMBERS)
+		return;
+	struct ts_member *mb = &f->s.seg->members[f->s.self];
+	uint64_t now = ts_now_ns();
+	atomic_store_explicit(&mb->away_ns, away ? (now ? now : 1) : 0, memory_order_release);
+}
+
 /* ---- reading slot files ---------------------------------------------------- */
 
 /* The header's fields lie within a file of `size` bytes (no arithmetic that can wrap). */

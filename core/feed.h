@@ -153,6 +153,10 @@ enum ts_role ts_feed_role(struct ts_feed *f);
 int ts_feed_publish(struct ts_feed *f, const struct ts_feed_batch *b, uint64_t timeout_ns);
 /* After a publish timed out for long enough: evict the consumers that stopped reading. */
 int ts_feed_evict_laggards(struct ts_feed *f);
+/* The same, for the consumers away from the feed and waiting in another for min_ns (ts_member.away_ns). */
+int ts_feed_evict_away(struct ts_feed *f, uint64_t min_ns);
+/* This process is away from the feed and waits in another (1), or not (0). */
+void ts_feed_set_away(struct ts_feed *f, int away);
 
 /*
  * Where the stream stands: the stream epoch of the last batch published and

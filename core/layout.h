@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define TS_MAGIC          0x31304d4853535354ULL /* "TSSSHM01" little-endian */
-#define TS_LAYOUT_VERSION 3u
+#define TS_LAYOUT_VERSION 4u
 #define TS_MAX_MEMBERS    64u
 #define TS_MAX_DEPTH      64u
 #define TS_MAX_POSITIONS  16u
@@ -63,7 +63,13 @@ struct ts_member {
 	_Atomic uint64_t attach;
 	_Atomic uint64_t read_seq;     /* lowest ring seq this consumer still reads */
 	_Atomic uint64_t batches_read;
-	uint64_t pad;
+	/*
+	 * CLOCK_MONOTONIC since when this member, not iterating this feed (its
+	 * epoch of it over), waits in another feed of its process; 0: not. A
+	 * producer need not wait the stall time on such a laggard: it may be
+	 * waiting on the producer itself, through that other feed.
+	 */
+	_Atomic uint64_t away_ns;
 };
 
 /*

@@ -759,7 +759,9 @@ int ts_ring_wait_next(struct ts_segment *seg, struct ts_ring_reader *r, uint64_t
 	}
 }
 
-int ts_ring_evict_laggards(struct ts_segment *seg, const struct ts_ring_writer *w)
+/* Evict the laggards holding the slot the writer's next begin() needs; with
+ * away_min_ns, only those away that long (0: all of them). */
+static int evict_holding(struct ts_segment *seg, const struct ts_ring_writer *w, uint64_t away_min_ns)
 {
 	uint32_t d;
 	int ret, n = 0;
@@ -768,14 +770,30 @@ int ts_ring_evict_laggards(struct ts_segment *seg, const struct ts_ring_writer *
 		return ret;
 	if (w->next_seq + 1 <= d)
 		return 0;
-	uint64_t need = w->next_seq + 1 - d;
+	uint64_t need = w->next_seq + 1 - d, now = ts_now_ns();
 	for (unsigned m = 0; m < TS_MAX_MEMBERS; m++) {
 		struct ts_member *mb = &seg->members[m];
 		uint64_t a = atomic_load_explicit(&mb->attach, memory_order_seq_cst);
 		if ((int)m == w->self || !(a & 1) ||
 		    atomic_load_explicit(&mb->read_seq, memory_order_acquire) >= need)
 			continue;
+		if (away_min_ns) {
+			/* from shared memory: a bogus time only makes its writer lose its place */
+			uint64_t since = atomic_load_explicit(&mb->away_ns, memory_order_acquire);
+			if (!since || now < since || now - since < away_min_ns)
+				continue;
+		}
 		n += evict(seg, mb, &a);
 	}
 	return n;
+}
+
+int ts_ring_evict_laggards(struct ts_segment *seg, const struct ts_ring_writer *w)
+{
+	return evict_holding(seg, w, 0);
+}
+
+int ts_ring_evict_away(struct ts_segment *seg, const struct ts_ring_writer *w, uint64_t min_ns)
+{
+	return evict_holding(seg, w, min_ns ? min_ns : 1);
 }

@@ -135,6 +135,11 @@ int ts_ring_wait_next(struct ts_segment *seg, struct ts_ring_reader *r, uint64_t
  * Returns how many.
  */
 int ts_ring_evict_laggards(struct ts_segment *seg, const struct ts_ring_writer *w);
+/*
+ * The same for the laggards only that have been away (ts_member.away_ns)
+ * for at least min_ns: they wait in another feed, maybe on us.
+ */
+int ts_ring_evict_away(struct ts_segment *seg, const struct ts_ring_writer *w, uint64_t min_ns);
 
 /* Validate one meta row as read from shared memory. */
 int ts_batch_meta_valid(const struct ts_batch_meta *m);

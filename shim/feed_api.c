@@ -393,6 +393,16 @@ TS_EXPORT int tsshim_feed_evict_laggards(int h)
 	return FEED_CALL(h, f, ts_feed_evict_laggards(f));
 }
 
+TS_EXPORT int tsshim_feed_evict_away(int h, uint32_t min_ms)
+{
+	return FEED_CALL(h, f, ts_feed_evict_away(f, ms_ns(min_ms)));
+}
+
+TS_EXPORT int tsshim_feed_set_away(int h, int away)
+{
+	return FEED_CALL(h, f, (ts_feed_set_away(f, away), 0));
+}
+
 TS_EXPORT int tsshim_feed_stream_state(int h, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
 				       uint64_t *npublished, uint32_t timeout_ms)
 {

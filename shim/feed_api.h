@@ -23,6 +23,8 @@ int tsshim_feed_publish(int h, uint32_t npos, uint32_t flags, uint64_t nsamples,
 	const void *const *src, const int64_t *index, uint64_t stream_epoch,
 	const char *schema, uint32_t schema_len, uint64_t cpu_ns, uint32_t timeout_ms);
 int tsshim_feed_evict_laggards(int h);
+int tsshim_feed_evict_away(int h, uint32_t min_ms);
+int tsshim_feed_set_away(int h, int away);
 int tsshim_feed_stream_state(int h, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
 	uint64_t *npublished, uint32_t timeout_ms);
 int tsshim_feed_attach(int h, int at_epoch_start);

@@ -45,6 +45,7 @@ SCHEMA_MAX = 8192
 
 _lib = None
 _feeds = {}             # key -> _Feed, one per key and process
+_feeds_lock = threading.Lock()  # threads of a job iterating loaders of one key (feed_for, _run)
 _no_feeds = False  # close_all ran (the interpreter is exiting), or a forked child: no feed opens
 
 
@@ -214,7 +215,7 @@ def _bind():
         "take_idle": (i32, [i32]), "set_idle": (i32, [i32, i32]),
         "flags": (i32, [i32]), "set_unshareable": (i32, [i32]),
         "publish": (i32, [i32, u32, u32, u64, pu64, ctypes.POINTER(vp), vp, u64, cp, u32, u64, u32]),
-        "evict_laggards": (i32, [i32]),
+        "evict_laggards": (i32, [i32]), "evict_away": (i32, [i32, u32]), "set_away": (i32, [i32, i32]),
         "stream_state": (i32, [i32, pu64, pi32, vp, pu64, pu64, u32]),
         "attach": (i32, [i32, i32]), "detach": (i32, [i32]), "at_head": (i32, [i32]),
         "holds_producer": (i32, [i32]),
@@ -274,10 +275,11 @@ def feed_for(key, label, nindex):
     lib = _bind()
     if lib is None:
         return None
-    f = _feeds.get(key)
-    if f is None or f.h < 0:
-        f = _feeds[key] = _Feed(lib, key, label, nindex)
-    return f
+    with _feeds_lock:  # two threads' loaders of one key: one feed, one member (the process)
+        f = _feeds.get(key)
+        if f is None or f.h < 0:
+            f = _feeds[key] = _Feed(lib, key, label, nindex)
+        return f
 
 
 def close_all():
@@ -306,6 +308,44 @@ def forget_all():
         f.attached = False
         f.busy = False
     _feeds.clear()
+
+
+# --- waits across feeds ----------------------------------------------------------
+#
+# A job iterates one loader at a time. While it waits in one feed (for data, or
+# for a slot as producer), the others it is not iterating are marked away, so
+# that their producers need not wait the stall time (ten timeouts) on its place
+# there: it may be waiting on them through this feed. A job validating every K
+# steps (its validation loader's producer, waiting on the other job's place
+# there) and one validating after its epoch (waiting in the training feed for
+# that producer's next batch) waited on each other for 10 s an epoch before
+# the eviction broke it (pytorch_share case vk).
+
+AWAY_MS = 200    # away that long, a laggard is evicted at once: it loses its place, and makes it up
+_away = set()    # handles of our feeds marked away
+
+
+def waiting_in(h):
+    """A wait in feed h goes on: the feeds of ours no iterator of ours reads are away."""
+    for f in list(_feeds.values()):
+        if f.h >= 0 and f.h != h and not f.busy and f.h not in _away:
+            _away.add(f.h)
+            f.lib.tsshim_feed_set_away(f.h, 1)
+
+
+def done_waiting():
+    """The wait is over: back from every feed marked away."""
+    if _away and _lib is not None:
+        for h in _away:
+            _lib.tsshim_feed_set_away(h, 0)  # a handle closed since answers an error: nothing to clear
+        _away.clear()
+
+
+def not_away(feed):
+    """An iterator of ours reads feed now."""
+    if feed.h in _away:
+        _away.discard(feed.h)
+        feed.lib.tsshim_feed_set_away(feed.h, 0)
 
 
 # --- batches as positions --------------------------------------------------------
@@ -475,8 +515,11 @@ def publish_leaves(lib, h, stall_ms, leaves, n, schema, idx, eoe, stream_epoch, 
                                       idx.data_ptr() if idx is not None else None,
                                       stream_epoch, schema, len(schema), cpu_ns, SLICE_MS)
         if ret != -errno.ETIMEDOUT:
+            done_waiting()
             return ret
         waited += SLICE_MS
+        waiting_in(h)
+        lib.tsshim_feed_evict_away(h, AWAY_MS)
         if waited >= stall_ms:
             lib.tsshim_feed_evict_laggards(h)
             waited = 0
@@ -546,13 +589,17 @@ def _run(loader, st, orig_iter, length):
     # replaced (it = iter(dl) again, part-way) may have left it since iter().
     feed = None if st.disabled or _no_feeds else _open_feed(loader, st)
     yielded = 0
-    if feed is None or feed.busy:
+    with _feeds_lock:  # another thread's iterator of the same key may be starting now
+        mine = feed is not None and not feed.busy
+        if mine:
+            feed.busy = True
+    if not mine:
         # sharing went off, or a second live iterator of the same loader: it runs
         # on its own, SharedIter handing next() to that iterator from here on
         yield _Delegate(st.own_iter(loader, orig_iter) if feed is not None
                         else _unshared(loader, st, orig_iter) or orig_iter(loader))
         return
-    feed.busy = True
+    not_away(feed)
     ep = _Epoch(loader, orig_iter, st, feed)
     user_exc = None
     try:
@@ -729,9 +776,12 @@ class _Epoch:
             if ret != -errno.ETIMEDOUT:
                 break
             waited += SLICE_MS
+            waiting_in(self.h)
+            self.lib.tsshim_feed_evict_away(self.h, AWAY_MS)
             if waited >= self.feed.stall_ms:
                 self.lib.tsshim_feed_evict_laggards(self.h)
                 waited = 0
+        done_waiting()
         # EDEADLK: elected with batches of our predecessor unread at our place (it
         # ended while we trained): those are ours to read first, like a consumer's
         if ret in (-errno.EPERM, -errno.EDEADLK):
@@ -1091,6 +1141,8 @@ class _Epoch:
             ms = 0 if self.making_rest() else SLICE_MS
             ret = call(ms)
             if ret == -errno.ETIMEDOUT:
+                if ms:
+                    waiting_in(self.h)
                 self.on_wait(ms)
             elif ret == -errno.ESTALE:  # evicted while we were away: on from the head
                 if self.skipping or self.gathering:
@@ -1110,6 +1162,7 @@ class _Epoch:
             elif ret == -errno.ENOTCONN:
                 self.attach()
             elif ret in (0, -errno.EXDEV):
+                done_waiting()
                 return ret
             else:
                 raise Fallback("reading the feed failed: %s" % _err(ret))

@@ -20,12 +20,17 @@ Each case is a way a differential run found the layer changing a job alone:
                the layer's state held ctypes handles)
   strings      batches holding strings: the loader is not shared, said at
                info, not on stderr at the default level (a warn line)
+  threads      two threads, each iterating a loader of its own (its own
+               generator) over one dataset (the process opened the feed
+               twice, and one loader read the other's stream: half the runs)
 """
 import atexit
 import copy
 import os
 import pickle
 import sys
+import threading
+import time
 
 if __name__ == "__main__" and sys.argv[1:] == ["atexit"]:
     # registered before torch is imported (which loads the layer, and its own
@@ -138,8 +143,36 @@ def strings():
         print(x.flatten().tolist(), names)
 
 
+class Slow(Dataset):
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.tensor([i])
+
+
+def threads():
+    res = {}
+
+    def work(name, dl):
+        res[name] = [flat(dl) for _ in range(2)]
+    ts = []
+    for k in range(2):
+        g = torch.Generator()
+        g.manual_seed(100 + k)
+        dl = DataLoader(Slow(), batch_size=4, shuffle=True, generator=g)
+        ts.append(threading.Thread(target=work, args=("loader%d" % k, dl)))
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for k in sorted(res):
+        print(k, res[k])
+
+
 CASES = {"reassign": reassign, "stopiter": stopiter, "two_loaders": two_loaders, "fork_child": fork_child,
-         "atexit": at_exit, "copy": copies, "strings": strings}
+         "atexit": at_exit, "copy": copies, "strings": strings, "threads": threads}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in CASES:

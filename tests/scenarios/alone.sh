@@ -12,7 +12,7 @@ PY=${TS_PYTHON:-/usr/bin/python3}
 CASES="$PWD/tests/py/alone_cases.py"
 unset TSSHIM_MODE TSSHIM_LOG
 
-for c in reassign stopiter two_loaders fork_child atexit copy strings; do
+for c in reassign stopiter two_loaders fork_child atexit copy strings threads; do
 	want=$(env -u LD_PRELOAD timeout 60 "$PY" "$CASES" "$c" 2>"$T_TMP/$c.plain.err"; echo "rc=$?")
 	got=$(LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name "$c")" timeout 60 "$PY" "$CASES" "$c" \
 		2>"$T_TMP/$c.err"; echo "rc=$?")

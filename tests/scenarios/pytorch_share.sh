@@ -39,6 +39,8 @@
 #          privately gets the part of a batch it holds as it is (no crash)
 #   xs/xo  a consumer with persistent workers that later runs its own loader (elected
 #          producer; sharing off): no second base seed drawn, its workers' seeds kept
+#   vk     validation every 3 steps in one job, after each epoch in the other: no
+#          10 s waits on each other through the two loaders
 #   sb     a producer that breaks out of an epoch while a consumer reads on: the
 #          rest of that stream epoch is the consumer's; its next epochs are whole
 #   z      a train loader that goes off sharing, then a validation loader (its feed
@@ -777,6 +779,76 @@ nb=$(grep -c '"loader":"train","epoch":[12],"batch"' "$T_TMP/sb.1.jsonl")
 check "(sb) job 1's epochs 1 and 2 are whole: $nb batches of 20" [ "$nb" = 20 ]
 check "(sb) job 1 made the rest of the epoch it left for job 2" \
 	grep -q "producing the rest of stream epoch 1" "$T_TMP/sb.1.err"
+
+# --- vk: one job validates every 3 steps, the other after each epoch -------------
+# Job 1 validates every 3 training steps, job 2 after each epoch (a train
+# loader of 100 samples in batches of 10, a validation loader of 40 in order
+# in batches of 8: 5 batches, one more than the ring holds). Each came to
+# wait on the other through the other loader: the validation loader's
+# producer on job 2's place there (job 2 waiting in the training feed for
+# the producer's next batch), until the stall time (ten timeouts) evicted
+# it: both jobs stood still 10 s about once an epoch (4 epochs: 33 s, against
+# 0.8 s without the shim). A job waiting in one feed is now away from the
+# others it is not reading, and a producer evicts a laggard that is away at
+# once (it makes what it missed as any evicted reader does). Every epoch of
+# both loaders stays whole.
+cat >"$T_TMP/vk_job.py" <<'PY'
+import json, sys, time, torch
+from torch.utils.data import Dataset, DataLoader
+mode, out = sys.argv[1], open(sys.argv[2], "w")
+class DS(Dataset):
+    def __init__(self, n, tag): self.n, self.tag = n, tag
+    def __len__(self): return self.n
+    def __getitem__(self, i): return torch.tensor([float(i), float(self.tag)]), i
+train = DataLoader(DS(100, 0), batch_size=10, shuffle=True)
+val = DataLoader(DS(40, 1), batch_size=8)
+last, gap, step = time.monotonic(), 0.0, 0
+def tick():
+    global last, gap
+    now = time.monotonic(); gap = max(gap, now - last); last = now
+def validate():
+    ids = []
+    for x, y in val:
+        tick(); ids += y.tolist()
+    out.write(json.dumps({"val": ids}) + "\n")
+for ep in range(4):
+    ids = []
+    for x, y in train:
+        tick(); time.sleep(0.02); step += 1; ids += y.tolist()
+        assert x[:, 0].long().tolist() == y.tolist(), "unpaired"
+        if mode == "k3" and step % 3 == 0:
+            validate()
+    out.write(json.dumps({"train": sorted(ids)}) + "\n")
+    if mode == "epoch":
+        validate()
+out.write(json.dumps({"gap": round(gap, 2)}) + "\n")
+PY
+for i in 1 2; do
+	mode=k3; [ "$i" = 2 ] && mode=epoch
+	LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name vk)" "${JOB_LIMIT[@]}" "$PY" "$T_TMP/vk_job.py" \
+		"$mode" "$T_TMP/vk.$i.out" >"$T_TMP/vk.$i.log" 2>&1 &
+	JPID[vk.$i]=$!
+	T_PIDS+=($!)
+done
+finished vk 2
+vk=$("$PY" - "$T_TMP/vk.1.out" "$T_TMP/vk.2.out" <<'PYV'
+import json, sys
+bad, gaps = [], []
+for p in sys.argv[1:]:
+    for r in map(json.loads, open(p)):
+        if "train" in r and r["train"] != list(range(100)):
+            bad.append("%s: a train epoch of %d samples, %d distinct" % (p[-8:], len(r["train"]), len(set(r["train"]))))
+        if "val" in r and r["val"] != list(range(40)):
+            bad.append("%s: a validation pass %s..." % (p[-8:], r["val"][:10]))
+        if "gap" in r:
+            gaps.append(r["gap"])
+print("; ".join(bad[:3]) if bad else "whole, longest waits %s s" % " and ".join(map(str, gaps)))
+sys.exit(1 if bad or len(gaps) != 2 or max(gaps) >= 5 else 0)
+PYV
+)
+vkrc=$?
+check "(vk) validation every 3 steps beside validation per epoch: every epoch whole, no wait of 5 s ($vk)" \
+	[ "$vkrc" = 0 ]
 
 # --- t: a stream this torch cannot read; a fault in the layer ----------------------
 # Job 1's schema names a dtype no torch has (as a newer torch's new dtype would be

@@ -367,6 +367,36 @@ Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
 	ts_feed_close(&f);
 }
 
+/* A laggard away from the feed (its job waits in another feed, maybe on us)
+ * is evicted without the stall time; one that is merely behind is not. */
+Test(feed, a_consumer_away_and_waiting_elsewhere_is_evicted_at_once)
+{
+	struct ts_feed f;
+	int64_t idx[2] = { 0, 1 };
+	int go;
+	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
+	pid_t pid = start_held_peer("stall", &go);
+	for (int k = 0; k < 4; k++)
+		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
+	cr_expect_eq(publish_within(&f, idx, 2, 1, 0, schema, SEC / 10), -ETIMEDOUT, "held back by the consumer");
+	cr_expect_eq(ts_feed_evict_away(&f, SEC / 10), 0, "not away: it keeps its place");
+	int peer = -1;
+	for (unsigned m = 0; m < TS_MAX_MEMBERS; m++)
+		if ((int)m != f.s.self && (atomic_load(&f.s.seg->members[m].attach) & 1))
+			peer = (int)m;
+	cr_assert_geq(peer, 0, "the consumer is attached");
+	struct ts_member *mb = &f.s.seg->members[peer];
+	atomic_store(&mb->away_ns, ts_now_ns()); /* as its ts_feed_set_away() would */
+	cr_expect_eq(ts_feed_evict_away(&f, SEC / 10), 0, "away for less than asked: it keeps its place");
+	atomic_store(&mb->away_ns, ts_now_ns() - SEC / 5);
+	cr_expect_eq(ts_feed_evict_away(&f, SEC / 10), 1, "away long enough: evicted");
+	cr_expect_eq(publish_within(&f, idx, 2, 1, 0, schema, SEC / 10), 0, "free again");
+	say(go);
+	cr_expect_eq(wait_exit(pid), 0, "the evicted consumer learns it with -ESTALE");
+	close(go);
+	ts_feed_close(&f);
+}
+
 /* A reader that is about to stop reading (it makes part of its epoch
  * privately) asks whether the producer waits on it, to detach if so. */
 Test(feed, a_reader_knows_when_the_producer_waits_on_it)
