@@ -348,23 +348,45 @@ Test(feed, corrupt_slot_header_is_refused_not_trusted)
 	ts_feed_close(&f);
 }
 
+/* Open f as producer and fill its ring (4 batches of samples 0 and 1) with
+ * ts-feedpeer MODE attached and not reading: the next publish is held back.
+ * The peer's pid; *go tells it to go on (let_go). */
+static pid_t held_back_by(struct ts_feed *f, const char *mode, int *go)
+{
+	int64_t idx[2] = { 0, 1 };
+	cr_assert_eq(ts_feed_open(f, name, &params, NINDEX), 0);
+	pid_t pid = start_held_peer(mode, go);
+	for (int k = 0; k < 4; k++)
+		cr_assert_eq(publish(f, idx, 2, 1, 0, schema), 0);
+	cr_expect_eq(publish_within(f, idx, 2, 1, 0, schema, SEC / 10), -ETIMEDOUT, "held back by the peer");
+	return pid;
+}
+
+/* The next publish goes through now. */
+static void free_again(struct ts_feed *f)
+{
+	int64_t idx[2] = { 0, 1 };
+	cr_expect_eq(publish_within(f, idx, 2, 1, 0, schema, SEC / 10), 0, "free again");
+}
+
+/* Let the peer go on; it must exit 0 (what says why). */
+static void let_go(struct ts_feed *f, pid_t pid, int go, const char *what)
+{
+	say(go);
+	cr_expect_eq(wait_exit(pid), 0, "%s", what);
+	close(go);
+	ts_feed_close(f);
+}
+
 Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
 {
 	struct ts_feed f;
-	int64_t idx[2] = { 0, 1 };
 	int go;
-	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
 	/* ts-feedpeer stall: attaches, stalls until told, then looks: -ESTALE, detached, attaches again: exit 0 */
-	pid_t pid = start_held_peer("stall", &go);
-	for (int k = 0; k < 4; k++)
-		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
-	cr_expect_eq(publish_within(&f, idx, 2, 1, 0, schema, SEC / 10), -ETIMEDOUT, "held back by the stalled consumer");
+	pid_t pid = held_back_by(&f, "stall", &go);
 	cr_expect_eq(ts_feed_evict_laggards(&f), 1);
-	cr_expect_eq(publish_within(&f, idx, 2, 1, 0, schema, SEC / 10), 0, "free again");
-	say(go);
-	cr_expect_eq(wait_exit(pid), 0, "the evicted consumer learns it with -ESTALE");
-	close(go);
-	ts_feed_close(&f);
+	free_again(&f);
+	let_go(&f, pid, go, "the evicted consumer learns it with -ESTALE");
 }
 
 /* A laggard away from the feed (its job waits in another feed, maybe on us)
@@ -372,13 +394,8 @@ Test(feed, a_consumer_that_stops_reading_is_evicted_on_request)
 Test(feed, a_consumer_away_and_waiting_elsewhere_is_evicted_at_once)
 {
 	struct ts_feed f;
-	int64_t idx[2] = { 0, 1 };
 	int go;
-	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	pid_t pid = start_held_peer("stall", &go);
-	for (int k = 0; k < 4; k++)
-		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
-	cr_expect_eq(publish_within(&f, idx, 2, 1, 0, schema, SEC / 10), -ETIMEDOUT, "held back by the consumer");
+	pid_t pid = held_back_by(&f, "stall", &go);
 	cr_expect_eq(ts_feed_evict_away(&f, SEC / 10), 0, "not away: it keeps its place");
 	int peer = -1;
 	for (unsigned m = 0; m < TS_MAX_MEMBERS; m++)
@@ -390,11 +407,8 @@ Test(feed, a_consumer_away_and_waiting_elsewhere_is_evicted_at_once)
 	cr_expect_eq(ts_feed_evict_away(&f, SEC / 10), 0, "away for less than asked: it keeps its place");
 	atomic_store(&mb->away_ns, ts_now_ns() - SEC / 5);
 	cr_expect_eq(ts_feed_evict_away(&f, SEC / 10), 1, "away long enough: evicted");
-	cr_expect_eq(publish_within(&f, idx, 2, 1, 0, schema, SEC / 10), 0, "free again");
-	say(go);
-	cr_expect_eq(wait_exit(pid), 0, "the evicted consumer learns it with -ESTALE");
-	close(go);
-	ts_feed_close(&f);
+	free_again(&f);
+	let_go(&f, pid, go, "the evicted consumer learns it with -ESTALE");
 }
 
 /* A reader that is about to stop reading (it makes part of its epoch
@@ -402,17 +416,9 @@ Test(feed, a_consumer_away_and_waiting_elsewhere_is_evicted_at_once)
 Test(feed, a_reader_knows_when_the_producer_waits_on_it)
 {
 	struct ts_feed f;
-	int64_t idx[2] = { 0, 1 };
 	int go;
-	cr_assert_eq(ts_feed_open(&f, name, &params, NINDEX), 0);
-	pid_t pid = start_held_peer("holding", &go);
-	for (int k = 0; k < 4; k++)
-		cr_assert_eq(publish(&f, idx, 2, 1, 0, schema), 0);
-	cr_expect_eq(publish_within(&f, idx, 2, 1, 0, schema, SEC / 10), -ETIMEDOUT, "held back by the reader");
-	say(go);
-	cr_expect_eq(wait_exit(pid), 0, "the reader saw itself holding the producer, then free once it read");
-	close(go);
-	ts_feed_close(&f);
+	pid_t pid = held_back_by(&f, "holding", &go);
+	let_go(&f, pid, go, "the reader saw itself holding the producer, then free once it read");
 }
 
 Test(feed, stale_files_of_an_ended_session_are_removed)
