@@ -297,21 +297,28 @@ class _ExactEpoch:
     def produce(self):
         real, rec = self.real, self.rec
         publishing = True
-        for k in range(self.nb):
+        k = 0
+        while k < self.nb:
             t0 = time.process_time_ns()
             try:
                 batch = next(real)
             except StopIteration:
                 break
-            except Exception as e:
-                # the job's dataset raised: the job sees it at this next(), as without
+            except (Exception, KeyboardInterrupt, SystemExit) as e:
+                # the job's dataset raised (or Ctrl-C came, or an alarm's handler
+                # raised, while it waited): the job sees it at this next(), as without
                 # the shim, and may go on; the stream stops here (its consumers make
-                # the rest on their own, this batch's exception included)
+                # the rest on their own, this batch's exception included). An
+                # interrupt may have come while the batch was waited for: it still
+                # comes, so it is not counted (one from the dataset lost its batch:
+                # the loop meets the StopIteration one next() sooner).
                 if rec.notes:
                     rec.notes.popleft()
                 if publishing:
                     self.lib.tsshim_feed_set_unshareable(self.h)
                     publishing = False
+                if isinstance(e, Exception):
+                    k += 1
                 yield feedmod._Raised(e)
                 continue
             indices = rec.notes.popleft() if rec.notes else None
@@ -329,6 +336,7 @@ class _ExactEpoch:
                     hook.log("info", "exact feed %s: batches not published: %s"
                              % (self.feed.key, feedmod._why_off(e)))
                     publishing = False
+            k += 1
             yield batch
 
     def publish(self, batch, indices, last, cpu_ns):
@@ -382,7 +390,7 @@ class _ExactEpoch:
                 batch = next(it)
             except StopIteration:
                 return
-            except Exception as e:  # the job's dataset raised: the iterator goes on, as torch's does
+            except (Exception, KeyboardInterrupt, SystemExit) as e:  # the job's dataset raised: the iterator goes on, as torch's does
                 batch = feedmod._Raised(e)
             self.mirror.put()
             yield batch

@@ -185,6 +185,18 @@ def _off_level(e):
     return "info" if isinstance(e, NotCarried) else "warn"
 
 
+def _user_or_interrupt(fn, *args):
+    """_user(fn, *args), where a KeyboardInterrupt (Ctrl-C, or an alarm's handler
+    that raises it) or SystemExit inside the job's own loader is the job's too:
+    it reaches the job at this next() and the iterator goes on, as torch's does.
+    Raised through the epoch's generator, it ended it (every later next() a
+    StopIteration, the epoch cut short)."""
+    try:
+        return _user(fn, *args)
+    except (KeyboardInterrupt, SystemExit) as e:
+        raise _UserError(e) from e
+
+
 def _user(fn, *args):
     """fn(*args), where fn runs the job's own code (see _UserError)."""
     try:
@@ -918,7 +930,7 @@ class _Epoch:
             t0 = time.process_time_ns()
             w0 = sum(_proc_cpu_ns(p) for p in workers())
             try:
-                batch = _user(next, real)
+                batch = _user_or_interrupt(next, real)
             except StopIteration:
                 if publishing and nb is not None and k < nb:
                     # The job's own loader ended its epoch early (its dataset raised

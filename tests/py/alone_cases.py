@@ -20,6 +20,9 @@ Each case is a way a differential run found the layer changing a job alone:
                the layer's state held ctypes handles)
   strings      batches holding strings: the loader is not shared, said at
                info, not on stderr at the default level (a warn line)
+  interrupt    the dataset raises KeyboardInterrupt at one sample, caught
+               by the loop (the iterator ended: every later next() a
+               StopIteration; torch's goes on with the next batch)
   threads      two threads, each iterating a loader of its own (its own
                generator) over one dataset (the process opened the feed
                twice, and one loader read the other's stream: half the runs)
@@ -143,6 +146,29 @@ def strings():
         print(x.flatten().tolist(), names)
 
 
+class Interrupts(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 2:
+            raise KeyboardInterrupt
+        return torch.tensor([i])
+
+
+def interrupt():
+    it = iter(DataLoader(Interrupts(), batch_size=2))
+    out = []
+    for _ in range(5):
+        try:
+            out.append(next(it).flatten().tolist())
+        except StopIteration:
+            out.append("StopIteration")
+        except KeyboardInterrupt:
+            out.append("KeyboardInterrupt")
+    print(out)
+
+
 class Slow(Dataset):
     def __len__(self):
         return 12
@@ -172,7 +198,8 @@ def threads():
 
 
 CASES = {"reassign": reassign, "stopiter": stopiter, "two_loaders": two_loaders, "fork_child": fork_child,
-         "atexit": at_exit, "copy": copies, "strings": strings, "threads": threads}
+         "atexit": at_exit, "copy": copies, "strings": strings, "interrupt": interrupt,
+         "threads": threads}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in CASES:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A PyTorch job alone in its session behaves as without the shim, in the
 # corners a differential run found it did not (tests/py/alone_cases.py says
-# what each case was): every case run plainly and under the shim (default
-# mode, default log level), its output and exit status compared, and nothing
-# of the shim's on its stderr.
+# what each case was): every case run plainly and under the shim (socket
+# mode and exact mode, default log level), its output and exit status
+# compared, and nothing of the shim's on its stderr.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib.sh
@@ -12,16 +12,18 @@ PY=${TS_PYTHON:-/usr/bin/python3}
 CASES="$PWD/tests/py/alone_cases.py"
 unset TSSHIM_MODE TSSHIM_LOG
 
-for c in reassign stopiter two_loaders fork_child atexit copy strings threads; do
+for c in reassign stopiter two_loaders fork_child atexit copy strings interrupt threads; do
 	want=$(env -u LD_PRELOAD timeout 60 "$PY" "$CASES" "$c" 2>"$T_TMP/$c.plain.err"; echo "rc=$?")
-	got=$(LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name "$c")" timeout 60 "$PY" "$CASES" "$c" \
-		2>"$T_TMP/$c.err"; echo "rc=$?")
-	lines=$(grep -c '^tsshim\[' "$T_TMP/$c.err")
-	check "$c: as without the shim (${got##*rc=}), no line of the shim's ($lines)" \
-		cond '[ "$want" = "$got" ] && [ "$lines" = 0 ]'
-	if [ "$want" != "$got" ] || [ "$lines" != 0 ]; then
-		diff <(echo "$want") <(echo "$got") | head -n 8 | sed 's/^/#   /'
-		grep '^tsshim\[' "$T_TMP/$c.err" | head -n 4 | sed 's/^/#   /'
-	fi
+	for mode in socket exact; do
+		got=$(LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=$mode TSSHIM_SESSION="$(session_name "$c-$mode")" \
+			timeout 60 "$PY" "$CASES" "$c" 2>"$T_TMP/$c.err"; echo "rc=$?")
+		lines=$(grep -c '^tsshim\[' "$T_TMP/$c.err")
+		check "$c ($mode): as without the shim (${got##*rc=}), no line of the shim's ($lines)" \
+			cond '[ "$want" = "$got" ] && [ "$lines" = 0 ]'
+		if [ "$want" != "$got" ] || [ "$lines" != 0 ]; then
+			diff <(echo "$want") <(echo "$got") | head -n 8 | sed 's/^/#   /'
+			grep '^tsshim\[' "$T_TMP/$c.err" | head -n 4 | sed 's/^/#   /'
+		fi
+	done
 done
 finish alone
