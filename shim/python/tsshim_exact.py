@@ -338,6 +338,16 @@ class _ExactEpoch:
                     publishing = False
             k += 1
             yield batch
+        else:
+            # Ask once more, as a for loop over it does: its StopIteration shuts its
+            # workers down now. Left to its __del__, an exception the job caught
+            # (its traceback holds the iterator's frames, in a cycle of torch's own)
+            # kept them alive until the garbage collector ran, once inside a forked
+            # worker of the next loader, where that __del__ failed.
+            try:
+                next(real)
+            except (StopIteration, Exception):
+                pass
 
     def publish(self, batch, indices, last, cpu_ns):
         """Publish one batch; False: not any more (we were replaced)."""

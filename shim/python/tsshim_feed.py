@@ -569,7 +569,15 @@ class SharedIter:
     def __next__(self):
         item = next(self._gen)
         if type(item) is _Raised:
-            raise item.exc
+            # Not `raise item.exc`: the traceback would hold this frame, whose item
+            # holds the exception, a cycle that kept the epoch's iterator, and its
+            # workers, alive until the garbage collector ran (in a forked worker of
+            # the next loader, once, where its __del__ failed).
+            exc, item = item.exc, None
+            try:
+                raise exc
+            finally:
+                exc = None
         if type(item) is _Delegate:
             # the loader's own iterator from here on: its exceptions, and its
             # StopIteration, reach the job as they do without the shim

@@ -23,6 +23,10 @@ Each case is a way a differential run found the layer changing a job alone:
   interrupt    the dataset raises KeyboardInterrupt at one sample, caught
                by the loop (the iterator ended: every later next() a
                StopIteration; torch's goes on with the next batch)
+  worker_error a worker's exception caught by the loop, which goes on: the
+               epoch's workers are gone after it (exact mode kept them until
+               the garbage collector ran, once in a forked worker of the
+               next loader, where torch's __del__ failed on stderr)
   threads      two threads, each iterating a loader of its own (its own
                generator) over one dataset (the process opened the feed
                twice, and one loader read the other's stream: half the runs)
@@ -169,6 +173,31 @@ def interrupt():
     print(out)
 
 
+class Bad(Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if i == 2:
+            raise ValueError("bad sample")
+        return torch.tensor([i])
+
+
+def worker_error():
+    import multiprocessing
+    for k in range(3):
+        it = iter(DataLoader(Bad(), batch_size=2, num_workers=2))
+        out = []
+        while True:
+            try:
+                out.append(next(it).flatten().tolist())
+            except StopIteration:
+                break
+            except ValueError as e:
+                out.append("%s: %s" % (type(e).__name__, str(e).splitlines()[-1]))
+        print(out, "workers alive after the epoch:", len(multiprocessing.active_children()), flush=True)
+
+
 class Slow(Dataset):
     def __len__(self):
         return 12
@@ -198,7 +227,7 @@ def threads():
 
 
 CASES = {"reassign": reassign, "stopiter": stopiter, "two_loaders": two_loaders, "fork_child": fork_child,
-         "atexit": at_exit, "copy": copies, "strings": strings, "interrupt": interrupt,
+         "atexit": at_exit, "copy": copies, "strings": strings, "interrupt": interrupt, "worker_error": worker_error,
          "threads": threads}
 
 if __name__ == "__main__":

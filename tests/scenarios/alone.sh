@@ -12,7 +12,7 @@ PY=${TS_PYTHON:-/usr/bin/python3}
 CASES="$PWD/tests/py/alone_cases.py"
 unset TSSHIM_MODE TSSHIM_LOG
 
-for c in reassign stopiter two_loaders fork_child atexit copy strings interrupt threads; do
+for c in reassign stopiter two_loaders fork_child atexit copy strings interrupt worker_error threads; do
 	want=$(env -u LD_PRELOAD timeout 60 "$PY" "$CASES" "$c" 2>"$T_TMP/$c.plain.err"; echo "rc=$?")
 	for mode in socket exact; do
 		got=$(LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=$mode TSSHIM_SESSION="$(session_name "$c-$mode")" \
