@@ -67,12 +67,18 @@ def _versions():
 
 class ExactState:
     """What exact mode knows of one DataLoader (kept on it): the parts of its epoch
-    key that do not change between epochs, or why it does not share."""
+    key that come from the loader, or why it does not share. Worked out again at
+    every iter(): a job may change its transforms, its dataset or a global they
+    read between epochs (progressive resizing, a curriculum), and two jobs whose
+    loaders stood alike at their first epoch no longer make the same later ones."""
 
     def __init__(self, loader):
         self.static = None
         self.iters = 0          # iterators made of this loader: part of each epoch's key
         self.why = self._eligible(loader)
+
+    def __reduce__(self):  # a copy or a pickle of the loader begins afresh (see tsshim_feed.LoaderState)
+        return (type(None), ())
 
     def _eligible(self, loader):
         import tsshim_loader
@@ -90,11 +96,21 @@ class ExactState:
         if wif is not None and wif_d is None:
             return "worker_init_fn %s is not a plain module-level function" % tsshim_loader._callable_name(wif)
         ctx = loader.multiprocessing_context
+        if ctx is None:  # the process's default, set_start_method's if the job set one
+            mp = sys.modules.get("torch.multiprocessing") or sys.modules.get("multiprocessing")
+            try:
+                ctx = "default:%s" % mp.get_start_method(allow_none=True)
+            except Exception:
+                ctx = "default"
+        else:
+            ctx = getattr(ctx, "_name", type(ctx).__name__)
         self.static = {
             "v": VERSION, "key": key, "len": len(loader), "nindex": len(loader.dataset),
             "batch_size": loader.batch_size, "drop_last": bool(loader.drop_last),
             "workers": loader.num_workers, "worker_init": wif_d,
-            "context": None if ctx is None else getattr(ctx, "_name", type(ctx).__name__),
+            "context": ctx,
+            # seeded generators the user's code reads as globals: forked workers inherit them
+            "rngs": tsshim_loader.rng_state(),
             "versions": _versions(),
         }
         self.nindex = len(loader.dataset)
@@ -205,6 +221,12 @@ def iterate(loader, orig_iter):
     if st is None:
         st = loader.__dict__["_tsshim_exact"] = ExactState(loader)
         if st.why:
+            hook.log("info", "DataLoader batches not shared in exact mode: %s; "
+                     "its decodes are still shared" % st.why)
+    else:
+        was = st.why
+        st.why = st._eligible(loader)  # the loader as it stands now (ExactState)
+        if st.why and st.why != was:
             hook.log("info", "DataLoader batches not shared in exact mode: %s; "
                      "its decodes are still shared" % st.why)
     if st.why:

@@ -1644,6 +1644,7 @@ class LoaderState:
         return (type(None), ())
 
     def __init__(self, loader, key, why):
+        self.fp = key  # the key fingerprint() gave (iterate compares it at every iter())
         self.key, self.why = key, why
         self.disabled = None if key else why
         self.feed = None
@@ -1832,13 +1833,22 @@ def iterate(loader, orig_iter):
     st = loader.__dict__.get("_tsshim_state")
     if _no_feeds:
         return _unshared(loader, st, orig_iter) if st is not None else None
-    if st is None:
-        import tsshim_loader
-        key, why = tsshim_loader.fingerprint(loader)
-        if key:
-            e = _epoch_samples(loader)
-            key = hashlib.sha256(("%s:%d" % (key, e)).encode()).hexdigest()[:16]
-        st = LoaderState(loader, key, why)
+    # The key at every iter(): a job may change its transforms, its dataset or a
+    # global they read between epochs (progressive resizing). Its loader then
+    # makes other batches than the jobs whose loaders stood alike before, and
+    # moves to the feed of its new key. Before, it stayed in the old one, and a
+    # consumer trained on another size of image (a differential run, exact mode).
+    import tsshim_loader
+    key, why = tsshim_loader.fingerprint(loader)
+    if key:
+        e = _epoch_samples(loader)
+        key = hashlib.sha256(("%s:%d" % (key, e)).encode()).hexdigest()[:16]
+    if st is None or st.fp != key:
+        if st is not None:
+            st.leave_feed()
+        old, st = st, LoaderState(loader, key, why)
+        if old is not None:  # what its own iterator drew already is the loader's, whatever its key
+            st.own_iter_made, st.base_gen = old.own_iter_made, old.base_gen
         loader.__dict__["_tsshim_state"] = st
         if st.disabled:
             hook.log("info", "DataLoader not shared: %s" % st.why)

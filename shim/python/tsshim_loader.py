@@ -29,7 +29,8 @@ import os
 import sys
 import types
 
-VERSION = 4  # bump when the description changes: old and new never share
+_rngs_read = []  # the random generators the last fingerprint found the user's code reading (rng_state)
+VERSION = 5  # bump when the description changes: old and new never share
 _MAX_DEPTH = 8
 
 
@@ -39,6 +40,7 @@ class NotShareable(Exception):
 
 def fingerprint(loader):
     """(key, why): key is 16 hex chars, or None with the reason in why."""
+    del _rngs_read[:]
     try:
         parts = _describe(loader)
     except NotShareable as e:
@@ -481,20 +483,92 @@ def _global_reads(code, depth=0):
 def _hash_globals(code, globs, h, seen):
     """Hash what the module globals that code reads hold (_global_value): a
     dataset whose __getitem__ scales by SCALE = args.scale makes other
-    batches when the script is run with another --scale, and must not share."""
+    batches when the script is run with another --scale, and must not share.
+    Attributes are followed into data (args.scale) and into modules of the
+    user's own (config.OFFSET), not into a library's (torch.tensor) nor into
+    a method: CFG.get("offset") describes CFG, what it answers from. Code
+    that reads the environment (os.environ, os.getenv) has the variables its
+    string constants name described too."""
+    env = False
     for name, path in sorted(_global_reads(code)):
         if name not in globs:
             continue  # a builtin (len, range), or a global not set yet
         v, read = globs[name], []
         for attr in path:
-            if isinstance(v, (types.ModuleType, type)) or callable(v):
+            if v is os and attr in ("environ", "getenv", "getenvb", "environb"):
+                env = True
+            if isinstance(v, type) or callable(v) or \
+                    (isinstance(v, types.ModuleType) and _is_library_module(v.__name__)):
                 break  # torch.tensor, np.random.rand, T.Compose: the module or class says it
             try:
-                v = getattr(v, attr)
+                nxt = getattr(v, attr)
             except Exception:
                 break
+            if callable(nxt) and not isinstance(nxt, type) and not isinstance(v, types.ModuleType):
+                break  # a method of v's (CFG.get): v is what it answers from
+            v = nxt
             read.append(attr)
+        if v is os.environ or v is getattr(os, "getenv", None):
+            env = True
         h.update(json.dumps([name, read, _global_value(v, seen)], sort_keys=True).encode("utf-8", "surrogatepass"))
+    if env:
+        names = sorted(c for c in _str_consts(code) if c and len(c) <= 256 and c.replace("_", "A").isalnum())
+        h.update(json.dumps(["environ", [[n, os.environ.get(n)] for n in names]]).encode("utf-8", "surrogatepass"))
+
+
+def _str_consts(code, depth=0):
+    """The string constants of code and the code nested in it."""
+    out = set()
+    if depth > _MAX_DEPTH:
+        return out
+    for c in code.co_consts:
+        if isinstance(c, str):
+            out.add(c)
+        elif isinstance(c, types.CodeType):
+            out |= _str_consts(c, depth + 1)
+    return out
+
+
+_RNG_TYPES = (("random", "Random"), ("numpy.random", "Generator"), ("numpy.random", "RandomState"),
+              ("numpy.random._generator", "Generator"), ("numpy.random.mtrand", "RandomState"),
+              ("torch", "Generator"), ("torch._C", "Generator"))
+
+
+def _is_rng(v):
+    t = type(v)
+    for c in t.__mro__:
+        if (getattr(c, "__module__", None), c.__name__) in _RNG_TYPES:
+            return True
+    return False
+
+
+def rng_state():
+    """A digest of the state of the random generators the last fingerprint()
+    found the user's code reading as globals (random.Random, numpy's, a
+    torch.Generator), or None when there were none. Not in the sharing key:
+    in socket mode consumers take the producer's random draws, as they take
+    its seeds. Exact mode puts it in its epoch key: a seeded generator a
+    transform reads repeats its draws without the shim (forked workers
+    inherit it), so jobs whose generators stand elsewhere make other epochs."""
+    if not _rngs_read:
+        return None
+    h = hashlib.sha256()
+    for g in _rngs_read:
+        try:
+            if hasattr(g, "getstate") and not hasattr(g, "bit_generator"):
+                st = g.getstate()  # random.Random
+            elif hasattr(g, "bit_generator"):
+                st = g.bit_generator.state  # numpy Generator
+            elif hasattr(g, "get_state") and callable(g.get_state):
+                st = g.get_state()  # numpy RandomState, torch.Generator
+            else:
+                st = None
+            if hasattr(st, "numpy"):
+                st = st.numpy().tobytes()
+            h.update(repr(st).encode("utf-8", "surrogatepass"))
+        except Exception as e:  # its state cannot be had: never the same twice
+            h.update(os.urandom(16) + repr(e).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:32]
 
 
 def _is_library_module(modname):
@@ -541,6 +615,9 @@ def _global_value(v, seen):
         return ["tensor", str(t.dtype), list(t.shape), hashlib.sha256(raw).hexdigest()[:32]]
     if np is not None and isinstance(v, np.ndarray):
         return ["ndarray", str(v.dtype), list(v.shape), hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()[:32]]
+    if _is_rng(v):
+        _rngs_read.append(v)  # its state enters exact mode's epoch key (rng_state), not the sharing key
+        return ["rng", _qualname(type(v))]
     try:
         return _value(v, 1)
     except _Undescribable:

@@ -330,6 +330,45 @@ class Fingerprint(unittest.TestCase):
         finally:
             torch.set_default_dtype(was)
 
+    def test_globals_through_methods_modules_and_the_environment(self):
+        """CFG.get("offset") describes CFG; config.OFFSET, an attribute of a module
+        of the user's own, by value; os.environ.get("NAME") the variable NAME; a
+        seeded generator the code reads is not in the key (socket mode takes the
+        producer's draws) but in rng_state(), which exact mode's key holds."""
+        import random
+        import types as pytypes
+
+        def make(cfg, offset, env, seed):
+            mod = pytypes.ModuleType("usercfg")
+            mod.__file__ = "/home/user/usercfg.py"
+            mod.OFFSET = offset
+            sys.modules["usercfg"] = mod
+            os.environ["TSSHIM_TEST_OFFSET"] = env
+            ns = {"CFG": dict(cfg), "usercfg": mod, "os": os, "RNG": random.Random(seed)}
+            exec("import torch\nfrom torch.utils.data import Dataset\n"
+                 "class H(Dataset):\n"
+                 "    def __len__(self): return 8\n"
+                 "    def __getitem__(self, i):\n"
+                 "        k = CFG.get('offset') + usercfg.OFFSET + float(os.environ.get('TSSHIM_TEST_OFFSET'))\n"
+                 "        return torch.tensor([i + k + RNG.random()])\n", ns)
+            ns["H"].__module__, ns["H"].__qualname__ = "__main__", "H"
+            dl = DataLoader(ns["H"](), batch_size=4)
+            k = self.shareable(dl)
+            return k, tsshim_loader.rng_state()
+        try:
+            base = dict(cfg={"offset": 1}, offset=2, env="3", seed=4)
+            k, r = make(**base)
+            self.assertIsNotNone(r)
+            for change in (dict(cfg={"offset": 5}), dict(offset=6), dict(env="7")):
+                self.assertNotEqual(make(**dict(base, **change))[0], k, change)
+            k2, r2 = make(**dict(base, seed=8))
+            self.assertEqual(k2, k, "a generator's state is not in the sharing key")
+            self.assertNotEqual(r2, r, "but it is in rng_state()")
+            self.assertEqual(make(**base), (k, r))
+        finally:
+            os.environ.pop("TSSHIM_TEST_OFFSET", None)
+            sys.modules.pop("usercfg", None)
+
     def test_describe(self):
         d = tsshim_loader.describe(loader("train", ROOT))
         self.assertTrue(d["shareable"])
