@@ -106,6 +106,13 @@ wait_for() {
 # tests/py, run with Debian's python3 (TS_PYTHON: another Python with torch)
 # against the PyTorch layer as built (build/python; the source if not built).
 # Exits 77 (skip) without that Python or its MODULES (default torch).
+# need_python MODULES: PY, the Python the PyTorch scenarios run (TS_PYTHON, or
+# Debian's), or skip (exit 77) when it cannot import MODULES ("torch, torchvision").
+need_python() {
+	PY=${TS_PYTHON:-/usr/bin/python3}
+	"$PY" -c "import $1" 2>/dev/null || { echo "$PY cannot import $1"; exit 77; }
+}
+
 layer_py_tests() {
 	local label=$1 script=$2 mods=${3:-torch} py=${TS_PYTHON:-/usr/bin/python3} dir=$PWD/shim/python
 	[ -x "$py" ] || { echo "needs $py"; exit 77; }

@@ -7,8 +7,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib.sh
-PY=${TS_PYTHON:-/usr/bin/python3}
-"$PY" -c 'import torch' 2>/dev/null || { echo "$PY cannot import torch"; exit 77; }
+need_python "torch"
 CASES="$PWD/tests/py/alone_cases.py"
 unset TSSHIM_MODE TSSHIM_LOG
 

@@ -12,8 +12,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib.sh
-PY=${TS_PYTHON:-/usr/bin/python3}
-"$PY" -c 'import torch, torchvision' 2>/dev/null || { echo "$PY cannot import torch, torchvision"; exit 77; }
+need_python "torch, torchvision"
 MKDATA="$PWD/$BUILD/tsshim-mkdata"
 [ -x "$MKDATA" ] || { echo "needs $MKDATA"; exit 77; }
 "$MKDATA" --classes 2 --train 8 --val 1 --seed 5 "$T_TMP/data" >/dev/null 2>&1 || { echo "mkdata failed"; exit 1; }
