@@ -745,6 +745,11 @@ static int keep_published(int h, struct ts_feed *f, uint32_t npos, void *const *
 	/* w.seq is the batch last published, unless a claim is open (a fence) */
 	if (ts_feed_role(f) != TS_ROLE_PRODUCER || !f->published || f->w.claimed)
 		return -EPERM;
+	/* Alone in the feed: nobody to serve, so no ring buffer, no device memory
+	 * and no copy into it (a job alone held depth x batch of its device until
+	 * it exited, and its own cudaMalloc could fail where it did not without us) */
+	if (ts_session_others(&f->s) == 0)
+		return 0;
 	/* the program may change its batch before uploading it: the upload proves it did not */
 	ts_stream_add_published(f, feed_gpus[h]->gpu, f->w.seq, npos, ptr, len, TS_CHECK_HASH);
 	ts_gpu_keep_announce(feed_gpus[h]->gpu, f->w.seq, npos, len);
@@ -776,7 +781,7 @@ static int keep_read(int h, struct ts_feed *f, uint32_t npos, void *const *ptr, 
 {
 	if (!feed_gpus[h])
 		return -ENODEV;
-	if (read_is_own_batch(f, &feed_gpus[h]->rg, npos, len)) {
+	if (read_is_own_batch(f, &feed_gpus[h]->rg, npos, len) && ts_session_others(&f->s)) {
 		ts_stream_add_published(f, feed_gpus[h]->gpu, f->w.seq, npos, ptr, len,
 					view ? TS_CHECK_UNWRITTEN : TS_CHECK_HASH);
 		ts_gpu_keep_announce(feed_gpus[h]->gpu, f->w.seq, npos, len);

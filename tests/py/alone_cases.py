@@ -27,6 +27,10 @@ Each case is a way a differential run found the layer changing a job alone:
                epoch's workers are gone after it (exact mode kept them until
                the garbage collector ran, once in a forked worker of the
                next loader, where torch's __del__ failed on stderr)
+  gpu          a job that uploads its batches to the test device (tsemu, 16
+               MiB: alone.sh sets it up), then asks for 10 MiB more (the
+               GPU ring kept its batches for nobody: the device memory it
+               held made that cudaMalloc fail)
   threads      two threads, each iterating a loader of its own (its own
                generator) over one dataset (the process opened the feed
                twice, and one loader read the other's stream: half the runs)
@@ -198,6 +202,54 @@ def worker_error():
         print(out, "workers alive after the epoch:", len(multiprocessing.active_children()), flush=True)
 
 
+class Images(Dataset):
+    def __len__(self):
+        return 512
+
+    def __getitem__(self, i):
+        return torch.full((3, 64, 64), float(i)), torch.tensor(i)
+
+
+def gpu():
+    import ctypes
+    try:
+        rt = ctypes.CDLL("libcudart.so.13")
+    except OSError:
+        print("no CUDA runtime")
+        return
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    rt.cudaMalloc.argtypes = [ctypes.POINTER(vp), sz]
+    rt.cudaMemcpyAsync.argtypes = [vp, vp, sz, ctypes.c_int, vp]
+    rt.cudaStreamCreate.argtypes = [ctypes.POINTER(vp)]
+    rt.cudaStreamSynchronize.argtypes = [vp]
+    rt.cudaMemGetInfo.argtypes = [ctypes.POINTER(sz), ctypes.POINTER(sz)]
+
+    def malloc(n):
+        p = vp()
+        return rt.cudaMalloc(ctypes.byref(p), n), p.value
+
+    def free_now():
+        f, t = sz(), sz()
+        rt.cudaMemGetInfo(ctypes.byref(f), ctypes.byref(t))
+        return f.value
+    s = vp()
+    rt.cudaStreamCreate(ctypes.byref(s))
+    model = torch.zeros(1024)  # the model goes to the device first, as a training job's does
+    rt.cudaMemcpyAsync(malloc(4096)[1], model.data_ptr(), 4096, 1, s)
+    bufs = {}
+    dl = DataLoader(Images(), batch_size=64, shuffle=True)
+    for x, y in dl:
+        for t in (x, y):
+            n = t.numel() * t.element_size()
+            if n not in bufs:
+                bufs[n] = malloc(n)[1]
+            rt.cudaMemcpyAsync(bufs[n], t.data_ptr(), n, 1, s)
+        rt.cudaStreamSynchronize(s)
+    print("free after the epoch:", free_now())
+    del dl
+    print("cudaMalloc(10 MiB):", malloc(10 << 20)[0])
+
+
 class Slow(Dataset):
     def __len__(self):
         return 12
@@ -227,7 +279,7 @@ def threads():
 
 
 CASES = {"reassign": reassign, "stopiter": stopiter, "two_loaders": two_loaders, "fork_child": fork_child,
-         "atexit": at_exit, "copy": copies, "strings": strings, "interrupt": interrupt, "worker_error": worker_error,
+         "atexit": at_exit, "copy": copies, "strings": strings, "interrupt": interrupt, "worker_error": worker_error, "gpu": gpu,
          "threads": threads}
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ need_python "torch"
 CASES="$PWD/tests/py/alone_cases.py"
 unset TSSHIM_MODE TSSHIM_LOG
 
-for c in reassign stopiter two_loaders fork_child atexit copy strings interrupt worker_error threads; do
+# the gpu case's test device: one device of 16 MiB
+export LD_LIBRARY_PATH="$PWD/$BUILD/emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" TSEMU_DEVICES=1 TSEMU_MEM_MB=16
+for c in reassign stopiter two_loaders fork_child atexit copy strings interrupt worker_error gpu threads; do
 	want=$(env -u LD_PRELOAD timeout 60 "$PY" "$CASES" "$c" 2>"$T_TMP/$c.plain.err"; echo "rc=$?")
 	for mode in socket exact; do
 		got=$(LD_PRELOAD="$TS_PRELOAD" TSSHIM_MODE=$mode TSSHIM_SESSION="$(session_name "$c-$mode")" \
