@@ -307,10 +307,13 @@ static void track_read(int fd, const void *buf, ssize_t n, off_t off)
 	 * its identity names). A write changes mtime and ctime before any byte,
 	 * so a read that saw a new byte is followed by a stat that sees them.
 	 */
-	int hashing = off == 0 ? e->first_len == 0
-			       : off > 0 && (uint64_t)off == e->contig && e->read_hash.len == e->contig &&
-					 (uint64_t)n <= READ_HASH_MAX - e->contig;
-	if (hashing && !still_the_file(fd, &e->id)) {
+	int first = off == 0 && e->first_len == 0;
+	/* this read goes into the hash: every byte read in order from the start, so
+	 * that a buffer later decoded is proven whole; not past READ_HASH_MAX (a
+	 * large file in the scope that is no JPEG must not cost a hash of every read) */
+	int hashing = (first || (off > 0 && (uint64_t)off == e->contig && e->read_hash.len == e->contig)) &&
+		      (uint64_t)n <= READ_HASH_MAX - e->contig;
+	if ((first || hashing) && !still_the_file(fd, &e->id)) {
 		entry_clear(fd);
 		if (last_read.fd == fd)
 			last_read.valid = 0;
@@ -320,14 +323,11 @@ static void track_read(int fd, const void *buf, ssize_t n, off_t off)
 	}
 	if (off >= 0 && (uint64_t)off == e->contig) {
 		atomic_fetch_add_explicit(&e->seq, 1, memory_order_acq_rel);
-		if (off == 0 && e->first_len == 0) {
+		if (first) {
 			ts_hash_stream_init(&e->read_hash);
 			e->first_len = (uint64_t)n;
 		}
-		/* every byte read in order from the start, so that a buffer later
-		 * decoded is proven whole; not past READ_HASH_MAX (a large file in the
-		 * scope that is no JPEG must not cost a hash of every read) */
-		if (e->read_hash.len == e->contig && (uint64_t)n <= READ_HASH_MAX - e->contig)
+		if (hashing)
 			ts_hash_stream_add(&e->read_hash, buf, (size_t)n);
 		e->contig += (uint64_t)n;
 		atomic_fetch_add_explicit(&e->seq, 1, memory_order_release);

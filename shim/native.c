@@ -94,6 +94,12 @@ static void note_object(int fd)
 		ts_objseen_note(&ts_native_seen, head);
 }
 
+/* Control data room enough for a descriptor? (the common recv without it costs this) */
+static inline int has_control(const struct msghdr *msg)
+{
+	return msg && msg->msg_control && msg->msg_controllen >= sizeof(struct cmsghdr);
+}
+
 static void note_received(const struct msghdr *msg)
 {
 	int saved = errno;
@@ -119,7 +125,7 @@ TS_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 		return -1;
 	}
 	ssize_t r = real_recvmsg(fd, msg, flags);
-	if (r < 0 || !msg || !msg->msg_control || msg->msg_controllen < sizeof(struct cmsghdr) || !watch_applies())
+	if (r < 0 || !has_control(msg) || !watch_applies())
 		return r;
 	if (ts_hook_enter()) {
 		note_received(msg);
@@ -140,11 +146,9 @@ TS_EXPORT int recvmmsg(int fd, struct mmsghdr *msgs, unsigned int n, int flags, 
 	if (r <= 0 || !msgs || !watch_applies())
 		return r;
 	if (ts_hook_enter()) {
-		for (int i = 0; i < r; i++) {
-			const struct msghdr *msg = &msgs[i].msg_hdr;
-			if (msg->msg_control && msg->msg_controllen >= sizeof(struct cmsghdr))
-				note_received(msg);
-		}
+		for (int i = 0; i < r; i++)
+			if (has_control(&msgs[i].msg_hdr))
+				note_received(&msgs[i].msg_hdr);
 		ts_hook_leave();
 	}
 	return r;

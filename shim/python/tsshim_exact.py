@@ -77,8 +77,7 @@ class ExactState:
         self.iters = 0          # iterators made of this loader: part of each epoch's key
         self.why = self._eligible(loader)
 
-    def __reduce__(self):  # a copy or a pickle of the loader begins afresh (see tsshim_feed.LoaderState)
-        return (type(None), ())
+    __reduce__ = feedmod.LoaderState.__reduce__  # a copy or a pickle of the loader begins afresh
 
     def _eligible(self, loader):
         import tsshim_loader
@@ -368,7 +367,7 @@ class _ExactEpoch:
             # worker of the next loader, where that __del__ failed.
             try:
                 next(real)
-            except (StopIteration, Exception):
+            except Exception:  # its StopIteration, or an exception of the job's it raised as it ended
                 pass
 
     def publish(self, batch, indices, last, cpu_ns):

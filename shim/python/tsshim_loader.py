@@ -30,7 +30,7 @@ import sys
 import types
 
 _rngs_read = []  # the random generators the last fingerprint found the user's code reading (rng_state)
-VERSION = 5  # bump when the description changes: old and new never share
+VERSION = 6  # bump when the description changes: old and new never share
 _MAX_DEPTH = 8
 
 
@@ -403,11 +403,7 @@ def _function(fn, seen=None):
         return None
     h = hashlib.sha256()
     try:
-        _hash_code(fn.__code__, h, 0)
-        _hash_globals(fn.__code__, fn.__globals__, h, seen if seen is not None else set())
-        h.update(json.dumps([_value(d, 1) for d in (fn.__defaults__ or ())]).encode())
-        h.update(json.dumps(sorted((k, _value(d, 1)) for k, d in
-                                   (fn.__kwdefaults__ or {}).items())).encode())
+        _hash_function(fn, h, seen if seen is not None else set())
     except (_Undescribable, NotShareable):
         return None
     return "%s.%s#%s" % (fn.__module__, qn, h.hexdigest()[:16])
@@ -447,9 +443,7 @@ def _class_code(cls, seen=None):
                 for f in fns:
                     if isinstance(f, types.FunctionType):
                         h.update(name.encode("utf-8", "surrogatepass") + b"\0")
-                        _hash_code(f.__code__, h, 0)
-                        _hash_globals(f.__code__, f.__globals__, h, seen)
-                        h.update(json.dumps([_value(d, 1) for d in (f.__defaults__ or ())]).encode())
+                        _hash_function(f, h, seen)
                     elif isinstance(f, _SIMPLE) and not name.startswith("__"):
                         h.update(json.dumps([name, _value(f, 1)]).encode())
     except (_Undescribable, NotShareable) as e:
@@ -602,9 +596,7 @@ def _global_value(v, seen):
             return ["function", qn]
         seen.add(id(v))
         h = hashlib.sha256()
-        _hash_code(v.__code__, h, 0)
-        _hash_globals(v.__code__, v.__globals__, h, seen)
-        h.update(json.dumps([_value(d, 1) for d in (v.__defaults__ or ())]).encode())
+        _hash_function(v, h, seen)
         return ["function", qn, h.hexdigest()[:16]]
     if isinstance(v, (types.BuiltinFunctionType, types.MethodType, types.BuiltinMethodType)):
         return ["callable", _callable_name(v)]
@@ -637,6 +629,15 @@ def _global_value(v, seen):
     seen.add(id(v))
     code = _class_code(t, seen) if id(t) not in seen else None
     return ["object", _qualname(t), code, _value(dict(state), 1)]
+
+
+def _hash_function(fn, h, seen):
+    """Hash what a Python function computes with: its code, the module globals
+    that code reads, its defaults."""
+    _hash_code(fn.__code__, h, 0)
+    _hash_globals(fn.__code__, fn.__globals__, h, seen)
+    h.update(json.dumps([_value(d, 1) for d in (fn.__defaults__ or ())]).encode())
+    h.update(json.dumps(sorted((k, _value(d, 1)) for k, d in (fn.__kwdefaults__ or {}).items())).encode())
 
 
 def _hash_code(code, h, depth):
