@@ -1278,6 +1278,9 @@ int ts_feed_read_view(struct ts_feed *f, uint32_t npos, const uint64_t *want, vo
 	}
 	if (f->read_index) /* from our private mapping: the bytes the view holds */
 		copy_index(f, h, base, &rd->r[0][0], 0);
+	/* as ts_feed_read: an eviction is noted against the epoch we were reading */
+	f->read_epoch = ((const struct ts_feed_hdr *)base)->stream_epoch;
+	f->read_any = 1;
 	if (f->on_range) {
 		uint64_t at[TS_MAX_POSITIONS] = {0};
 		report_ranges(f, rd, at);

@@ -777,6 +777,34 @@ Test(feed, a_slot_of_smaller_samples_writes_no_index_past_the_room_given)
 }
 
 /*
+ * A batch read without a copy is read like any other: the epoch of the last
+ * sample read is its. An evicted reader's loss is noted against that epoch
+ * (tsshim_feed_note_loss); before, views left it at the last copied read's
+ * (0 for a reader that only viewed), and an eviction in mid-epoch was taken
+ * for one after the stream's epoch ended: the rest of the epoch was made
+ * privately instead of read from the stream.
+ */
+Test(feed, a_view_is_read_in_its_stream_epoch)
+{
+	struct ts_feed p, c;
+	cr_assert_eq(ts_feed_open(&p, name, &params, NINDEX), 0);
+	cr_assert_eq(ts_feed_open(&c, name, &params, NINDEX), 0);
+	cr_assert_eq(ts_feed_attach(&c, 0), 0);
+	int64_t idx[4] = { 8, 9, 10, 11 };
+	cr_assert_eq(publish(&p, idx, 4, 3, 0, schema), 0);
+	uint64_t want[2] = { 4 * 12, 4 * 8 }, got[2] = { 0, 0 }, id;
+	void *ptr[2];
+	int eoe;
+	cr_assert_eq(ts_feed_read_view(&c, 2, want, ptr, got, &eoe, &id, SEC), 0);
+	cr_expect_eq(got[0], want[0]);
+	cr_expect_eq(c.read_epoch, 3u, "the view's stream epoch: %lu", (unsigned long)c.read_epoch);
+	cr_expect(c.read_any, "something was read");
+	ts_feed_release_view(&c, id);
+	ts_feed_close(&c);
+	ts_feed_close(&p);
+}
+
+/*
  * A slot file's name is predictable: a peer that hard-links another object
  * of ours under it (a session segment, the cache) must not get a batch
  * written into that object. The producer refuses a slot file with a second
