@@ -998,6 +998,16 @@ int ts_feed_holds_producer(struct ts_feed *f)
 	return f->r.seq + d < claimed;
 }
 
+/* The dataset index of sample j of a validated slot (a peer's word: checked), or -1. */
+static int64_t slot_index(const struct ts_feed *f, const struct ts_feed_hdr *h, const char *base, uint64_t j)
+{
+	const int64_t *idx = (const int64_t *)(base + h->index_off); /* 8-aligned, bounded by hdr_fits */
+	if (j >= h->nsamples)
+		return -1;
+	int64_t x = __atomic_load_n(&idx[j], __ATOMIC_RELAXED);
+	return x >= 0 && (uint64_t)x < f->nindex ? x : -1;
+}
+
 /* -ESTALE: evicted (or fallen a whole turn behind): detached, attach again. */
 int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *out)
 {
@@ -1026,6 +1036,7 @@ int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *ou
 	memset(out->sample_bytes, 0, sizeof(out->sample_bytes));
 	for (uint32_t p = 0; p < m.npos; p++)
 		out->sample_bytes[p] = m.len[p] / m.nsamples;
+	out->next_index = slot_index(f, h, base, f->r.off[0] / out->sample_bytes[0]);
 	f->schema_hash = h->schema_hash;
 	/* acquire fence, then: the header was still that seq's while we read it */
 	atomic_thread_fence(memory_order_acquire);
@@ -1073,12 +1084,9 @@ static void copy_index(struct ts_feed *f, const struct ts_feed_hdr *h, const cha
 		       uint64_t at)
 {
 	uint64_t sb = h->len[0] / h->nsamples; /* both validated: the sample size, > 0 */
-	const int64_t *idx = (const int64_t *)(base + h->index_off); /* 8-aligned, bounded by hdr_fits */
 	uint64_t from = r->off / sb, n = r->len / sb, to = at / sb;
-	for (uint64_t i = 0; i < n && from + i < h->nsamples && to + i < f->read_index_len; i++) {
-		int64_t x = __atomic_load_n(&idx[from + i], __ATOMIC_RELAXED); /* a peer's: checked */
-		f->read_index[to + i] = x >= 0 && (uint64_t)x < f->nindex ? x : -1;
-	}
+	for (uint64_t i = 0; i < n && from + i < h->nsamples && to + i < f->read_index_len; i++)
+		f->read_index[to + i] = slot_index(f, h, base, from + i);
 }
 
 static int copy_ranges(struct ts_feed *f, const struct ts_read *rd, void *const *dst, const uint64_t *got,

@@ -121,6 +121,7 @@ struct ts_feed_info {
 	uint64_t stream_epoch;
 	uint64_t schema_hash;
 	uint64_t sample_bytes[TS_MAX_POSITIONS];
+	int64_t next_index;            /* the dataset index of the sample at our place; -1: not known */
 	char schema[TS_FEED_SCHEMA_MAX];
 };
 
@@ -192,7 +193,7 @@ int ts_feed_at_head(struct ts_feed *f);
  * holding the stream up. 0 otherwise or when detached; -EBADMSG.
  */
 int ts_feed_holds_producer(struct ts_feed *f);
-/* Wait for the slot the reader is in and describe it; sets the expected schema. */
+/* Wait for the slot the reader is in and describe it (and the sample at our place); sets the expected schema. */
 int ts_feed_next(struct ts_feed *f, uint64_t timeout_ns, struct ts_feed_info *out);
 /*
  * Copy the next want[p] - got[p] bytes of every position to dst[p] + got[p]

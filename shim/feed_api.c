@@ -580,6 +580,22 @@ TS_EXPORT int tsshim_feed_next(int h, uint32_t timeout_ms, uint32_t *npos, uint6
 	return 0;
 }
 
+/*
+ * Wait for the batch at our place, like tsshim_feed_next, and tell the
+ * dataset index of the sample there (-1: not known), without reading it: a
+ * reader that made samples privately reads past those the stream repeats.
+ */
+TS_EXPORT int tsshim_feed_next_index(int h, uint32_t timeout_ms, int64_t *index)
+{
+	static __thread struct ts_feed_info info;
+	if (!index)
+		return -EINVAL;
+	int ret = FEED_CALL(h, f, ts_feed_next(f, ms_ns(timeout_ms), &info));
+	if (ret == 0)
+		*index = info.next_index;
+	return ret;
+}
+
 /* In a process with a GPU side, note where the batch being read comes from. */
 static void ranges_on(int h, struct ts_feed *f, int fresh_batch)
 {

@@ -37,6 +37,7 @@ int tsshim_feed_holds_producer(int h);
 int tsshim_feed_others(int h);
 int tsshim_feed_next(int h, uint32_t timeout_ms, uint32_t *npos, uint64_t *nsamples, uint64_t *stream_epoch,
 	uint64_t *sample_bytes, char *schema, uint32_t *schema_len);
+int tsshim_feed_next_index(int h, uint32_t timeout_ms, int64_t *index);
 int tsshim_feed_read(int h, uint32_t npos, const uint64_t *want, void *const *dst, uint64_t *got, int *eoe,
 	uint32_t timeout_ms);
 int tsshim_feed_read_view(int h, uint32_t npos, const uint64_t *want, void **ptr, uint64_t *got, int *eoe,

@@ -141,6 +141,16 @@ class _EpochGone(Exception):
     of us in the feed belongs to a later one."""
 
 
+class _Gap(Exception):
+    """Evicted in mid-epoch of a loader in index order: what the stream
+    published while we were away comes next (catch_up), not at the epoch's end."""
+
+
+class _Unordered(Exception):
+    """The stream at our place is not the sample our epoch needs next, in index
+    order: the rest of the epoch is made privately (catch_up)."""
+
+
 class _UserError(Exception):
     """What the job's own code (its dataset, collate function, sampler, workers)
     raised inside the layer: it reaches the job as it is (_run), and is never
@@ -242,6 +252,7 @@ def _bind():
         "gpu_read": (i32, [i32, u32, ctypes.POINTER(vp), pu64, i32]),
         "epoch_begin": (i32, [i32]), "note_loss": (i32, [i32]), "lost": (i32, [i32, vp, u64, pu64]),
         "read_ids": (i32, [i32, vp, u64, pu64]),
+        "next_index": (i32, [i32, u32, ctypes.POINTER(ctypes.c_int64)]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, "tsshim_feed_" + name)
@@ -1013,11 +1024,22 @@ class _Epoch:
         torch, loader = self.torch, self.loader
         bs = loader.batch_size
         pin = bool(loader.pin_memory) and torch.cuda.is_available()
-        try:
-            node, sample_bytes = self.next_info()
-        except _EpochGone:
-            yield from self.epoch_gone(None)
-            return
+        if self.loss_noted and self.in_order():
+            # we joined where the ring no longer held the epoch's start: its head comes first
+            yield from self.catch_up(None)
+            if self.done_clean:
+                return
+        while True:
+            try:
+                node, sample_bytes = self.next_info()
+                break
+            except _EpochGone:
+                yield from self.epoch_gone(None)
+                return
+            except _Gap:
+                yield from self.catch_up(None)
+                if self.done_clean:
+                    return
         nodes, dtypes = stream_layout(node, sample_bytes, torch)
         npos = len(nodes)
         self.layout = (node, nodes, dtypes, sample_bytes)
@@ -1031,6 +1053,11 @@ class _Epoch:
             except _EpochGone:  # a view is all or nothing: nothing was read
                 yield from self.epoch_gone(None)
                 return
+            except _Gap:
+                yield from self.catch_up(None)
+                if self.done_clean:
+                    return
+                continue
             viewed = leaves is not None
             if not viewed:
                 outs = [torch.empty([bs] + n["shape"], dtype=dt, pin_memory=pin) for n, dt in zip(nodes, dtypes)]
@@ -1050,6 +1077,14 @@ class _Epoch:
                     self.hold_carry(self.read_ids(n) if n else None, n)
                     yield from self.epoch_gone((node, [t[:n] for t in outs]) if n else None)
                     return
+                except _Gap:
+                    n = got[0] // sample_bytes[0]
+                    self.pending = None
+                    self.hold_carry(self.read_ids(n) if n else None, n)
+                    yield from self.catch_up((node, [t[:n] for t in outs]) if n else None)
+                    if self.done_clean:
+                        return
+                    continue
                 finally:
                     self.pending = None
                 n = got[0] // sample_bytes[0]
@@ -1105,6 +1140,119 @@ class _Epoch:
         elif noted == 2:
             # the stream is between epochs: what is ahead of us is the next one, whole
             self.lib.tsshim_feed_epoch_begin(self.h)
+
+    def in_order(self):
+        """Our epoch keeps the loader's index order (SequentialSampler: a job may
+        pair its outputs with dataset positions), and we know what it was given."""
+        return self.st.kind == "sequential" and self.given is not False
+
+    def had(self, carry):
+        """The samples this epoch has had, given or held (carry), when they are
+        0..a-1 as in index order: a; else None."""
+        torch = self.torch
+        had = self.given.clone() if self.given is not None else torch.zeros(self.st.nindex, dtype=torch.bool)
+        if carry:
+            ids = self.carry_ids
+            if ids is None or len(ids) != carry[1][0].shape[0] or bool((ids < 0).any()):
+                return None
+            had[ids] = True
+        a = int(had.sum())
+        return a if bool(had[:a].all()) else None
+
+    def holding(self):
+        """We still hold a place in our feed."""
+        return self.feed.attached and self.feed.h == self.h
+
+    def catch_up(self, carry):
+        """A loader in index order keeps it. What the stream published of this
+        epoch while we were not reading it (before we joined, or while we were
+        away) is made privately now, in order, while we keep our place (the
+        producer waits on it as on any slow reader, and private_rest leaves it
+        once that wait grows too long); then the stream's samples we made
+        already are read past, and we read on from the one after. The private
+        part ends at a whole batch (up to a batch more than we lacked), so the
+        stream is read on in whole batches. Where that cannot be done in order,
+        the rest of the epoch is made privately (private_to_end). Sets done_clean
+        when the epoch ended here."""
+        torch, st, bs = self.torch, self.st, self.loader.batch_size
+        lost = self.take_lost()
+        while True:
+            a = self.had(carry)
+            if a is None or lost is None:
+                yield from self.private_to_end(carry, "not known in order")
+                return
+            b = max(a, int(lost.max()) + 1) if len(lost) else a
+            n0 = carry[1][0].shape[0] if carry else 0
+            m = a + -(-(b - a + n0) // bs) * bs - n0 if b - a + n0 else a
+            m = min(m, st.nindex)
+            if m > a:
+                hook.log("info", "feed %s: making %d samples privately (%s), in order, then reading on"
+                         % (self.feed.key, m - a, self.loss_why))
+                self.rest_plan = (torch.arange(a, m), st.epoch_samples - (m - a), carry, self.loss_why)
+                for batch in self.private_rest(may_gather=False, log=False):
+                    self.yielded += 1
+                    yield batch
+                self.rest_plan, carry = None, None
+                if not self.holding():  # we left our place: nobody waits on us
+                    yield from self.private_to_end(None, "its place left")
+                    return
+            try:
+                if self.read_past(m):
+                    self.done_clean = True
+                return
+            except _Gap:  # evicted again meanwhile: what it missed comes next, the same way
+                lost = self.take_lost()
+            except (_EpochGone, _SwitchToReal, _Unordered, _Unshareable) as e:
+                yield from self.private_to_end(None, "the stream moved on (%s)" % type(e).__name__.strip("_"))
+                return
+
+    def read_past(self, m):
+        """Read past the stream's samples below m (we made them privately), to
+        the sample m, or, m being the epoch's end, past the epoch's end (True).
+        _Unordered when the stream at our place is not where our epoch goes on."""
+        npos, ns, se = ctypes.c_uint32(), ctypes.c_uint64(), ctypes.c_uint64()
+        sb = (ctypes.c_uint64 * MAX_POS)()
+        buf = ctypes.create_string_buffer(SCHEMA_MAX)
+        slen = ctypes.c_uint32()
+        idx = ctypes.c_int64()
+        while True:
+            self.retry(lambda ms: self.lib.tsshim_feed_next_index(self.h, ms, ctypes.byref(idx)))
+            j = idx.value
+            if j == m:
+                return False
+            if j < 0 or j > m:
+                raise _Unordered()
+            self.retry(lambda ms: self.lib.tsshim_feed_next(self.h, ms, ctypes.byref(npos), ctypes.byref(ns),
+                                                         ctypes.byref(se), sb, buf, ctypes.byref(slen)))
+            want = (ctypes.c_uint64 * npos.value)(*[(m - j) * sb[p] for p in range(npos.value)])
+            got = (ctypes.c_uint64 * npos.value)()
+            eoe = ctypes.c_int()
+            self.retry(lambda ms: self.lib.tsshim_feed_read(self.h, npos.value, want, None, got,
+                                                            ctypes.byref(eoe), ms))
+            if eoe.value:
+                if m == self.st.nindex and got[0] == want[0]:
+                    return True
+                raise _Unordered()
+
+    def private_to_end(self, carry, why):
+        """The rest of this epoch, made privately in index order: what it has not
+        had yet (after the part of a batch we hold). We leave our place: our
+        next epoch joins the stream afresh."""
+        torch, st = self.torch, self.st
+        if self.holding():
+            self.lib.tsshim_feed_detach(self.h)
+            self.feed.attached = False
+        self.done_clean = True
+        had = self.given.clone() if self.given is not None else torch.zeros(st.nindex, dtype=torch.bool)
+        if carry and self.carry_ids is not None:
+            had[self.carry_ids[self.carry_ids >= 0]] = True
+        rest = (~had).nonzero().flatten()
+        hook.log("info", "feed %s: the rest of this epoch is made privately, in order (%s)" % (self.feed.key, why))
+        self.rest_plan = (rest, st.epoch_samples - len(rest), carry, why)
+        for batch in self.private_rest(may_gather=False, log=False):
+            self.yielded += 1
+            yield batch
+        self.rest_plan = None
 
     def take_lost(self):
         """At the end of an epoch that lost its place: the samples published while
@@ -1173,6 +1321,8 @@ class _Epoch:
                     self.loss_why = "published while it was away"
                 if noted == 2:
                     raise _EpochGone()
+                if noted == 1 and self.in_order():
+                    raise _Gap()
                 if noted == 1:
                     self.loss_noted = True
                     hook.log("info", "feed %s: evicted (too slow); continuing at the head, and what was "
@@ -1257,7 +1407,7 @@ class _Epoch:
         if not ended:
             self.rest_plan = (rest, npub, carry, "nobody published")
 
-    def private_rest(self, may_gather=True):
+    def private_rest(self, may_gather=True, log=True):
         """The rest of the stream's epoch from a private DataLoader (nothing published),
         cut at our batch size after the part of a batch we carry. While we hold our
         place at the stream's next epoch start, and the producer would wait on it
@@ -1278,7 +1428,8 @@ class _Epoch:
                 yield _build(*carry)
             return
         left = max(0, self.st.epoch_samples - npub)
-        hook.log("info", "feed %s: finishing the epoch privately (%d samples %s)" % (self.feed.key, left, which))
+        if log:
+            hook.log("info", "feed %s: finishing the epoch privately (%d samples %s)" % (self.feed.key, left, which))
         floor = self.st.step_floor()
         hold = _Hold(floor / bs if floor is not None and bs else None)
         made = []
@@ -1496,6 +1647,8 @@ class _Epoch:
                     why = "the stream does not say which samples it holds"
                     break
                 take = missing[ids].nonzero().flatten()
+                if self.in_order():
+                    take = self.next_in_order(ids, take, missing)
                 passed += n - len(take)
                 if len(take):
                     for p in range(npos):
@@ -1545,6 +1698,20 @@ class _Epoch:
         self.lib.tsshim_feed_served(self.h, 1 if have > from_carry else 0, have - from_carry)
         self.rest_plan = (need, st.epoch_samples - len(need), carry, "not gathered")
         yield from self.private_rest(may_gather=False)
+
+    def next_in_order(self, ids, take, missing):
+        """Of the samples gather would take (positions take of ids), those that
+        continue our epoch in index order: each the least still missing when
+        it comes. The others are passed over (made privately at the end)."""
+        left = missing.nonzero().flatten().tolist()
+        keep, k = [], 0
+        for j in take.tolist():
+            while k < len(left) and left[k] < int(ids[j]):
+                k = len(left)  # one missing before this sample was passed over: nothing after it fits
+            if k < len(left) and left[k] == int(ids[j]):
+                keep.append(j)
+                k += 1
+        return self.torch.as_tensor(keep, dtype=self.torch.int64)
 
     def skip_to_epoch_start(self):
         """Our last epoch gathered its end from the stream epoch our place is in:

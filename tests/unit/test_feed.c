@@ -777,6 +777,41 @@ Test(feed, a_slot_of_smaller_samples_writes_no_index_past_the_room_given)
 }
 
 /*
+ * ts_feed_next tells the dataset index of the sample at the reader's place,
+ * also part-way into a slot: a sequential loader's reader that made samples
+ * privately reads past those the stream repeats, and no further.
+ */
+Test(feed, next_tells_the_index_of_the_sample_at_our_place)
+{
+	struct ts_feed p, c;
+	cr_assert_eq(ts_feed_open(&p, name, &params, 2000), 0);
+	cr_assert_eq(ts_feed_open(&c, name, &params, 2000), 0);
+	cr_assert_eq(ts_feed_attach(&c, 0), 0);
+	cr_assert_eq(publish_bytes(&p, 8, 8, 40), 0, "samples 40..47, a byte each");
+	struct ts_feed_info info;
+	cr_assert_eq(ts_feed_next(&c, SEC, &info), 0);
+	cr_expect_eq(info.next_index, 40);
+	unsigned char dst[8];
+	void *d[1] = { dst };
+	uint64_t want[1] = { 3 }, got[1] = { 0 };
+	int eoe;
+	cr_assert_eq(ts_feed_read(&c, 1, want, d, got, &eoe, SEC), 0);
+	cr_assert_eq(ts_feed_next(&c, SEC, &info), 0);
+	cr_expect_eq(info.next_index, 43, "three read: the fourth sample's");
+	want[0] = 5;
+	got[0] = 0;
+	cr_assert_eq(ts_feed_read(&c, 1, want, NULL, got, &eoe, SEC), 0);
+	cr_assert_eq(publish_bytes(&p, 1, 1, 1999), 0);
+	cr_assert_eq(ts_feed_next(&c, SEC, &info), 0);
+	cr_expect_eq(info.next_index, 1999, "the next slot's first");
+	got[0] = 0;
+	want[0] = 1;
+	cr_assert_eq(ts_feed_read(&c, 1, want, NULL, got, &eoe, SEC), 0);
+	ts_feed_close(&c);
+	ts_feed_close(&p);
+}
+
+/*
  * A batch read without a copy is read like any other: the epoch of the last
  * sample read is its. An evicted reader's loss is noted against that epoch
  * (tsshim_feed_note_loss); before, views left it at the last copied read's

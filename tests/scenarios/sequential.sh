@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# A loader in index order (shuffle=False: a validation loader, a pre-tokenised
+# corpus) keeps that order in socket mode: a job may pair its outputs with
+# dataset positions (predictions written in order, metrics against
+# dataset.targets). tests/py/seq_job.py, 400 numbered samples in batches of
+# 16, records every epoch's indices as the job got them.
+#   j  a late joiner (job 1 has trained 10 of 25 batches, the ring holds 4):
+#      the head the stream published before it joined is made privately
+#      first, while it keeps its place, then the stream from there; its later
+#      epochs are the stream's (nothing made privately). Before, its first
+#      epoch was the stream's rest, then the head: [160..399, 0..159].
+#   e  a consumer stopped (SIGSTOP) in mid-epoch until it is evicted: it makes
+#      what was published while it was away privately, in order, then reads on
+#      from the stream. Before, that gap came at the epoch's end.
+#   g  a consumer woken after the stream's epoch ended, far into the next: what
+#      it lacks is gathered from the stream only where it continues the order,
+#      else made privately. Before, the stream's rest came first.
+# Every epoch of every job: the 400 indices in order, 25 batches, paired.
+set -u
+cd "$(dirname "$0")/../.."
+. tests/lib.sh
+need_python torch
+JOB="$PWD/tests/py/seq_job.py"
+unset TSSHIM_MODE
+export TSSHIM_LOG=info
+
+# in_order CASE EPOCHS JOB...: every epoch of these jobs' records whole and in index order
+in_order() {
+	local c=$1 epochs=$2; shift 2
+	local files=() i
+	for i in "$@"; do files+=("$T_TMP/$c.$i.out"); done
+	"$PY" - "$epochs" "${files[@]}" <<'PYV'
+import json, sys
+bad, epochs = [], 0
+for p in sys.argv[2:]:
+    for r in map(json.loads, open(p)):
+        epochs += 1
+        if r["ids"] != list(range(400)) or r["batches"] != 25 or not r["paired"]:
+            i = next((k for k, (a, b) in enumerate(zip(r["ids"], range(400))) if a != b), len(r["ids"]))
+            bad.append("%s epoch %d: %d samples, %d batches, paired %s, first out of order at %d: %s"
+                       % (p.rsplit("/", 1)[1], r["epoch"], len(r["ids"]), r["batches"], r["paired"], i,
+                          r["ids"][max(0, i - 1):i + 3]))
+if epochs != int(sys.argv[1]) * (len(sys.argv) - 2):
+    bad.append("%d epochs recorded" % epochs)
+print("; ".join(bad) if bad else "%d epochs in order" % epochs)
+sys.exit(1 if bad else 0)
+PYV
+}
+
+wait_for_file() { # FILE: wait up to 30 s for it
+	local i
+	for ((i = 0; i < 3000; i++)); do [ -e "$1" ] && return 0; sleep 0.01; done
+	return 1
+}
+
+# job CASE I ARGS...: job I of CASE in the background (its pid in JPID[CASE.I])
+declare -A JPID
+job() {
+	local c=$1 i=$2; shift 2
+	LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name "$c")" timeout 120 "$PY" "$JOB" \
+		--out "$T_TMP/$c.$i.out" "$@" >"$T_TMP/$c.$i.log" 2>"$T_TMP/$c.$i.err" &
+	JPID[$c.$i]=$!
+	T_PIDS+=($!)
+}
+finished() { # CASE N: wait for its jobs 1..N; each must exit 0
+	local c=$1 n=$2 i rc
+	for ((i = 1; i <= n; i++)); do
+		wait "${JPID[$c.$i]}"; rc=$?
+		check "($c) job $i exited 0" [ "$rc" = 0 ] || tail -n 5 "$T_TMP/$c.$i.err" | sed 's/^/#   /'
+	done
+}
+
+# --- j: a late joiner -------------------------------------------------------------
+job j 1 --sleep 0.04 --mark "$T_TMP/j.go:10"
+job j 2 --sleep 0.04 --go "$T_TMP/j.go" --workers 2 # its private loader has workers
+finished j 2
+out=$(in_order j 3 1 2)
+check "(j) a late joiner's epochs in index order, whole, paired: $out" [ $? = 0 ]
+line=$(grep -o 'making [0-9]* samples privately (published before it joined)[^;]*' "$T_TMP/j.2.err" | head -n 1)
+check "(j) it made the head it missed privately, first: $line" [ -n "$line" ]
+pv=$("$PY" -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(r[0]["pv"], r[-1]["pv"])' "$T_TMP/j.2.out")
+check "(j) then read the stream: samples made privately after epoch 0 and after epoch 2: $pv (the same: later epochs shared)" \
+	cond "set -- $pv; [ \"\$1\" -gt 0 ] && [ \"\$1\" -lt 400 ] && [ \"\$1\" = \"\$2\" ]"
+
+# --- e: a consumer evicted in mid-epoch -------------------------------------------
+# job 2 starts once job 1 (the producer) has trained a batch: the ring holds the epoch's start
+TSSHIM_TIMEOUT_MS=500 job e 1 --epochs 2 --sleep 0.2 --mark "$T_TMP/e.go:1"
+TSSHIM_TIMEOUT_MS=500 job e 2 --epochs 2 --sleep 0.2 --go "$T_TMP/e.go" --mark "$T_TMP/e.stop:4"
+if wait_for_file "$T_TMP/e.stop"; then
+	pid=$(cat "$T_TMP/e.stop")
+	kill -STOP "$pid"
+	# stopped, it is evicted (its heartbeat stops); woken in the middle of the epoch
+	wait_for "$T_TMP/e.1.log" '^0 14$' 30
+	kill -CONT "$pid"
+else
+	not_ok "(e) job 2 trained no 4 batches in 30 s"
+fi
+finished e 2
+out=$(in_order e 2 1 2)
+check "(e) an evicted consumer's epochs in index order, whole, paired: $out" [ $? = 0 ]
+line=$(grep -o 'making [0-9]* samples privately (published while it was away)[^;]*' "$T_TMP/e.2.err" | head -n 1)
+check "(e) it was evicted, and made what it missed privately, in its place: $line" [ -n "$line" ]
+pv=$("$PY" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["pv"])' "$T_TMP/e.2.out")
+check "(e) then read on from the stream: $pv samples of its epoch 0 made privately, fewer than the 336 after its 4th batch" \
+	cond "[ \"$pv\" -gt 0 ] && [ \"$pv\" -lt 336 ]"
+
+# --- g: a consumer woken after the stream's epoch ended, far into the next --------
+# Stopped at its 4th batch, job 2 is woken when job 1 trains batch 10 of epoch 1:
+# its epoch ends there, and what it lacks (all but its first 64 samples) is
+# made privately while it keeps its place, the head of epoch 1 (the ring no
+# longer holds that epoch's start). At its pace (the job's step included) that
+# outlasts what the producer may wait, so it gathers from the stream instead,
+# taking only samples that continue its order: none of the rest of epoch 1
+# (its first is 160 or more, and 64.. are lacking), then makes the rest
+# privately. Before, it took that rest of epoch 1 first: sample 143 was
+# followed by 160, from where the stream was when it was woken.
+TSSHIM_TIMEOUT_MS=500 job g 1 --epochs 2 --sleep 0.2 --mark "$T_TMP/g.go:1"
+TSSHIM_TIMEOUT_MS=500 job g 2 --epochs 2 --sleep 0.2 --go "$T_TMP/g.go" --mark "$T_TMP/g.stop:4"
+if wait_for_file "$T_TMP/g.stop"; then
+	pid=$(cat "$T_TMP/g.stop")
+	kill -STOP "$pid"
+	wait_for "$T_TMP/g.1.log" '^1 10$' 60
+	kill -CONT "$pid"
+else
+	not_ok "(g) job 2 trained no 4 batches in 30 s"
+fi
+finished g 2
+out=$(in_order g 2 1 2)
+check "(g) a consumer that gathers what it lacks keeps its epochs in index order: $out" [ $? = 0 ]
+line=$(grep -o "the stream's epoch ended while we were away[^;]*" "$T_TMP/g.2.err" | head -n 1)
+check "(g) it found the stream's epoch over: $line" [ -n "$line" ]
+
+finish sequential
