@@ -1184,7 +1184,7 @@ class _Epoch:
             b = max(a, int(lost.max()) + 1) if len(lost) else a
             n0 = carry[1][0].shape[0] if carry else 0
             m = a + -(-(b - a + n0) // bs) * bs - n0 if b - a + n0 else a
-            m = min(m, st.nindex)
+            m = min(m, st.epoch_samples)  # drop_last: our epoch ends at its last whole batch
             if m > a:
                 hook.log("info", "feed %s: making %d samples privately (%s), in order, then reading on"
                          % (self.feed.key, m - a, self.loss_why))
@@ -1208,29 +1208,32 @@ class _Epoch:
 
     def read_past(self, m):
         """Read past the stream's samples below m (we made them privately), to
-        the sample m, or, m being the epoch's end, past the epoch's end (True).
-        _Unordered when the stream at our place is not where our epoch goes on."""
+        the sample m, or, our epoch ending at m, past the end of the stream's
+        (True). _Unordered when the stream at our place is not where our epoch
+        goes on."""
         npos, ns, se = ctypes.c_uint32(), ctypes.c_uint64(), ctypes.c_uint64()
         sb = (ctypes.c_uint64 * MAX_POS)()
         buf = ctypes.create_string_buffer(SCHEMA_MAX)
         slen = ctypes.c_uint32()
         idx = ctypes.c_int64()
+        end = m >= self.st.epoch_samples
         while True:
             self.retry(lambda ms: self.lib.tsshim_feed_next_index(self.h, ms, ctypes.byref(idx)))
             j = idx.value
-            if j == m:
-                return False
-            if j < 0 or j > m:
+            if j < 0 or (not end and j > m):
                 raise _Unordered()
+            if j == m and not end:
+                return False
             self.retry(lambda ms: self.lib.tsshim_feed_next(self.h, ms, ctypes.byref(npos), ctypes.byref(ns),
                                                          ctypes.byref(se), sb, buf, ctypes.byref(slen)))
-            want = (ctypes.c_uint64 * npos.value)(*[(m - j) * sb[p] for p in range(npos.value)])
+            k = max(1, self.st.nindex - j) if end else m - j
+            want = (ctypes.c_uint64 * npos.value)(*[k * sb[p] for p in range(npos.value)])
             got = (ctypes.c_uint64 * npos.value)()
             eoe = ctypes.c_int()
             self.retry(lambda ms: self.lib.tsshim_feed_read(self.h, npos.value, want, None, got,
                                                             ctypes.byref(eoe), ms))
             if eoe.value:
-                if m == self.st.nindex and got[0] == want[0]:
+                if end:
                     return True
                 raise _Unordered()
 
@@ -1246,7 +1249,7 @@ class _Epoch:
         had = self.given.clone() if self.given is not None else torch.zeros(st.nindex, dtype=torch.bool)
         if carry and self.carry_ids is not None:
             had[self.carry_ids[self.carry_ids >= 0]] = True
-        rest = (~had).nonzero().flatten()
+        rest = (~had[:st.epoch_samples]).nonzero().flatten()  # drop_last: the whole batches' samples
         hook.log("info", "feed %s: the rest of this epoch is made privately, in order (%s)" % (self.feed.key, why))
         self.rest_plan = (rest, st.epoch_samples - len(rest), carry, why)
         for batch in self.private_rest(may_gather=False, log=False):

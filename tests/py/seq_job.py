@@ -36,11 +36,13 @@ def main():
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--drop-last", action="store_true")
     ap.add_argument("--sleep", type=float, default=0.0, help="seconds per batch")
     ap.add_argument("--go", help="wait for this file before the first iter()")
     ap.add_argument("--mark", help="PATH:K: write our pid to PATH after K batches of epoch 0")
     args = ap.parse_args()
-    dl = DataLoader(Numbered(args.n), batch_size=args.batch_size, shuffle=False, num_workers=args.workers)
+    dl = DataLoader(Numbered(args.n), batch_size=args.batch_size, shuffle=False, num_workers=args.workers,
+                    drop_last=args.drop_last)
     mark, after = (args.mark.rsplit(":", 1) + [None])[:2] if args.mark else (None, None)
     if args.go:
         wait_file(args.go)

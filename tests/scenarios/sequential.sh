@@ -84,8 +84,9 @@ check "(j) then read the stream: samples made privately after epoch 0 and after 
 
 # --- e: a consumer evicted in mid-epoch -------------------------------------------
 # job 2 starts once job 1 (the producer) has trained a batch: the ring holds the epoch's start
-TSSHIM_TIMEOUT_MS=500 job e 1 --epochs 2 --sleep 0.2 --mark "$T_TMP/e.go:1"
-TSSHIM_TIMEOUT_MS=500 job e 2 --epochs 2 --sleep 0.2 --go "$T_TMP/e.go" --mark "$T_TMP/e.stop:4"
+# (410 samples, drop_last: the same 25 batches of 16 in order, the last 10 samples dropped)
+TSSHIM_TIMEOUT_MS=500 job e 1 --epochs 2 --sleep 0.2 --n 410 --drop-last --mark "$T_TMP/e.go:1"
+TSSHIM_TIMEOUT_MS=500 job e 2 --epochs 2 --sleep 0.2 --n 410 --drop-last --go "$T_TMP/e.go" --mark "$T_TMP/e.stop:4"
 if wait_for_file "$T_TMP/e.stop"; then
 	pid=$(cat "$T_TMP/e.stop")
 	kill -STOP "$pid"
