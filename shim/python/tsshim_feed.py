@@ -1033,12 +1033,8 @@ class _Epoch:
             try:
                 node, sample_bytes = self.next_info()
                 break
-            except _EpochGone:
-                yield from self.epoch_gone(None)
-                return
-            except _Gap:
-                yield from self.catch_up(None)
-                if self.done_clean:
+            except (_EpochGone, _Gap) as e:
+                if (yield from self.place_lost(e, None)):
                     return
         nodes, dtypes = stream_layout(node, sample_bytes, torch)
         npos = len(nodes)
@@ -1050,12 +1046,8 @@ class _Epoch:
             # no copy when the batch lies in one slot of the feed (pinned batches are copied)
             try:
                 leaves = None if pin else self.read_view(npos, want, got, eoe, nodes, dtypes, sample_bytes)
-            except _EpochGone:  # a view is all or nothing: nothing was read
-                yield from self.epoch_gone(None)
-                return
-            except _Gap:
-                yield from self.catch_up(None)
-                if self.done_clean:
+            except (_EpochGone, _Gap) as e:  # a view is all or nothing: nothing was read
+                if (yield from self.place_lost(e, None)):
                     return
                 continue
             viewed = leaves is not None
@@ -1071,18 +1063,11 @@ class _Epoch:
                     self.hold_carry(self.read_ids(n) if n else None, n)
                     self.plan_rest((node, [t[:n] for t in outs]) if n else None)
                     raise
-                except _EpochGone:
+                except (_EpochGone, _Gap) as e:
                     n = got[0] // sample_bytes[0]
                     self.pending = None
                     self.hold_carry(self.read_ids(n) if n else None, n)
-                    yield from self.epoch_gone((node, [t[:n] for t in outs]) if n else None)
-                    return
-                except _Gap:
-                    n = got[0] // sample_bytes[0]
-                    self.pending = None
-                    self.hold_carry(self.read_ids(n) if n else None, n)
-                    yield from self.catch_up((node, [t[:n] for t in outs]) if n else None)
-                    if self.done_clean:
+                    if (yield from self.place_lost(e, (node, [t[:n] for t in outs]) if n else None)):
                         return
                     continue
                 finally:
@@ -1140,6 +1125,16 @@ class _Epoch:
         elif noted == 2:
             # the stream is between epochs: what is ahead of us is the next one, whole
             self.lib.tsshim_feed_epoch_begin(self.h)
+
+    def place_lost(self, e, carry):
+        """Evicted while reading (e), holding the part of a batch `carry`: the
+        stream's epoch is over (_EpochGone), or, in index order, what we missed
+        comes next (_Gap). True when our epoch ended here."""
+        if isinstance(e, _EpochGone):
+            yield from self.epoch_gone(carry)
+            return True
+        yield from self.catch_up(carry)
+        return self.done_clean
 
     def in_order(self):
         """Our epoch keeps the loader's index order (SequentialSampler: a job may

@@ -82,21 +82,28 @@ pv=$("$PY" -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; pr
 check "(j) then read the stream: samples made privately after epoch 0 and after epoch 2: $pv (the same: later epochs shared)" \
 	cond "set -- $pv; [ \"\$1\" -gt 0 ] && [ \"\$1\" -lt 400 ] && [ \"\$1\" = \"\$2\" ]"
 
+# stopped_consumer CASE WAKE ARGS...: two jobs of 2 epochs (ARGS for both); job 2
+# starts once job 1 (the producer) has trained a batch (the ring holds the epoch's
+# start), is stopped at its 4th batch (evicted: its heartbeat stops) and woken when
+# job 1's progress has a line WAKE ("EPOCH BATCHES")
+stopped_consumer() {
+	local c=$1 wake=$2 pid; shift 2
+	TSSHIM_TIMEOUT_MS=500 job "$c" 1 --epochs 2 --sleep 0.2 "$@" --mark "$T_TMP/$c.go:1"
+	TSSHIM_TIMEOUT_MS=500 job "$c" 2 --epochs 2 --sleep 0.2 "$@" --go "$T_TMP/$c.go" --mark "$T_TMP/$c.stop:4"
+	if wait_for_file "$T_TMP/$c.stop"; then
+		pid=$(cat "$T_TMP/$c.stop")
+		kill -STOP "$pid"
+		wait_for "$T_TMP/$c.1.log" "^$wake\$" 60
+		kill -CONT "$pid"
+	else
+		not_ok "($c) job 2 trained no 4 batches in 30 s"
+	fi
+	finished "$c" 2
+}
+
 # --- e: a consumer evicted in mid-epoch -------------------------------------------
-# job 2 starts once job 1 (the producer) has trained a batch: the ring holds the epoch's start
 # (410 samples, drop_last: the same 25 batches of 16 in order, the last 10 samples dropped)
-TSSHIM_TIMEOUT_MS=500 job e 1 --epochs 2 --sleep 0.2 --n 410 --drop-last --mark "$T_TMP/e.go:1"
-TSSHIM_TIMEOUT_MS=500 job e 2 --epochs 2 --sleep 0.2 --n 410 --drop-last --go "$T_TMP/e.go" --mark "$T_TMP/e.stop:4"
-if wait_for_file "$T_TMP/e.stop"; then
-	pid=$(cat "$T_TMP/e.stop")
-	kill -STOP "$pid"
-	# stopped, it is evicted (its heartbeat stops); woken in the middle of the epoch
-	wait_for "$T_TMP/e.1.log" '^0 14$' 30
-	kill -CONT "$pid"
-else
-	not_ok "(e) job 2 trained no 4 batches in 30 s"
-fi
-finished e 2
+stopped_consumer e "0 14" --n 410 --drop-last
 out=$(in_order e 2 1 2)
 check "(e) an evicted consumer's epochs in index order, whole, paired: $out" [ $? = 0 ]
 line=$(grep -o 'making [0-9]* samples privately (published while it was away)[^;]*' "$T_TMP/e.2.err" | head -n 1)
@@ -115,17 +122,7 @@ check "(e) then read on from the stream: $pv samples of its epoch 0 made private
 # (its first is 160 or more, and 64.. are lacking), then makes the rest
 # privately. Before, it took that rest of epoch 1 first: sample 143 was
 # followed by 160, from where the stream was when it was woken.
-TSSHIM_TIMEOUT_MS=500 job g 1 --epochs 2 --sleep 0.2 --mark "$T_TMP/g.go:1"
-TSSHIM_TIMEOUT_MS=500 job g 2 --epochs 2 --sleep 0.2 --go "$T_TMP/g.go" --mark "$T_TMP/g.stop:4"
-if wait_for_file "$T_TMP/g.stop"; then
-	pid=$(cat "$T_TMP/g.stop")
-	kill -STOP "$pid"
-	wait_for "$T_TMP/g.1.log" '^1 10$' 60
-	kill -CONT "$pid"
-else
-	not_ok "(g) job 2 trained no 4 batches in 30 s"
-fi
-finished g 2
+stopped_consumer g "1 10"
 out=$(in_order g 2 1 2)
 check "(g) a consumer that gathers what it lacks keeps its epochs in index order: $out" [ $? = 0 ]
 line=$(grep -o "the stream's epoch ended while we were away[^;]*" "$T_TMP/g.2.err" | head -n 1)
