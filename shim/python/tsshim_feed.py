@@ -830,7 +830,19 @@ class _Epoch:
             raise NotCarried("batch structure or sample shape changed between batches")
         idx = self.torch.tensor(indices, dtype=self.torch.int64) if indices is not None else None
         if idx is not None and idx.numel() != n:
-            idx = None
+            # The collate function's dim 0 is not the batch's samples (sequence
+            # first, two views concatenated, samples filtered out): the stream,
+            # cut along dim 0 at other batch sizes, would split and mix them.
+            raise NotCarried("the batch's first dimension (%d) is not its %d samples (the collate function "
+                             "transposes, repeats or filters them)" % (n, idx.numel()))
+        if self.st.custom_collate and all(n in t.shape[1:] for t in leaves):
+            # A function of the user's own that put the samples along another
+            # dimension of the same length (a sequence-first [T, B] with T = B)
+            # would pass the check above: which dimension holds them is not known.
+            # One tensor without such a dimension (the labels, [B]) tells: its
+            # samples, and so every tensor's, are along dim 0.
+            raise NotCarried("the collate function's batch has %d along its first dimension and another: "
+                             "which holds the samples is not known" % n)
         ret = publish_leaves(self.lib, self.h, self.feed.stall_ms, leaves, n, schema, idx, eoe, self.stream_epoch,
                              cpu_ns)
         # EPERM: replaced while we worked. EDEADLK: elected again, but behind our own
@@ -1793,6 +1805,13 @@ class _SwitchToReal(Exception):
 
 # --- per loader ------------------------------------------------------------------
 
+def _custom_collate(loader):
+    """The loader's collate function is not torch's default_collate (which stacks
+    samples along dim 0)."""
+    import tsshim_loader
+    return not tsshim_loader.is_default_collate(getattr(loader, "collate_fn", None), sys.modules["torch.utils.data"])
+
+
 def _epoch_samples(loader):
     n = len(loader.sampler)
     return n // loader.batch_size * loader.batch_size if loader.drop_last else n
@@ -1820,6 +1839,7 @@ class LoaderState:
         self.private_samples = 0    # samples of shared epochs made privately (private_rest), for tests
         self.gathered_samples = 0   # samples of shared epochs gathered from a later stream epoch (gather)
         self.steps = collections.deque(maxlen=8)  # the job's last steps on shared batches, s (note_step)
+        self.custom_collate = _custom_collate(loader)  # its batches' dim 0 is the samples only by checking
         if key:
             data = sys.modules["torch.utils.data"]
             self.nindex = len(loader.dataset)

@@ -10,13 +10,14 @@ What enters the key: the dataset (class, the code of its methods when the
 class is not torch's or torchvision's, and a description of its content that
 does not read the data), its transforms (with the code of transform classes
 of the user's own), the sampler KIND and the collate
-function; with the code of the user's own, the module globals it reads
+function, and the worker_init_fn (which may set what the workers make);
+with the code of the user's own, the module globals it reads
 (args.scale: that attribute), and torch's default dtype: two jobs of one
 script that set them differently make different batches. What does not: batch size, drop_last (each consumer cuts and drops
 on its own; tsshim_feed adds the number of samples an epoch holds, which
 drop_last can change, to the feed's key), num_workers, pin_memory,
 persistent_workers, prefetch_factor,
-worker_init_fn, the generator, the model, the DataLoader subclass.
+the generator, the model, the DataLoader subclass.
 
 Imported only once torch.utils.data is loaded; never imports torch or
 torchvision itself (it looks them up in sys.modules).
@@ -30,7 +31,7 @@ import sys
 import types
 
 _rngs_read = []  # the random generators the last fingerprint found the user's code reading (rng_state)
-VERSION = 6  # bump when the description changes: old and new never share
+VERSION = 7  # bump when the description changes: old and new never share
 _MAX_DEPTH = 8
 
 
@@ -92,7 +93,32 @@ def _describe(loader):
         "dataset": _dataset(dataset, 0),
         "sampler": _sampler(sampler, dataset, data),
         "collate": _collate(getattr(loader, "collate_fn", None), data),
+        "worker_init": _worker_init(loader),
     }
+
+
+def _worker_init(loader):
+    """The loader's worker_init_fn, or None: it may change what the workers make
+    (a dataset attribute set per worker, an offset read from a global), so
+    loaders with different ones never share. Whatever the number of workers:
+    jobs of one script share whether they start workers or not (a consumer
+    takes the producer's batches, made by its workers). functools.partial
+    (Lightning's seeding) is its function and arguments."""
+    fn = getattr(loader, "worker_init_fn", None)
+    if fn is None:
+        return None
+    if type(fn).__name__ == "partial" and isinstance(getattr(fn, "keywords", None), dict):
+        return ["partial", _worker_init_fn(fn.func),
+                [_transform_value(a, 1, "worker_init_fn", "args") for a in fn.args],
+                _transform_value(dict(fn.keywords), 1, "worker_init_fn", "keywords")]
+    return _worker_init_fn(fn)
+
+
+def _worker_init_fn(fn):
+    d = _function(fn)
+    if d is None:
+        raise NotShareable("worker_init_fn %s is not a plain module-level function" % _callable_name(fn))
+    return d
 
 
 def _sampler(sampler, dataset, data):
@@ -119,10 +145,14 @@ def _sampler(sampler, dataset, data):
     raise NotShareable("sampler %s is not shareable" % name)
 
 
-def _collate(fn, data):
+def is_default_collate(fn, data):
+    """torch's default_collate (or none given): samples stacked along dim 0."""
     impl = sys.modules.get("torch.utils.data._utils.collate")
-    if fn is None or fn is getattr(data, "default_collate", None) or \
-            fn is getattr(impl, "default_collate", None):
+    return fn is None or fn is getattr(data, "default_collate", None) or fn is getattr(impl, "default_collate", None)
+
+
+def _collate(fn, data):
+    if is_default_collate(fn, data):
         return "default"
     d = _function(fn)
     if d is None:

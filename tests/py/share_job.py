@@ -447,8 +447,9 @@ def main():
                   drop_last=a.drop_last)
         if a.dict_batch:
             kw["collate_fn"] = dict_collate
+        kw["worker_init_fn"] = worker_init  # every job: it is part of the loader's key (never runs without workers)
         if a.workers > 0:
-            kw.update(worker_init_fn=worker_init, persistent_workers=a.persistent)
+            kw["persistent_workers"] = a.persistent
             if a.start_method != "default":
                 kw["multiprocessing_context"] = a.start_method
         return cls(ds, **kw)

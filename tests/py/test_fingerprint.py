@@ -56,6 +56,13 @@ def add_one(x):
     return x + 1
 
 
+WORKER_OFFSET = 0.0
+
+
+def seed_worker(worker_id, rank=0):
+    torch.utils.data.get_worker_info().dataset.offset = WORKER_OFFSET + rank
+
+
 class MyLoader(DataLoader):  # as Lightning/Accelerate subclass it
     pass
 
@@ -128,9 +135,36 @@ class Fingerprint(unittest.TestCase):
         base = self.shareable(DataLoader(self.ds(), batch_size=64, shuffle=True))
         for kw in (dict(batch_size=32), dict(batch_size=100, num_workers=4),
                    dict(batch_size=64, pin_memory=True), dict(batch_size=48, drop_last=True),
-                   dict(batch_size=64, num_workers=2, persistent_workers=True, prefetch_factor=4),
-                   dict(batch_size=64, worker_init_fn=add_one)):
+                   dict(batch_size=64, num_workers=2, persistent_workers=True, prefetch_factor=4)):
             self.assertEqual(self.shareable(DataLoader(self.ds(), shuffle=True, **kw)), base, kw)
+
+    def test_the_worker_init_fn_its_workers_run(self):
+        """A worker_init_fn may set what the workers make (a dataset attribute per
+        worker, an offset read from a global): found by a differential run, two
+        jobs whose functions set different offsets shared, one trained on the
+        other's samples. The function enters the key (its code, what it reads,
+        a partial's arguments); the number of workers does not."""
+        import functools
+
+        def key(**kw):
+            return self.shareable(DataLoader(self.ds(), batch_size=8, shuffle=True, **kw))
+        plain = key(num_workers=2)
+        seeded = key(num_workers=2, worker_init_fn=seed_worker)
+        self.assertNotEqual(seeded, plain)
+        self.assertEqual(key(num_workers=4, worker_init_fn=seed_worker), seeded)
+        self.assertEqual(key(worker_init_fn=seed_worker), seeded, "a job of the script without workers")
+        self.assertNotEqual(key(num_workers=2, worker_init_fn=add_one), seeded)
+        p0 = key(num_workers=2, worker_init_fn=functools.partial(seed_worker, rank=0))
+        self.assertEqual(key(num_workers=2, worker_init_fn=functools.partial(seed_worker, rank=0)), p0)
+        self.assertNotEqual(key(num_workers=2, worker_init_fn=functools.partial(seed_worker, rank=1)), p0)
+        global WORKER_OFFSET
+        old, WORKER_OFFSET = WORKER_OFFSET, 1000.0
+        try:
+            self.assertNotEqual(key(num_workers=2, worker_init_fn=seed_worker), seeded, "a global it reads")
+        finally:
+            WORKER_OFFSET = old
+        self.refused(DataLoader(self.ds(), batch_size=8, num_workers=2, worker_init_fn=lambda w: None),
+                     "worker_init_fn")
 
     def test_train_and_val_differ(self):
         t, v = self.shareable(loader("train", ROOT)), self.shareable(loader("val", ROOT))
