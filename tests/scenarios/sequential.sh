@@ -47,6 +47,13 @@ sys.exit(1 if bad else 0)
 PYV
 }
 
+said() { # CASE JOB TEXT: the first line of job JOB's stderr that holds TEXT, from there on
+	grep -o "$3[^;]*" "$T_TMP/$1.$2.err" | head -n 1
+}
+private_after() { # CASE JOB: samples its layer made privately by the end of each epoch
+	"$PY" -c 'import json,sys; print(*[json.loads(l)["pv"] for l in open(sys.argv[1])])' "$T_TMP/$1.$2.out"
+}
+
 wait_for_file() { # FILE: wait up to 30 s for it
 	local i
 	for ((i = 0; i < 3000; i++)); do [ -e "$1" ] && return 0; sleep 0.01; done
@@ -76,11 +83,11 @@ job j 2 --sleep 0.04 --go "$T_TMP/j.go" --workers 2 # its private loader has wor
 finished j 2
 out=$(in_order j 3 1 2)
 check "(j) a late joiner's epochs in index order, whole, paired: $out" [ $? = 0 ]
-line=$(grep -o 'making [0-9]* samples privately (published before it joined)[^;]*' "$T_TMP/j.2.err" | head -n 1)
+line=$(said j 2 'making [0-9]* samples privately (published before it joined)')
 check "(j) it made the head it missed privately, first: $line" [ -n "$line" ]
-pv=$("$PY" -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(r[0]["pv"], r[-1]["pv"])' "$T_TMP/j.2.out")
-check "(j) then read the stream: samples made privately after epoch 0 and after epoch 2: $pv (the same: later epochs shared)" \
-	cond "set -- $pv; [ \"\$1\" -gt 0 ] && [ \"\$1\" -lt 400 ] && [ \"\$1\" = \"\$2\" ]"
+pv=$(private_after j 2)
+check "(j) then read the stream: samples made privately by the end of each epoch: $pv (later epochs shared)" \
+	cond "set -- $pv; [ \"\$1\" -gt 0 ] && [ \"\$1\" -lt 400 ] && [ \"\$1\" = \"\$3\" ]"
 
 # stopped_consumer CASE WAKE ARGS...: two jobs of 2 epochs (ARGS for both); job 2
 # starts once job 1 (the producer) has trained a batch (the ring holds the epoch's
@@ -106,11 +113,11 @@ stopped_consumer() {
 stopped_consumer e "0 14" --n 410 --drop-last
 out=$(in_order e 2 1 2)
 check "(e) an evicted consumer's epochs in index order, whole, paired: $out" [ $? = 0 ]
-line=$(grep -o 'making [0-9]* samples privately (published while it was away)[^;]*' "$T_TMP/e.2.err" | head -n 1)
+line=$(said e 2 'making [0-9]* samples privately (published while it was away)')
 check "(e) it was evicted, and made what it missed privately, in its place: $line" [ -n "$line" ]
-pv=$("$PY" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["pv"])' "$T_TMP/e.2.out")
-check "(e) then read on from the stream: $pv samples of its epoch 0 made privately, fewer than the 336 after its 4th batch" \
-	cond "[ \"$pv\" -gt 0 ] && [ \"$pv\" -lt 336 ]"
+pv=$(private_after e 2)
+check "(e) then read on from the stream: ${pv%% *} samples of its epoch 0 made privately, fewer than the 336 after its 4th batch" \
+	cond "set -- $pv; [ \"\$1\" -gt 0 ] && [ \"\$1\" -lt 336 ]"
 
 # --- g: a consumer woken after the stream's epoch ended, far into the next --------
 # Stopped at its 4th batch, job 2 is woken when job 1 trains batch 10 of epoch 1:
@@ -125,7 +132,7 @@ check "(e) then read on from the stream: $pv samples of its epoch 0 made private
 stopped_consumer g "1 10"
 out=$(in_order g 2 1 2)
 check "(g) a consumer that gathers what it lacks keeps its epochs in index order: $out" [ $? = 0 ]
-line=$(grep -o "the stream's epoch ended while we were away[^;]*" "$T_TMP/g.2.err" | head -n 1)
+line=$(said g 2 "the stream's epoch ended while we were away")
 check "(g) it found the stream's epoch over: $line" [ -n "$line" ]
 
 finish sequential
