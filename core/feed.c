@@ -789,15 +789,16 @@ static int hdr_matches(const struct ts_feed_hdr *h, const struct ts_batch_meta *
 
 /* noinline: inlined, its acquire fence trips GCC's -Wtsan in the TSan build */
 __attribute__((noinline)) static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest,
-						  int count, uint64_t *nrest, uint64_t *npublished, uint64_t timeout_ns);
+						  int count, uint64_t *nrest, uint64_t *npublished, int fence,
+						  uint64_t timeout_ns);
 
 /* A fence this call claimed is given up when the count fails: left open, it
  * held every consumer back while each later call failed the same way. */
 static int stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, int count, uint64_t *nrest,
-			uint64_t *npublished, uint64_t timeout_ns)
+			uint64_t *npublished, int fence, uint64_t timeout_ns)
 {
 	int claimed_before = f->w.claimed;
-	int ret = count_stream(f, epoch, ended, rest, count, nrest, npublished, timeout_ns);
+	int ret = count_stream(f, epoch, ended, rest, count, nrest, npublished, fence, timeout_ns);
 	if (ret && !claimed_before && f->w.claimed)
 		ts_ring_abort(f->s.seg, &f->w);
 	return ret;
@@ -806,18 +807,28 @@ static int stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t 
 int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
 			 uint64_t *npublished, uint64_t timeout_ns)
 {
-	return stream_state(f, epoch, ended, rest, rest != NULL, nrest, npublished, timeout_ns);
+	return stream_state(f, epoch, ended, rest, rest != NULL, nrest, npublished, 1, timeout_ns);
 }
 
 int ts_feed_stream_count(struct ts_feed *f, uint64_t *epoch, int *ended, uint64_t *nrest, uint64_t *npublished,
 			 uint64_t timeout_ns)
 {
-	return stream_state(f, epoch, ended, NULL, 1, nrest, npublished, timeout_ns);
+	return stream_state(f, epoch, ended, NULL, 1, nrest, npublished, 1, timeout_ns);
 }
 
-/* count: fill *nrest and *npublished (and rest, when given) for an unfinished epoch */
+int ts_feed_stream_seen(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
+			uint64_t *npublished)
+{
+	return stream_state(f, epoch, ended, rest, 1, nrest, npublished, 0, 0);
+}
+
+/*
+ * count: fill *nrest and *npublished (and rest, when given) for an unfinished
+ * epoch. fence: a producer claims the next slot first and writes what it
+ * counted back into the ledger (it is about to make the rest).
+ */
 static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, int count, uint64_t *nrest,
-			uint64_t *npublished, uint64_t timeout_ns)
+			uint64_t *npublished, int fence, uint64_t timeout_ns)
 {
 	struct ts_segment *seg = f->s.seg;
 	struct ts_batch_meta m;
@@ -831,7 +842,8 @@ static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t 
 	*epoch = 0;
 	*ended = 1;
 	*nrest = *npublished = 0;
-	if (ts_session_role(&f->s) == TS_ROLE_PRODUCER) {
+	bool producing = fence && ts_session_role(&f->s) == TS_ROLE_PRODUCER;
+	if (producing) {
 		/*
 		 * Fence: claim the next slot first. A predecessor that was replaced
 		 * half-way through a publish can then no longer add a batch behind
@@ -890,7 +902,7 @@ static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t 
 	 * only the ring knows of, and the ring forgets it once we publish a
 	 * full turn; a successor of ours would then make that batch again.
 	 */
-	if (ts_session_role(&f->s) == TS_ROLE_PRODUCER && !ledger_at(f, *epoch))
+	if (producing && !ledger_at(f, *epoch))
 		for (uint64_t i = 0; i < words; i++)
 			atomic_fetch_or_explicit(&l->bits[i], bits[i], memory_order_relaxed);
 	uint64_t n = 0;

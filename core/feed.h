@@ -172,6 +172,13 @@ void ts_feed_set_away(struct ts_feed *f, int away);
 int ts_feed_stream_state(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
 			 uint64_t *npublished, uint64_t timeout_ns);
 
+/*
+ * As ts_feed_stream_state, as a reader sees it whatever its role: a producer
+ * claims no slot and writes nothing back (a member that lost its place notes
+ * what was published meanwhile), and nothing waits.
+ */
+int ts_feed_stream_seen(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest, uint64_t *nrest,
+			uint64_t *npublished);
 /* As ts_feed_stream_state, counting what is not published without listing it. */
 int ts_feed_stream_count(struct ts_feed *f, uint64_t *epoch, int *ended, uint64_t *nrest, uint64_t *npublished,
 			 uint64_t timeout_ns);

@@ -461,7 +461,7 @@ static int any_trained(const struct ts_feed *f, const struct feed_track *t)
  *     published, and what is ahead of us is not ours. Every sample is noted
  *     as published: the layer, which knows the epoch's samples, ends the
  *     epoch here and makes those it lacks.
- *  0: nothing noted (a producer); -errno.
+ *  0: nothing noted (we attached at its start); -errno.
  */
 static int note_loss(int h, struct ts_feed *f)
 {
@@ -470,8 +470,8 @@ static int note_loss(int h, struct ts_feed *f)
 	int ended, ret;
 	if (!t)
 		return -ENOENT;
-	if (ts_feed_role(f) == TS_ROLE_PRODUCER)
-		return 0; /* its stream_state would claim a slot; a producer makes the rest of its epoch anyway */
+	if (f->at_epoch_start && !any_trained(f, t))
+		return 0; /* we begin at its start: nothing of it is behind us */
 	int64_t *rest = malloc(f->nindex * sizeof(*rest));
 	uint64_t *pub = calloc(words, sizeof(*pub));
 	if (!rest || !pub) {
@@ -479,7 +479,8 @@ static int note_loss(int h, struct ts_feed *f)
 		free(pub);
 		return -ENOMEM;
 	}
-	if ((ret = ts_feed_stream_state(f, &epoch, &ended, rest, &nrest, &npub, 0)) == 0) {
+	/* as a reader sees it, also when we were elected producer meanwhile (the others left) */
+	if ((ret = ts_feed_stream_seen(f, &epoch, &ended, rest, &nrest, &npub)) == 0) {
 		uint64_t ours = any_trained(f, t) ? f->read_epoch : epoch;
 		memset(pub, 0xff, words * sizeof(*pub));
 		if (!ended && epoch == ours && nrest <= f->nindex) {

@@ -146,6 +146,12 @@ class _Gap(Exception):
     published while we were away comes next (catch_up), not at the epoch's end."""
 
 
+class _Restart(Exception):
+    """Evicted before this epoch read anything (its place was taken while the job
+    did other things, a validation loader's between passes): the epoch begins
+    afresh, as at iter()."""
+
+
 class _Unordered(Exception):
     """The stream at our place is not the sample our epoch needs next, in index
     order: the rest of the epoch is made privately (catch_up)."""
@@ -690,6 +696,7 @@ class _Epoch:
         self.skipping = False     # reading past the rest of a stream epoch (skip_to_epoch_start)
         self.given = None         # samples handed to the job this epoch (give); False: not known
         self.carry_ids = None     # dataset indices of the part of a batch we hold (carry), or None
+        self.fresh = False        # consume has read nothing of this epoch yet: an eviction is a fresh start
 
     # -- what this epoch handed to the job --
     def give(self, ids):
@@ -1036,18 +1043,23 @@ class _Epoch:
         torch, loader = self.torch, self.loader
         bs = loader.batch_size
         pin = bool(loader.pin_memory) and torch.cuda.is_available()
-        if self.loss_noted and self.in_order():
-            # we joined where the ring no longer held the epoch's start: its head comes first
-            yield from self.catch_up(None)
-            if self.done_clean:
-                return
+        self.fresh = True
         while True:
+            if self.loss_noted and self.in_order():
+                # we joined where the ring no longer held the epoch's start: its head comes first
+                yield from self.catch_up(None)
+                if self.done_clean:
+                    return
             try:
                 node, sample_bytes = self.next_info()
                 break
+            except _Restart:
+                self.attach(at_epoch_start=True)
+                self.note_head()
             except (_EpochGone, _Gap) as e:
                 if (yield from self.place_lost(e, None)):
                     return
+        self.fresh = False
         nodes, dtypes = stream_layout(node, sample_bytes, torch)
         npos = len(nodes)
         self.layout = (node, nodes, dtypes, sample_bytes)
@@ -1182,6 +1194,7 @@ class _Epoch:
         the rest of the epoch is made privately (private_to_end). Sets done_clean
         when the epoch ended here."""
         torch, st, bs = self.torch, self.st, self.loader.batch_size
+        self.fresh = False  # what we make is this epoch's: an eviction from here is a loss
         lost = self.take_lost()
         while True:
             a = self.had(carry)
@@ -1278,7 +1291,10 @@ class _Epoch:
         """Evicted, and the stream's epoch we were reading ended while we were away:
         the epoch ends here. Its samples we never read are made privately (the part
         of a batch we hold first) when the layer knows them: every sample of the
-        dataset, or of the subset, once. Otherwise the epoch ends short."""
+        dataset, or of the subset, once; with drop_last, as many of them as the
+        epoch lacks (those it would drop are any, in a shuffled epoch, and the
+        last, in order), when it knows what it was given. Otherwise the epoch
+        ends short."""
         torch = self.torch
         self.done_clean = True
         lost = self.take_lost()
@@ -1286,7 +1302,10 @@ class _Epoch:
         known = st.epoch_samples == (len(st.subset) if st.kind == "subset" else st.nindex)
         if lost is not None and st.kind == "subset":
             lost = lost[torch.isin(lost, st.subset)]
-        if lost is None or not known or not len(lost):
+        had = None
+        if not known and self.given is not False and (not carry or self.carry_ids is not None):
+            had = (int(self.given.sum()) if self.given is not None else 0) + (carry[1][0].shape[0] if carry else 0)
+        if lost is None or not len(lost) or (not known and (had is None or had >= st.epoch_samples)):
             hook.log("info", "feed %s: the stream's epoch ended while we were away; this epoch ends short"
                      % self.feed.key)
             self.lib.tsshim_feed_detach(self.h)
@@ -1300,6 +1319,8 @@ class _Epoch:
         self.attach(at_epoch_start=True)  # the stream's newest epoch's start, while the ring holds it
         self.feed.reattach = True  # else the head: our next epoch notes what it lacks (batches)
         self.finish_lost(lost, carry)
+        if not known:  # drop_last: the first epoch_samples - had of them (remainder)
+            self.rest_plan = (lost, had, carry, self.loss_why)
         yield from self.private_rest()
 
     def finish_lost(self, lost, carry):
@@ -1325,6 +1346,8 @@ class _Epoch:
             elif ret == -errno.ESTALE:  # evicted while we were away: on from the head
                 if self.skipping or self.gathering:
                     raise _PlaceLost()
+                if self.fresh:
+                    raise _Restart()
                 self.attach()
                 noted = self.lib.tsshim_feed_note_loss(self.h)
                 if noted in (1, 2):

@@ -849,6 +849,13 @@ PYV
 vkrc=$?
 check "(vk) validation every 3 steps beside validation per epoch: every epoch whole, no wait of 5 s ($vk)" \
 	[ "$vkrc" = 0 ]
+# Job 2 was away from the validation feed between its passes (training), and lost
+# its place there. Its next pass begins afresh, as at iter(), from the stream's
+# newest validation epoch. Before, that pass was taken for one it had been
+# reading: "the stream's epoch ended while we were away", and made privately
+# (2 of its 4 passes here; found by a differential run).
+gone=$(grep -c "ended while we were away" "$T_TMP/vk.2.log")
+check "(vk) job 2's validation passes read the stream, none taken for an epoch it lost ($gone)" [ "$gone" = 0 ]
 
 # --- t: a stream this torch cannot read; a fault in the layer ----------------------
 # Job 1's schema names a dtype no torch has (as a newer torch's new dtype would be

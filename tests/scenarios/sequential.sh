@@ -11,10 +11,15 @@
 #      epoch was the stream's rest, then the head: [160..399, 0..159].
 #   e  a consumer stopped (SIGSTOP) in mid-epoch until it is evicted: it makes
 #      what was published while it was away privately, in order, then reads on
-#      from the stream. Before, that gap came at the epoch's end.
+#      from the stream. Before, that gap came at the epoch's end. Having joined
+#      while the ring held the epoch's start, it made none of its head (before,
+#      the head published by then, 16 samples, though the ring held it).
 #   g  a consumer woken after the stream's epoch ended, far into the next: what
 #      it lacks is gathered from the stream only where it continues the order,
 #      else made privately. Before, the stream's rest came first.
+#   ed the same across an epoch's end with drop_last: as many as the epoch lacks
+#   p  a consumer woken after the producer left: elected producer, what was
+#      published while it was away is made privately
 # Every epoch of every job: the 400 indices in order, 25 batches, paired.
 set -u
 cd "$(dirname "$0")/../.."
@@ -115,6 +120,8 @@ out=$(in_order e 2 1 2)
 check "(e) an evicted consumer's epochs in index order, whole, paired: $out" [ $? = 0 ]
 line=$(said e 2 'making [0-9]* samples privately (published while it was away)')
 check "(e) it was evicted, and made what it missed privately, in its place: $line" [ -n "$line" ]
+line=$(said e 2 'published before it joined')
+check "(e) joining while the ring held the epoch's start, it made nothing of its head (${line:-no such line})" [ -z "$line" ]
 pv=$(private_after e 2)
 check "(e) then read on from the stream: ${pv%% *} samples of its epoch 0 made privately, fewer than the 336 after its 4th batch" \
 	cond "set -- $pv; [ \"\$1\" -gt 0 ] && [ \"\$1\" -lt 336 ]"
@@ -134,5 +141,38 @@ out=$(in_order g 2 1 2)
 check "(g) a consumer that gathers what it lacks keeps its epochs in index order: $out" [ $? = 0 ]
 line=$(said g 2 "the stream's epoch ended while we were away")
 check "(g) it found the stream's epoch over: $line" [ -n "$line" ]
+
+# --- ed: the same across an epoch's end, with drop_last -------------------------------
+# 410 samples, drop_last: the epoch is the first 400, and the layer does not know
+# which samples a shuffled epoch drops. Knowing what this one was given, it makes
+# as many as it lacks. Before, it ended short: 64 samples, 4 of 25 batches.
+stopped_consumer ed "1 3" --n 410 --drop-last
+out=$(in_order ed 2 1 2)
+check "(ed) woken after the stream's epoch ended, with drop_last: epochs in index order, whole, paired: $out" [ $? = 0 ]
+
+# --- p: a consumer woken after the producer left ----------------------------------------
+# Job 2 is stopped at its 4th batch and evicted; job 1 ends its one epoch and
+# exits; woken, job 2 is the feed's only member, its producer, and what the
+# stream published while it was away is still its epoch's. Before, a member
+# elected producer noted no loss: its epoch was 64 samples, 4 of 25 batches,
+# and a loop of len(loader) next() calls died of StopIteration (found by a
+# differential run: 19 of 19 runs, in order and shuffled).
+TSSHIM_TIMEOUT_MS=500 job p 1 --epochs 1 --sleep 0.05 --mark "$T_TMP/p.go:1"
+TSSHIM_TIMEOUT_MS=500 job p 2 --epochs 2 --sleep 0.05 --go "$T_TMP/p.go" --mark "$T_TMP/p.stop:4"
+if wait_for_file "$T_TMP/p.stop"; then
+	pid=$(cat "$T_TMP/p.stop")
+	kill -STOP "$pid"
+	wait "${JPID[p.1]}"; rc1=$?
+	kill -CONT "$pid"
+else
+	not_ok "(p) job 2 trained no 4 batches in 30 s"
+	wait "${JPID[p.1]}"; rc1=$?
+fi
+wait "${JPID[p.2]}"; rc2=$?
+check "(p) both jobs exited 0 ($rc1 $rc2)" [ "$rc1" = 0 ] && [ "$rc2" = 0 ]
+out=$(in_order p 1 1) && out=$(in_order p 2 2)
+check "(p) job 2, the producer once woken, has its epochs whole and in order: $out" [ $? = 0 ]
+line=$(said p 2 "the stream's epoch ended while we were away")
+check "(p) it found the stream's epoch over, and made the rest privately: $line" [ -n "$line" ]
 
 finish sequential
