@@ -785,6 +785,16 @@ static int hdr_matches(const struct ts_feed_hdr *h, const struct ts_batch_meta *
 	return 0;
 }
 
+/* The dataset index of sample j of a validated slot (a peer's word: checked), or -1. */
+static int64_t slot_index(const struct ts_feed *f, const struct ts_feed_hdr *h, const char *base, uint64_t j)
+{
+	const int64_t *idx = (const int64_t *)(base + h->index_off); /* 8-aligned, bounded by hdr_fits */
+	if (j >= h->nsamples)
+		return -1;
+	int64_t x = __atomic_load_n(&idx[j], __ATOMIC_RELAXED);
+	return x >= 0 && (uint64_t)x < f->nindex ? x : -1;
+}
+
 /* ---- stream state (a successor's view) --------------------------------- */
 
 /* noinline: inlined, its acquire fence trips GCC's -Wtsan in the TSan build */
@@ -889,10 +899,9 @@ static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t 
 		    peer_file(f, writer, m.tag, (uint32_t)(s % d), s, &h, &base) || hdr_matches(h, &m) ||
 		    h->stream_epoch != *epoch)
 			continue;
-		const int64_t *idx = (const int64_t *)(base + h->index_off); /* 8-aligned, in the file */
 		for (uint64_t i = 0; i < h->nsamples; i++) {
-			uint64_t x = (uint64_t)__atomic_load_n(&idx[i], __ATOMIC_RELAXED); /* a peer's: once */
-			if (x < f->nindex)
+			int64_t x = slot_index(f, h, base, i);
+			if (x >= 0)
 				bits[x / 64] |= 1ull << (x % 64);
 		}
 	}
@@ -1008,16 +1017,6 @@ int ts_feed_holds_producer(struct ts_feed *f)
 	 */
 	uint64_t claimed = atomic_load_explicit(&f->s.seg->ring.claim_seq, memory_order_acquire);
 	return f->r.seq + d < claimed;
-}
-
-/* The dataset index of sample j of a validated slot (a peer's word: checked), or -1. */
-static int64_t slot_index(const struct ts_feed *f, const struct ts_feed_hdr *h, const char *base, uint64_t j)
-{
-	const int64_t *idx = (const int64_t *)(base + h->index_off); /* 8-aligned, bounded by hdr_fits */
-	if (j >= h->nsamples)
-		return -1;
-	int64_t x = __atomic_load_n(&idx[j], __ATOMIC_RELAXED);
-	return x >= 0 && (uint64_t)x < f->nindex ? x : -1;
 }
 
 /* -ESTALE: evicted (or fallen a whole turn behind): detached, attach again. */

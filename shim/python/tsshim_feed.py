@@ -1165,18 +1165,35 @@ class _Epoch:
         pair its outputs with dataset positions), and we know what it was given."""
         return self.st.kind == "sequential" and self.given is not False
 
-    def had(self, carry):
-        """The samples this epoch has had, given or held (carry), when they are
-        0..a-1 as in index order: a; else None."""
-        torch = self.torch
-        had = self.given.clone() if self.given is not None else torch.zeros(self.st.nindex, dtype=torch.bool)
+    def had_mask(self, carry):
+        """The samples this epoch has had, given or held (carry), as a mask over
+        the dataset; None when that is not known."""
+        if self.given is False:
+            return None
+        had = self.given.clone() if self.given is not None else self.torch.zeros(self.st.nindex, dtype=self.torch.bool)
         if carry:
             ids = self.carry_ids
             if ids is None or len(ids) != carry[1][0].shape[0] or bool((ids < 0).any()):
                 return None
             had[ids] = True
+        return had
+
+    def had(self, carry):
+        """a when the samples this epoch has had are 0..a-1, as in index order; else None."""
+        had = self.had_mask(carry)
+        if had is None:
+            return None
         a = int(had.sum())
         return a if bool(had[:a].all()) else None
+
+    def make_privately(self, plan, carry, why):
+        """The samples of plan (dataset indices, in the order made), after the
+        part of a batch we hold, from a private loader (private_rest)."""
+        self.rest_plan = (plan, self.st.epoch_samples - len(plan), carry, why)
+        for batch in self.private_rest(may_gather=False, log=False):
+            self.yielded += 1
+            yield batch
+        self.rest_plan = None
 
     def holding(self):
         """We still hold a place in our feed."""
@@ -1208,11 +1225,8 @@ class _Epoch:
             if m > a:
                 hook.log("info", "feed %s: making %d samples privately (%s), in order, then reading on"
                          % (self.feed.key, m - a, self.loss_why))
-                self.rest_plan = (torch.arange(a, m), st.epoch_samples - (m - a), carry, self.loss_why)
-                for batch in self.private_rest(may_gather=False, log=False):
-                    self.yielded += 1
-                    yield batch
-                self.rest_plan, carry = None, None
+                yield from self.make_privately(torch.arange(a, m), carry, self.loss_why)
+                carry = None
                 if not self.holding():  # we left our place: nobody waits on us
                     yield from self.private_to_end(None, "its place left")
                     return
@@ -1261,21 +1275,16 @@ class _Epoch:
         """The rest of this epoch, made privately in index order: what it has not
         had yet (after the part of a batch we hold). We leave our place: our
         next epoch joins the stream afresh."""
-        torch, st = self.torch, self.st
         if self.holding():
             self.lib.tsshim_feed_detach(self.h)
             self.feed.attached = False
         self.done_clean = True
-        had = self.given.clone() if self.given is not None else torch.zeros(st.nindex, dtype=torch.bool)
-        if carry and self.carry_ids is not None:
-            had[self.carry_ids[self.carry_ids >= 0]] = True
-        rest = (~had[:st.epoch_samples]).nonzero().flatten()  # drop_last: the whole batches' samples
+        had = self.had_mask(carry)
+        if had is None:  # the part of a batch we hold is not known: what was given is
+            had = self.had_mask(None)
+        rest = (~had[:self.st.epoch_samples]).nonzero().flatten()  # drop_last: the whole batches' samples
         hook.log("info", "feed %s: the rest of this epoch is made privately, in order (%s)" % (self.feed.key, why))
-        self.rest_plan = (rest, st.epoch_samples - len(rest), carry, why)
-        for batch in self.private_rest(may_gather=False, log=False):
-            self.yielded += 1
-            yield batch
-        self.rest_plan = None
+        yield from self.make_privately(rest, carry, why)
 
     def take_lost(self):
         """At the end of an epoch that lost its place: the samples published while
@@ -1302,9 +1311,8 @@ class _Epoch:
         known = st.epoch_samples == (len(st.subset) if st.kind == "subset" else st.nindex)
         if lost is not None and st.kind == "subset":
             lost = lost[torch.isin(lost, st.subset)]
-        had = None
-        if not known and self.given is not False and (not carry or self.carry_ids is not None):
-            had = (int(self.given.sum()) if self.given is not None else 0) + (carry[1][0].shape[0] if carry else 0)
+        mask = self.had_mask(carry) if not known else None
+        had = int(mask.sum()) if mask is not None else None
         if lost is None or not len(lost) or (not known and (had is None or had >= st.epoch_samples)):
             hook.log("info", "feed %s: the stream's epoch ended while we were away; this epoch ends short"
                      % self.feed.key)
