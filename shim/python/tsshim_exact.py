@@ -95,12 +95,8 @@ class ExactState:
         if wif is not None and wif_d is None:
             return "worker_init_fn %s is not a plain module-level function" % tsshim_loader._callable_name(wif)
         ctx = loader.multiprocessing_context
-        if ctx is None:  # the process's default, set_start_method's if the job set one
-            mp = sys.modules.get("torch.multiprocessing") or sys.modules.get("multiprocessing")
-            try:
-                ctx = "default:%s" % mp.get_start_method(allow_none=True)
-            except Exception:
-                ctx = "default"
+        if ctx is None:
+            ctx = "default:%s" % _default_start_method()
         else:
             ctx = getattr(ctx, "_name", type(ctx).__name__)
         self.static = {
@@ -114,6 +110,22 @@ class ExactState:
         }
         self.nindex = len(loader.dataset)
         return None
+
+
+def _default_start_method():
+    """The start method of a loader without a multiprocessing_context: the one
+    the job set, else the platform's. Not get_start_method(allow_none=True)
+    alone: it is None until the process starts its first child, so a job that
+    had made an epoch with its workers keyed its next one apart from jobs that
+    had read theirs from its feed, and they stopped sharing after the first
+    epoch. Nor allow_none=False: that fixes the default, and a later
+    set_start_method of the job's would fail."""
+    try:
+        import multiprocessing.context as mpc
+        dc = mpc._default_context
+        return dc.get_start_method(allow_none=True) or dc._default_context._name
+    except Exception:
+        return "?"
 
 
 class _Generators:

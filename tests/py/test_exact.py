@@ -7,11 +7,15 @@ checked against torch's own iterator in a plain Python process (no shim):
   _Generators    own_iter(): the iterator made from copies of the generators
                  as they stood gives the same batches and touches no job
                  generator; restore() undoes draws made since
+  _default_start_method  the start method of a loader that names none, the
+                 same before and after the process's first child, fixing
+                 nothing (each check in a fresh interpreter)
 
 Run by tests/scenarios/layer.sh with /usr/bin/python3 (needs torch):
   python3 tests/py/test_exact.py      (TSSHIM_PYDIR: the layer's directory)
 """
 import os
+import subprocess
 import sys
 import unittest
 
@@ -154,6 +158,37 @@ class OwnIter(unittest.TestCase):
             torch.rand(2)
             gens.restore(loader)
             self.assertEqual(states(loader), was, "%s: restore puts the generators back" % kind)
+
+
+def fresh(code):
+    """Run code in a fresh interpreter that imported the layer: its printed lines."""
+    pre = "import sys; sys.path.insert(0, %r); import multiprocessing as mp, tsshim_exact as ex\n" % os.path.abspath(PYDIR)
+    out = subprocess.run([sys.executable, "-c", pre + code], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise AssertionError(out.stderr)
+    return out.stdout.split()
+
+
+class StartMethod(unittest.TestCase):
+    def test_the_same_before_and_after_the_first_child(self):
+        # get_start_method(allow_none=True) is None until the first child starts:
+        # jobs that made an epoch with workers keyed the next one apart from those
+        # that had read theirs from a feed (exact_batches case same: 5 feeds, not 3)
+        before, after = fresh("print(ex._default_start_method())\n"
+                              "p = mp.Process(target=print); p.start(); p.join()\n"
+                              "print(ex._default_start_method())")
+        self.assertEqual(before, after)
+        self.assertEqual(before, fresh("p = mp.Process(target=print); p.start(); p.join()\n"
+                                       "print(mp.get_start_method())")[0])
+
+    def test_the_jobs_own_and_nothing_fixed(self):
+        # the job's set_start_method, made after ours was asked, still works and is seen
+        got = fresh("a = ex._default_start_method()\n"
+                    "other = 'spawn' if a != 'spawn' else 'fork'\n"
+                    "mp.set_start_method(other)\n"
+                    "print(a, other, ex._default_start_method())")
+        self.assertNotEqual(got[0], got[1])
+        self.assertEqual(got[2], got[1])
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
 # prints both generators' state after each epoch; the records are compared
 # whole with a plain run's).
 #   same     3 same-seed jobs, 3 epochs: in every epoch the others read their
-#            batches from the feed
+#            batches from the feed, one feed an epoch
 #   model    the loader has a generator of its own, the jobs' models draw
 #            differently before it runs: shared all the same
 #   default  no generator of the loader's own: shared while the jobs' default
@@ -80,6 +80,11 @@ w=$(whole_reads same)
 echo "# same: $w of 6 consumer epochs read whole from the feed ($(reads same) batches); lines:"
 cat "$T_TMP"/same.[0-9].err | grep "batches read from the feed" | sed 's/^/#   /'
 check "same: consumers read epochs whole from the feed ($w of the 6 possible, 3 at least)" [ "$w" -ge 3 ]
+# One feed an epoch, whoever made the one before: a job that made an epoch with
+# its workers keyed its next one apart from those that had read it (the default
+# start method, None until a process starts its first child), 5 feeds, not 3.
+f=$(cat "$T_TMP"/same.[0-9].err | grep -o "of feed '[^']*'" | sort -u | wc -l)
+check "same: the three jobs keyed each epoch alike (one feed an epoch: $f for 3 epochs)" [ "$f" = 3 ]
 # A consumer that came after an epoch's first batch makes that epoch itself from
 # its start (under load, rarely); none may have to leave a feed in mid-epoch.
 check "same: no job fell back to its own loader in mid-epoch" \
