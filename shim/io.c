@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -819,21 +820,29 @@ static int close_range_around_ours(unsigned first, unsigned last, int flags)
 	unsigned n = ts_session_fds_in(first, last, ours, sizeof(ours) / sizeof(ours[0]));
 	if (!n)
 		return 1;
-	unsigned from = first;
+	/* 64 bits: the last gap of [first, ~0u], closefrom's, ends past ~0u */
+	uint64_t from = first;
 	for (unsigned i = 0; i <= n; i++) {
-		unsigned to = i < n ? (unsigned)ours[i] : last + 1u; /* the gap [from, to) */
-		if (to > from && real_close_range(from, to - 1, flags) != 0)
+		uint64_t to = i < n ? (uint64_t)ours[i] : (uint64_t)last + 1; /* the gap [from, to) */
+		if (to > from && real_close_range((unsigned)from, (unsigned)(to - 1), flags) != 0)
 			return -1;
 		if (i < n)
-			from = (unsigned)ours[i] + 1; /* a descriptor is an int: never past ~0u */
+			from = (uint64_t)ours[i] + 1;
 	}
 	return 0;
+}
+
+/* What close_range refuses (EINVAL) closes nothing: the real call answers it. */
+static int close_range_valid(unsigned first, unsigned last, int flags)
+{
+	return first <= last && !((unsigned)flags & ~(unsigned)(CLOSE_RANGE_UNSHARE | CLOSE_RANGE_CLOEXEC));
 }
 
 TS_EXPORT int close_range(unsigned first, unsigned last, int flags)
 {
 	REAL_OR_FAIL(close_range, -1);
-	if (!(flags & CLOSE_RANGE_CLOEXEC)) { /* that one closes nothing until exec */
+	if (close_range_valid(first, last, flags) && !(flags & CLOSE_RANGE_CLOEXEC)) {
+		/* (CLOEXEC closes nothing until exec) */
 		closing_range(first, last);
 		forget_range(first, last);
 		int r = close_range_around_ours(first, last, flags); /* none of ours in an empty range */

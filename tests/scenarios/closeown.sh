@@ -9,7 +9,10 @@
 # was left in /dev/shm (its lock was gone). Now such a close answers EBADF,
 # as without the shim, and close_range and closefrom close around it: the
 # program's output, its log and what is left in /dev/shm are those of a run
-# without the shim.
+# without the shim. The program's own files above the shim's descriptor are
+# closed too (before, close_range(3, ~0u) and closefrom closed none of them:
+# the last gap's end wrapped to 0), and flags close_range refuses are refused
+# (EINVAL; before, 0).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 . tests/lib.sh
