@@ -16,12 +16,14 @@
  *
  * What is hooked: create, read_header, start, read_scanlines, skip/crop,
  * finish, abort_decompress, destroy_decompress, which libjpeg never calls
- * through its PLT; and the generic jpeg_abort and jpeg_destroy, which it
- * does (from finish, abort_decompress, destroy_decompress, a tables-only
- * read_header): those calls come from the library's own code, are told
- * apart by their return address and pass straight through. Anything else
- * (jpeg_calc_output_dimensions, jpeg_consume_input: libjpeg calls them too)
- * goes straight to the real library.
+ * through its PLT; the generic jpeg_abort and jpeg_destroy, which it does
+ * (from finish, abort_decompress, destroy_decompress, a tables-only
+ * read_header), and the rest of the decompress API a program may call
+ * during a hit (consume_input, which read_header calls, input_complete, raw
+ * data, buffered-image output, coefficients, colormap: they leave the hit
+ * first): the library's own calls are told apart by their return address
+ * and pass straight through. Anything else (jpeg_calc_output_dimensions,
+ * which libjpeg calls too) goes straight to the real library.
  *
  * Exact mode. A decode whose compressed bytes are proven to be a dataset
  * file's (ts_io_provenance) and whose parameters we understand is looked up
@@ -85,6 +87,14 @@ struct jpeg_api {
 	void (*destroy_c)(j_common_ptr); /* jpeg_destroy */
 	void (*calc_output_dimensions)(j_decompress_ptr);
 	boolean (*has_multiple_scans)(j_decompress_ptr);
+	/* the rest a program may call on a hit (after_hit): the hit is left first */
+	int (*consume_input)(j_decompress_ptr);
+	boolean (*input_complete)(j_decompress_ptr);
+	JDIMENSION (*read_raw_data)(j_decompress_ptr, JSAMPIMAGE, JDIMENSION);
+	boolean (*start_output)(j_decompress_ptr, int);
+	boolean (*finish_output)(j_decompress_ptr);
+	jvirt_barray_ptr *(*read_coefficients)(j_decompress_ptr);
+	void (*new_colormap)(j_decompress_ptr);
 	const void *lib_base;    /* dli_fbase of the real libjpeg: its own source managers */
 	int names_crop;          /* the calling object may crop (may_crop) */
 };
@@ -818,6 +828,77 @@ TS_EXPORT void jpeg_destroy(j_common_ptr cinfo)
 	generic_end(cinfo, CALLER(), 1);
 }
 
+/*
+ * The rest of the decompress API, called by the program while a hit serves
+ * its rows. The hit skipped the real decoder, so what these read is not
+ * what it would be without us: jpeg_consume_input never reached EOI (a
+ * loop waiting for it spun for ever), jpeg_input_complete answered 0 for a
+ * progressive image the real start had read whole, and the state checks of
+ * the others answered for DSTATE_READY. The hit is left first (leave_hit),
+ * so that the real decoder stands where the program believes it is; calls
+ * from libjpeg's own code (jpeg_read_header calls jpeg_consume_input) pass
+ * straight through.
+ */
+static const struct jpeg_api *after_hit(j_decompress_ptr cinfo, const void *caller)
+{
+	struct dstate *s;
+	const struct jpeg_api *a = api_of(cinfo, caller, &s);
+	if (s && s->mode == D_HIT && !called_by_lib(a, caller))
+		leave_hit(s, cinfo, a);
+	return a;
+}
+
+TS_EXPORT int jpeg_consume_input(j_decompress_ptr cinfo)
+{
+	const struct jpeg_api *a = after_hit(cinfo, CALLER());
+	int (*real)(j_decompress_ptr) = generic_of((void *)a->consume_input, "jpeg_consume_input");
+	return real(cinfo);
+}
+
+TS_EXPORT boolean jpeg_input_complete(j_decompress_ptr cinfo)
+{
+	const struct jpeg_api *a = after_hit(cinfo, CALLER());
+	boolean (*real)(j_decompress_ptr) = generic_of((void *)a->input_complete, "jpeg_input_complete");
+	return real(cinfo);
+}
+
+TS_EXPORT JDIMENSION jpeg_read_raw_data(j_decompress_ptr cinfo, JSAMPIMAGE data, JDIMENSION max)
+{
+	const struct jpeg_api *a = after_hit(cinfo, CALLER());
+	JDIMENSION (*real)(j_decompress_ptr, JSAMPIMAGE, JDIMENSION) =
+		generic_of((void *)a->read_raw_data, "jpeg_read_raw_data");
+	return real(cinfo, data, max);
+}
+
+TS_EXPORT boolean jpeg_start_output(j_decompress_ptr cinfo, int scan)
+{
+	const struct jpeg_api *a = after_hit(cinfo, CALLER());
+	boolean (*real)(j_decompress_ptr, int) = generic_of((void *)a->start_output, "jpeg_start_output");
+	return real(cinfo, scan);
+}
+
+TS_EXPORT boolean jpeg_finish_output(j_decompress_ptr cinfo)
+{
+	const struct jpeg_api *a = after_hit(cinfo, CALLER());
+	boolean (*real)(j_decompress_ptr) = generic_of((void *)a->finish_output, "jpeg_finish_output");
+	return real(cinfo);
+}
+
+TS_EXPORT jvirt_barray_ptr *jpeg_read_coefficients(j_decompress_ptr cinfo)
+{
+	const struct jpeg_api *a = after_hit(cinfo, CALLER());
+	jvirt_barray_ptr *(*real)(j_decompress_ptr) =
+		generic_of((void *)a->read_coefficients, "jpeg_read_coefficients");
+	return real(cinfo);
+}
+
+TS_EXPORT void jpeg_new_colormap(j_decompress_ptr cinfo)
+{
+	const struct jpeg_api *a = after_hit(cinfo, CALLER());
+	void (*real)(j_decompress_ptr) = generic_of((void *)a->new_colormap, "jpeg_new_colormap");
+	real(cinfo);
+}
+
 /* ---- dlsym of our names (shim/cuda.c's dlsym entry) ---------------------------- */
 
 static int is_export(const void *p)
@@ -826,7 +907,11 @@ static int is_export(const void *p)
 	       p == (void *)jpeg_start_decompress || p == (void *)jpeg_read_scanlines ||
 	       p == (void *)jpeg_skip_scanlines || p == (void *)jpeg_crop_scanline ||
 	       p == (void *)jpeg_finish_decompress || p == (void *)jpeg_abort_decompress ||
-	       p == (void *)jpeg_destroy_decompress || p == (void *)jpeg_abort || p == (void *)jpeg_destroy;
+	       p == (void *)jpeg_destroy_decompress || p == (void *)jpeg_abort || p == (void *)jpeg_destroy ||
+	       p == (void *)jpeg_consume_input || p == (void *)jpeg_input_complete ||
+	       p == (void *)jpeg_read_raw_data || p == (void *)jpeg_start_output ||
+	       p == (void *)jpeg_finish_output || p == (void *)jpeg_read_coefficients ||
+	       p == (void *)jpeg_new_colormap;
 }
 
 /* Does the object at `caller`, or the global scope, define `name`? Not us. */
@@ -877,6 +962,13 @@ static void fill_api(struct jpeg_api *a, void *h)
 	a->destroy_c = pick(h, "jpeg_destroy", (void *)jpeg_destroy);
 	a->calc_output_dimensions = pick(h, "jpeg_calc_output_dimensions", NULL);
 	a->has_multiple_scans = pick(h, "jpeg_has_multiple_scans", NULL);
+	a->consume_input = pick(h, "jpeg_consume_input", (void *)jpeg_consume_input);
+	a->input_complete = pick(h, "jpeg_input_complete", (void *)jpeg_input_complete);
+	a->read_raw_data = pick(h, "jpeg_read_raw_data", (void *)jpeg_read_raw_data);
+	a->start_output = pick(h, "jpeg_start_output", (void *)jpeg_start_output);
+	a->finish_output = pick(h, "jpeg_finish_output", (void *)jpeg_finish_output);
+	a->read_coefficients = pick(h, "jpeg_read_coefficients", (void *)jpeg_read_coefficients);
+	a->new_colormap = pick(h, "jpeg_new_colormap", (void *)jpeg_new_colormap);
 	a->lib_id = library_id((void *)a->read_header);
 	Dl_info info;
 	a->lib_base = a->read_header && dladdr((void *)a->read_header, &info) ? info.dli_fbase : NULL;

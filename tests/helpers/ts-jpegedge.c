@@ -26,6 +26,9 @@
  *                     after start_decompress
  *   early A           read half the rows, then jpeg_finish_decompress (libjpeg:
  *                     error JERR_TOO_LITTLE_DATA)
+ *   consume A         jpeg_input_complete after start; every row; then
+ *                     jpeg_consume_input until libjpeg says EOI (at most 50
+ *                     calls): the answers, and jpeg_input_complete again
  *   generic-destroy A N  N times: a decompressor at an address of its own, A decoded
  *                     to its last row, then the generic jpeg_destroy,
  *                     as a program that never finishes may; prints the last
@@ -604,6 +607,22 @@ int main(int argc, char **argv)
 		free(img);
 		printf("early finish=%d at row %u of %u\n", jpeg_finish_decompress(&c), c.output_scanline,
 		       c.output_height);
+	} else if (!strcmp(mode, "consume")) {
+		header(&c, a, la);
+		jpeg_start_decompress(&c);
+		int complete = jpeg_input_complete(&c);
+		size_t row = (size_t)c.output_width * (size_t)c.output_components;
+		unsigned char *img = malloc(row);
+		uint64_t h = 0;
+		while (img && c.output_scanline < c.output_height && jpeg_read_scanlines(&c, &img, 1) == 1)
+			h = ts_hash64(img, row, h);
+		free(img);
+		int r = JPEG_SUSPENDED, calls = 0;
+		while (calls < 50 && (r = jpeg_consume_input(&c)) != JPEG_REACHED_EOI && r != JPEG_SUSPENDED)
+			calls++;
+		printf("consume %016llx complete=%d then=%d consume=%d after %d more\n", (unsigned long long)h, complete,
+		       jpeg_input_complete(&c), r, calls);
+		jpeg_finish_decompress(&c);
 	} else if (!strcmp(mode, "trunc")) {
 		header(&c, a, la * 3 / 4);
 		finish_image(&c, "trunc");

@@ -40,7 +40,7 @@ mkfifo "$T_TMP/fifo"
 exec 9>"$T_TMP/fifo"
 shim() { TSSHIM_MODE=exact TSSHIM_SESSION=$S LD_PRELOAD="$TS_PRELOAD" "$EDGE" "$@"; }
 # Fill the cache with every image the cases touch, in every output they use.
-for f in "$A" "$B" "$T_TMP/d/train/c000/zz-two.jpg"; do shim plain "$f" >/dev/null; shim dither "$f" >/dev/null; done
+for f in "$A" "$B" "$T_TMP/d/train/c000/zz-two.jpg" ${P:+"$P"}; do shim plain "$f" >/dev/null; shim dither "$f" >/dev/null; done
 shim nofancy "$A" >/dev/null # fills the image without fancy upsampling: skip, crop-late and overread hit it
 # prefix-open: a prefix handed to libjpeg's memory source while the file is
 # still open where the read ended (was served the whole image: the memory
@@ -55,8 +55,12 @@ shim nofancy "$A" >/dev/null # fills the image without fancy upsampling: skip, c
 # rewritten in place, the same size, its mtime put back as cp -p does (was
 # served the old image: the key held no ctime); rewrite-open: rewritten while
 # it is read, after its first read (was served the old image: its identity
-# was taken at that read, and the later reads were not checked).
-for args in "rewrite-mtime $RW" "rewrite-open $RW" "abort-reuse $A" "abort-other $A $B" "trunc $A" "prefix $A" "prefix-open $A" "chunked $A" "chunk-mod $A" "skip $A" "crop-late $A" "overread $A" "early $A" "dither $A" "concat $T_TMP/d/train/c000/zz-two.jpg"; do
+# was taken at that read, and the later reads were not checked). consume:
+# jpeg_consume_input after a hit's last row (it never reached EOI: 50 calls
+# answering JPEG_REACHED_SOS, a loop without a cap spins for ever) and
+# jpeg_input_complete (0 for a progressive image whose real start read it
+# whole).
+for args in "rewrite-mtime $RW" "rewrite-open $RW" "abort-reuse $A" "abort-other $A $B" "trunc $A" "prefix $A" "prefix-open $A" "chunked $A" "chunk-mod $A" "skip $A" "crop-late $A" "overread $A" "early $A" "dither $A" "concat $T_TMP/d/train/c000/zz-two.jpg" "consume $A" ${P:+"consume $P"}; do
 	# shellcheck disable=SC2086
 	want=$("$EDGE" $args 2>&1)
 	# shellcheck disable=SC2086
