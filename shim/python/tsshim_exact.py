@@ -96,7 +96,7 @@ class ExactState:
             return "worker_init_fn %s is not a plain module-level function" % tsshim_loader._callable_name(wif)
         ctx = loader.multiprocessing_context
         if ctx is None:
-            ctx = "default:%s" % _default_start_method()
+            ctx = _default_start_method()  # the same workers as a context of that name
         else:
             ctx = getattr(ctx, "_name", type(ctx).__name__)
         self.static = {

@@ -12,8 +12,10 @@ does not read the data), its transforms (with the code of transform classes
 of the user's own), the sampler KIND and the collate
 function, and the worker_init_fn (which may set what the workers make);
 with the code of the user's own, the module globals it reads
-(args.scale: that attribute), and torch's default dtype: two jobs of one
-script that set them differently make different batches. What does not: batch size, drop_last (each consumer cuts and drops
+(args.scale: that attribute), the class attributes of the user's classes
+(a list or a generator too, and those read off a class, Jitter.scales),
+torch's default dtype and Pillow's LOAD_TRUNCATED_IMAGES: two jobs of one script that set them differently make
+different batches. What does not: batch size, drop_last (each consumer cuts and drops
 on its own; tsshim_feed adds the number of samples an epoch holds, which
 drop_last can change, to the feed's key), num_workers, pin_memory,
 persistent_workers, prefetch_factor,
@@ -31,7 +33,7 @@ import sys
 import types
 
 _rngs_read = []  # the random generators the last fingerprint found the user's code reading (rng_state)
-VERSION = 7  # bump when the description changes: old and new never share
+VERSION = 8  # bump when the description changes: old and new never share
 _MAX_DEPTH = 8
 
 
@@ -90,11 +92,21 @@ def _describe(loader):
         "v": VERSION,
         # torch.tensor(float) in the dataset's code makes this dtype
         "default_dtype": str(torch.get_default_dtype()) if torch is not None else None,
+        "pillow": _pillow_settings(),
         "dataset": _dataset(dataset, 0),
         "sampler": _sampler(sampler, dataset, data),
         "collate": _collate(getattr(loader, "collate_fn", None), data),
         "worker_init": _worker_init(loader),
     }
+
+
+def _pillow_settings():
+    """Pillow's module setting that changes what a decode gives: a job that
+    allows truncated images gets a padded one where another raises OSError
+    (before, it consumed the other's batches and trained on; found by a
+    differential run)."""
+    m = sys.modules.get("PIL.ImageFile")  # not loaded yet (no plugin opened an image): its default
+    return {"LOAD_TRUNCATED_IMAGES": bool(getattr(m, "LOAD_TRUNCATED_IMAGES", False))}
 
 
 def _worker_init(loader):
@@ -474,11 +486,29 @@ def _class_code(cls, seen=None):
                     if isinstance(f, types.FunctionType):
                         h.update(name.encode("utf-8", "surrogatepass") + b"\0")
                         _hash_function(f, h, seen)
-                    elif isinstance(f, _SIMPLE) and not name.startswith("__"):
-                        h.update(json.dumps([name, _value(f, 1)]).encode())
+                    elif not name.startswith("__") and not isinstance(f, (type, property, types.ModuleType,
+                                                                         types.MemberDescriptorType,
+                                                                         types.GetSetDescriptorType)):
+                        # what the methods read off the class as data (Jitter.scales, a
+                        # generator, a transform object): before, only simple values
+                        # entered, and jobs that set a tuple differently shared each
+                        # other's batches
+                        h.update(json.dumps([name, _class_attr(f, _qualname(c), name, seen)], sort_keys=True)
+                                 .encode("utf-8", "surrogatepass"))
     except (_Undescribable, NotShareable) as e:
         raise NotShareable("the code of %s cannot be described (%s)" % (_qualname(cls), e))
     return h.hexdigest()[:16] if own else None
+
+
+def _class_attr(v, owner, name, seen):
+    """A class attribute that is not a method: data as a global is (_global_value);
+    a callable object (a transform, a partial) by its state, as a transform is."""
+    if callable(v) and not isinstance(v, (types.BuiltinFunctionType, types.MethodType, types.BuiltinMethodType)):
+        try:
+            return _transform_value(v, 1, owner, name)
+        except (_Undescribable, NotShareable):
+            return ["object", _qualname(type(v))]
+    return _global_value(v, seen)
 
 
 def _global_reads(code, depth=0):

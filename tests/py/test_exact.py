@@ -181,6 +181,15 @@ class StartMethod(unittest.TestCase):
         self.assertEqual(before, fresh("p = mp.Process(target=print); p.start(); p.join()\n"
                                        "print(mp.get_start_method())")[0])
 
+    def test_a_named_context_keys_as_the_default_of_that_name(self):
+        # multiprocessing_context="fork" makes the workers the default makes on
+        # Linux: they shared nothing before (keyed "fork" and "default:fork")
+        named = DataLoader(Noisy(), batch_size=4, num_workers=2,
+                           multiprocessing_context=tsshim_exact._default_start_method())
+        plain = DataLoader(Noisy(), batch_size=4, num_workers=2)
+        self.assertEqual(tsshim_exact.ExactState(named).static["context"],
+                         tsshim_exact.ExactState(plain).static["context"])
+
     def test_the_jobs_own_and_nothing_fixed(self):
         # the job's set_start_method, made after ours was asked, still works and is seen
         got = fresh("a = ex._default_start_method()\n"

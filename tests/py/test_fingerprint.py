@@ -325,6 +325,60 @@ class Fingerprint(unittest.TestCase):
         # torchvision's own classes carry no code hash: same key across installs of the layer
         self.assertNotIn("code", tsshim_loader.describe(DataLoader(self.ds(), batch_size=4))["dataset"])
 
+    def test_class_attributes_and_pillow_settings(self):
+        """What a class of the user's own holds as data (a tuple, a list, a
+        transform object, a generator), read as self.size or off the class
+        (Jitter.scales), and Pillow's LOAD_TRUNCATED_IMAGES, set differently by
+        two runs of one script: different batches, so different keys. Before,
+        only simple class attributes entered, and neither setting did: each
+        job trained on the other's batches (found by two differential runs)."""
+        import numpy as np
+        from PIL import ImageFile
+
+        class Sized(Dataset):
+            size = (4, 4)
+            resize = T.Resize(4)
+
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, i):
+                return self.resize(torch.zeros((1,) + self.size))
+
+        class Jitter:
+            scales = [1.0]
+            rng = np.random.default_rng(0)
+
+            def __call__(self, x):
+                return x * Jitter.scales[0] + float(Jitter.rng.random())
+
+        for cls in (Sized, Jitter):
+            cls.__module__ = "__main__"
+        k = self.shareable(DataLoader(Sized(), batch_size=4))
+        Sized.size = (6, 6)
+        k_size = self.shareable(DataLoader(Sized(), batch_size=4))
+        Sized.resize = T.Resize(6)
+        k_resize = self.shareable(DataLoader(Sized(), batch_size=4))
+        self.assertEqual(len({k, k_size, k_resize}), 3)
+        Sized.size, Sized.resize = (4, 4), T.Resize(4)
+        self.assertEqual(self.shareable(DataLoader(Sized(), batch_size=4)), k)
+
+        def jit():
+            return DataLoader(self.ds(transform=T.Compose([T.ToTensor(), Jitter()])), batch_size=4)
+        j = self.shareable(jit())
+        Jitter.scales = [2.0, 3.0]
+        self.assertNotEqual(self.shareable(jit()), j)
+        Jitter.scales = [1.0]
+        self.assertEqual(self.shareable(jit()), j)
+
+        was = ImageFile.LOAD_TRUNCATED_IMAGES
+        plain = self.shareable(DataLoader(self.ds(), batch_size=4))
+        try:
+            ImageFile.LOAD_TRUNCATED_IMAGES = not was
+            self.assertNotEqual(self.shareable(DataLoader(self.ds(), batch_size=4)), plain)
+        finally:
+            ImageFile.LOAD_TRUNCATED_IMAGES = was
+
     def test_globals_the_code_reads(self):
         """Two runs of one script that set a module global the dataset's code
         reads differently (SCALE = args.scale, a config object's field, a
