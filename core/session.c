@@ -649,6 +649,23 @@ void ts_session_set_idle(struct ts_session *s, int idle)
 	atomic_store(&seg->idle_word, w);
 }
 
+int ts_session_idle_while_away(struct ts_session *s, int away)
+{
+	if (!s->seg || s->self < 0)
+		return 0;
+	struct ts_segment *seg = s->seg;
+	uint64_t w = atomic_load(&seg->producer), iw = atomic_load(&seg->idle_word);
+	if (!away) {
+		/* ours only: a successor's mark, or the one our epoch's end set, stays */
+		return iw && ts_producer_index(iw) == s->self && atomic_compare_exchange_strong(&seg->idle_word, &iw, 0);
+	}
+	if (ts_producer_index(w) != s->self || iw == w)
+		return 0; /* not ours to produce, or idle already (since the epoch's end: its time stands) */
+	atomic_store(&seg->idle_ns, ts_now_ns());
+	/* a CAS: an end-of-epoch mark set meanwhile by another thread of ours is kept */
+	return atomic_compare_exchange_strong(&seg->idle_word, &iw, w);
+}
+
 int ts_session_take_idle(struct ts_session *s, uint64_t idle_min_ns)
 {
 	if (!s->seg || s->self < 0)

@@ -103,6 +103,15 @@ unsigned ts_session_others(const struct ts_session *s);
  */
 void ts_session_set_idle(struct ts_session *s, int idle);
 /*
+ * A producer that waits in another session (a job blocked in one DataLoader
+ * feed while it produces another) marks this one idle while it is away
+ * (away=1: 1 when it marked it; a mark there already, an epoch's end's,
+ * keeps its time), and clears that mark when back (away=0: only a mark that
+ * names us). Two jobs each producing the loader the other waits on took over
+ * neither, and waited on each other for ever.
+ */
+int ts_session_idle_while_away(struct ts_session *s, int away);
+/*
  * Become producer if the producer has been idle for idle_min_ns or there is
  * none (1: we are producer now, 0: not). One contender wins.
  */

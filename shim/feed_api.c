@@ -361,6 +361,11 @@ TS_EXPORT int tsshim_feed_set_idle(int h, int idle)
 	return FEED_CALL(h, f, (ts_session_set_idle(&f->s, idle), 0));
 }
 
+TS_EXPORT int tsshim_feed_idle_while_away(int h, int away)
+{
+	return FEED_CALL(h, f, ts_session_idle_while_away(&f->s, away));
+}
+
 TS_EXPORT int tsshim_feed_flags(int h)
 {
 	return FEED_CALL(h, f, (int)atomic_load(&f->s.seg->feed_flags));

@@ -17,6 +17,7 @@ int tsshim_feed_timeout_ms(int h);
 int tsshim_feed_stall_ms(int h);
 int tsshim_feed_take_idle(int h);
 int tsshim_feed_set_idle(int h, int idle);
+int tsshim_feed_idle_while_away(int h, int away);
 int tsshim_feed_flags(int h);
 int tsshim_feed_set_unshareable(int h);
 int tsshim_feed_publish(int h, uint32_t npos, uint32_t flags, uint64_t nsamples, const uint64_t *len,

@@ -240,7 +240,7 @@ def _bind():
     sig = {
         "open": (i32, [cp, cp, u64]), "open_why": (cp, []), "close": (None, [i32]), "role": (i32, [i32]),
         "timeout_ms": (i32, [i32]), "stall_ms": (i32, [i32]),
-        "take_idle": (i32, [i32]), "set_idle": (i32, [i32, i32]),
+        "take_idle": (i32, [i32]), "set_idle": (i32, [i32, i32]), "idle_while_away": (i32, [i32, i32]),
         "flags": (i32, [i32]), "set_unshareable": (i32, [i32]),
         "publish": (i32, [i32, u32, u32, u64, pu64, ctypes.POINTER(vp), vp, u64, cp, u32, u64, u32]),
         "evict_laggards": (i32, [i32]), "evict_away": (i32, [i32, u32]), "set_away": (i32, [i32, i32]),
@@ -285,6 +285,7 @@ class _Feed:
         # how long we wait on a consumer that does not read: the ring's own rule
         self.stall_ms = max(self.timeout_ms, lib.tsshim_feed_stall_ms(self.h))
         self.busy = False   # an iterator of ours is running on it
+        self.active = False  # ... and is inside next() now (not suspended between batches)
         self.attached = False
         self.broke_off = False  # we left an epoch half-way: next time, on from the head
         self.reattach = False   # our place may be past the start of our next epoch (epoch_gone)
@@ -335,7 +336,7 @@ def forget_all():
     for f in list(_feeds.values()):
         f.h = -1
         f.attached = False
-        f.busy = False
+        f.busy = f.active = False
     _feeds.clear()
 
 
@@ -350,24 +351,42 @@ def forget_all():
 # that producer's next batch) waited on each other for 10 s an epoch before
 # the eviction broke it (pytorch_share case vk).
 
+#
+# The feeds we produce are marked idle meanwhile, unless an iterator of ours is
+# inside next() on one (another thread's): one whose epoch is only suspended
+# between our batches is not being made either. A consumer waiting there takes
+# it over after the timeout. Two jobs interleaving a training and a validation
+# loader at different batch sizes, each the producer of the loader the other
+# was waiting on, waited on each other for ever (found by a differential run).
+
 AWAY_MS = 200    # away that long, a laggard is evicted at once: it loses its place, and makes it up
 _away = set()    # handles of our feeds marked away
+_idle = set()    # handles of feeds we produce, marked idle while we wait in another
 
 
 def waiting_in(h):
-    """A wait in feed h goes on: the feeds of ours no iterator of ours reads are away."""
+    """A wait in feed h goes on: the feeds of ours no iterator of ours reads are
+    away, and those we produce and make no batch of now are idle."""
     for f in list(_feeds.values()):
-        if f.h >= 0 and f.h != h and not f.busy and f.h not in _away:
+        if f.h < 0 or f.h == h:
+            continue
+        if not f.busy and f.h not in _away:
             _away.add(f.h)
             f.lib.tsshim_feed_set_away(f.h, 1)
+        if not f.active and f.h not in _idle and f.lib.tsshim_feed_idle_while_away(f.h, 1) == 1:
+            _idle.add(f.h)
 
 
 def done_waiting():
-    """The wait is over: back from every feed marked away."""
+    """The wait is over: back from every feed marked away or idle."""
     if _away and _lib is not None:
         for h in _away:
             _lib.tsshim_feed_set_away(h, 0)  # a handle closed since answers an error: nothing to clear
         _away.clear()
+    if _idle and _lib is not None:
+        for h in _idle:
+            _lib.tsshim_feed_idle_while_away(h, 0)  # only our mark: a successor's stays
+        _idle.clear()
 
 
 def not_away(feed):
@@ -637,13 +656,16 @@ def _run(loader, st, orig_iter, length):
                         else _unshared(loader, st, orig_iter) or orig_iter(loader))
         return
     not_away(feed)
+    feed.active = True
     ep = _Epoch(loader, orig_iter, st, feed)
     user_exc = None
     try:
         try:
             for batch in ep.batches():
                 yielded += 1
+                feed.active = False
                 yield batch
+                feed.active = True
             return
         except _UserError as u:
             user_exc = u.exc  # raised below, outside this handler: its own context and cause kept
@@ -667,7 +689,7 @@ def _run(loader, st, orig_iter, length):
         except Exception as e:  # releasing must not fail the job either
             hook.log("warn", "DataLoader layer: leaving the epoch failed: %s: %s%s"
                      % (type(e).__name__, e, hook.where(e)))
-        feed.busy = False
+        feed.busy = feed.active = False
 
 
 class _Epoch:

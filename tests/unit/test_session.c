@@ -989,6 +989,46 @@ Test(shm, a_rewritten_timeout_does_not_stretch_the_wait_of_a_leave)
 	cr_expect(!path_exists(path));
 }
 
+/*
+ * A producer waiting in another session marks this one idle while it is away,
+ * and a consumer takes it over once that has lasted the idle time; an idle
+ * mark already there (the producer's epoch ended) keeps its time, and coming
+ * back clears only a mark that names us.
+ */
+Test(shm, a_producer_away_is_idle_and_taken_over_and_its_return_clears_only_its_mark)
+{
+	char name[64], path[TS_PATH_MAX];
+	unique_name(name, sizeof(name), path);
+	struct ts_session a, b;
+	cr_assert_eq(ts_session_join(&a, name, &default_params), 0, "%s", a.why);
+	cr_assert_eq(ts_session_join(&b, name, &default_params), 0, "%s", b.why);
+	cr_expect_eq(ts_session_idle_while_away(&b, 1), 0, "a consumer has nothing to mark");
+	cr_expect_eq(ts_session_take_idle(&b, 0), 0, "a producer not marked idle is not taken over");
+	cr_expect_eq(ts_session_idle_while_away(&a, 1), 1);
+	cr_expect_eq(ts_session_take_idle(&b, 60ull * 1000000000ull), 0, "idle for less than the idle time");
+	cr_expect_eq(ts_session_idle_while_away(&a, 0), 1, "back: our mark is cleared");
+	cr_expect_eq(ts_session_take_idle(&b, 0), 0, "back: not taken over");
+
+	ts_session_set_idle(&a, 1); /* its epoch ended */
+	uint64_t since = atomic_load(&a.seg->idle_ns);
+	struct timespec ms = { 0, 2000000 };
+	nanosleep(&ms, NULL);
+	cr_expect_eq(ts_session_idle_while_away(&a, 1), 0, "idle already");
+	cr_expect_eq(atomic_load(&a.seg->idle_ns), since, "the epoch's end's mark keeps its time");
+	cr_expect_eq(ts_session_idle_while_away(&a, 1), 0);
+	ts_session_set_idle(&a, 0);
+
+	cr_expect_eq(ts_session_idle_while_away(&a, 1), 1);
+	cr_expect_eq(ts_session_take_idle(&b, 0), 1, "away: taken over");
+	cr_expect_eq(ts_session_role(&b), TS_ROLE_PRODUCER);
+	cr_expect_eq(ts_session_idle_while_away(&b, 1), 1, "the successor, away in turn");
+	cr_expect_eq(ts_session_idle_while_away(&a, 0), 0, "our return leaves the successor's mark");
+	cr_expect_neq(atomic_load(&a.seg->idle_word), 0u);
+	ts_session_leave(&b);
+	ts_session_leave(&a);
+	cr_expect(!path_exists(path));
+}
+
 Test(shm, consumer_leave_keeps_producer)
 {
 	char name[64], path[TS_PATH_MAX];
