@@ -306,6 +306,14 @@ void ts_jpeg_unloaded(void)
  */
 enum dmode { D_PASS = 0, D_FILL, D_HIT, D_ABSORB };
 
+/* finish's walk to EOI on a hit (walk_eoi): where it stands */
+enum { W_SCAN, W_FF, W_LEN_HI, W_LEN_LO, W_SKIP };
+struct eoi_walk {
+	int st;
+	unsigned hi;
+	uint32_t skip;
+};
+
 struct dstate {
 	_Atomic(const void *) cinfo;
 	const struct jpeg_api *api;
@@ -317,6 +325,7 @@ struct dstate {
 	enum dmode mode;
 	uint64_t row_bytes, rows_done, rows_total, t0;
 	unsigned char *hit;   /* HIT: private copy of the decoded image */
+	struct eoi_walk walk; /* HIT: how far finish consumed the source towards EOI */
 	struct ts_cache_fill fill;
 };
 
@@ -471,6 +480,7 @@ static int exact_decide(struct dstate *s, j_decompress_ptr c)
 	if (r == TS_EXACT_HIT) {
 		s->hit = copy;
 		s->mode = D_HIT;
+		s->walk = (struct eoi_walk){ .st = W_SCAN };
 		c->output_scanline = 0;
 		return 1;
 	}
@@ -482,34 +492,102 @@ static int exact_decide(struct dstate *s, j_decompress_ptr c)
 	return 0;
 }
 
-/* The EOI marker in the source's buffer, or NULL (FF D9 cannot occur inside
- * entropy-coded data: FF there is always followed by 00 or RSTn). */
-static const JOCTET *find_eoi(j_decompress_ptr c)
+/*
+ * The walk from the entropy-coded data after an SOS header to just past the
+ * EOI marker, as libjpeg's marker reader goes: FF 00 and RSTn are entropy
+ * data, FF FF is fill, and any other marker but EOI starts a segment that is
+ * passed over by its length (a later scan's SOS and DHT, COM, APPn), so that
+ * an FF D9 inside a comment is not taken for the end. Before, the first
+ * FF D9 was: a stream of two images whose first held one in a COM segment
+ * left the source inside that image, and the second failed ("Not a JPEG
+ * file"). A walk goes on across buffers (the source's refills).
+ */
+static size_t walk_eoi(struct eoi_walk *w, const JOCTET *buf, size_t n, int *found)
 {
-	struct jpeg_source_mgr *src = c->src;
-	if (!src || !src->next_input_byte)
-		return NULL;
-	const JOCTET *p = src->next_input_byte, *end = p + src->bytes_in_buffer;
-	/* memchr: a byte loop over a whole image cost as much as the hit's copy */
-	for (const JOCTET *ff = p; end - ff >= 2; ff++) {
-		ff = memchr(ff, 0xFF, (size_t)(end - ff - 1));
-		if (!ff)
-			return NULL;
-		if (ff[1] == 0xD9)
-			return ff;
+	size_t i = 0;
+	*found = 0;
+	while (i < n) {
+		switch (w->st) {
+		case W_SCAN: {
+			/* memchr: a byte loop over a whole image cost as much as the hit's copy */
+			const JOCTET *ff = memchr(buf + i, 0xFF, n - i);
+			if (!ff)
+				return n;
+			i = (size_t)(ff - buf) + 1;
+			w->st = W_FF;
+			break;
+		}
+		case W_FF: {
+			JOCTET b = buf[i++];
+			if (b == 0xD9) {
+				*found = 1;
+				return i;
+			}
+			if (b != 0xFF) /* fill stays */
+				w->st = b == 0x00 || (b >= 0xD0 && b <= 0xD7) || b == 0x01 || b == 0xD8 ? W_SCAN : W_LEN_HI;
+			break;
+		}
+		case W_LEN_HI:
+			w->hi = buf[i++];
+			w->st = W_LEN_LO;
+			break;
+		case W_LEN_LO: {
+			unsigned len = (w->hi << 8) | buf[i++];
+			w->skip = len > 2 ? len - 2 : 0;
+			w->st = w->skip ? W_SKIP : W_SCAN;
+			break;
+		}
+		default: { /* W_SKIP */
+			size_t k = n - i < w->skip ? n - i : (size_t)w->skip;
+			i += k;
+			w->skip -= k;
+			if (!w->skip)
+				w->st = W_SCAN;
+			break;
+		}
+		}
 	}
-	return NULL;
+	return n;
 }
 
-/* Move the source past the EOI marker if it is in the buffer. */
-static void skip_to_eoi(j_decompress_ptr c)
+/* Does the source's buffer hold the image's end (the source where read_header left it)? */
+static int eoi_in_buffer(j_decompress_ptr c)
 {
-	const JOCTET *eoi = find_eoi(c);
-	if (eoi) {
-		struct jpeg_source_mgr *src = c->src;
-		src->bytes_in_buffer -= (size_t)(eoi + 2 - src->next_input_byte);
-		src->next_input_byte = eoi + 2;
+	struct jpeg_source_mgr *src = c->src;
+	struct eoi_walk w = { .st = W_SCAN };
+	int found = 0;
+	if (src && src->next_input_byte)
+		walk_eoi(&w, src->next_input_byte, src->bytes_in_buffer, &found);
+	return found;
+}
+
+/*
+ * Consume the source through the EOI as finish would, refilling it as
+ * libjpeg does (a program's own source manager that reads a file in chunks
+ * is read to the image's end: before, it was left at its first chunk, and a
+ * second image in the stream failed). FALSE: the source suspended; a later
+ * finish goes on from there.
+ */
+static boolean consume_to_eoi(struct dstate *s, j_decompress_ptr c)
+{
+	struct jpeg_source_mgr *src = c->src;
+	if (!src)
+		return TRUE;
+	for (unsigned empty = 0; empty < 1000;) {
+		if (!src->bytes_in_buffer || !src->next_input_byte) {
+			if (!src->fill_input_buffer(c))
+				return FALSE;
+			empty = src->bytes_in_buffer ? 0 : empty + 1;
+			continue;
+		}
+		int found;
+		size_t k = walk_eoi(&s->walk, src->next_input_byte, src->bytes_in_buffer, &found);
+		src->next_input_byte += k;
+		src->bytes_in_buffer -= k;
+		if (found)
+			return TRUE;
 	}
+	return TRUE; /* a source that keeps giving nothing: as far as it goes */
 }
 
 /* The source is libjpeg's own (memory or stdio): its buffer is all it has, or it reads on by itself. */
@@ -542,7 +620,7 @@ static int start_later_ok(const struct dstate *s, j_decompress_ptr c, const void
 		return 1;
 	if (source_is_libs(s, c))
 		return 1;
-	if (find_eoi(c))
+	if (eoi_in_buffer(c))
 		return 1;
 	return !s->api->names_crop && !api_for(caller)->names_crop;
 }
@@ -727,11 +805,19 @@ TS_EXPORT boolean jpeg_finish_decompress(j_decompress_ptr cinfo)
 		cinfo->err->error_exit((j_common_ptr)cinfo);
 		return FALSE; /* an error_exit that returns: the image is not finished */
 	}
-	if (s && s->mode == D_HIT) {
+	if (s && s->mode == D_HIT && cinfo->global_state != TS_DSTATE_READY && a->has_multiple_scans &&
+	    a->has_multiple_scans(cinfo)) {
+		/* The real start ran and read every scan to the EOI (D_ABSORB):
+		 * the real finish ends the image as without us. */
+		free(s->hit);
+		s->hit = NULL;
+		s->mode = D_PASS;
+	} else if (s && s->mode == D_HIT) {
 		/* Nothing was decoded: consume the image's bytes up to its EOI as
 		 * finish would (a stream may hold more images), return the object
 		 * to its start state and let the source manager finish. */
-		skip_to_eoi(cinfo);
+		if (!consume_to_eoi(s, cinfo))
+			return FALSE; /* suspended, as libjpeg's finish is */
 		if (cinfo->src && cinfo->src->term_source)
 			cinfo->src->term_source(cinfo);
 		a->abort_d(cinfo);

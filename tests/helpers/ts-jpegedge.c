@@ -26,6 +26,10 @@
  *                     after start_decompress
  *   early A           read half the rows, then jpeg_finish_decompress (libjpeg:
  *                     error JERR_TOO_LITTLE_DATA)
+ *   fdsrc F N         F read by a source manager of the program's own, 4 KiB a
+ *                     read() as libjpeg asks (never suspending), N images
+ *                     decoded one after the other; then how many bytes it fed
+ *                     and where the file stands
  *   consume A         jpeg_input_complete after start; every row; then
  *                     jpeg_consume_input until libjpeg says EOI (at most 50
  *                     calls): the answers, and jpeg_input_complete again
@@ -198,6 +202,63 @@ static int decode_suspending(j_decompress_ptr c, const char *path, int crop)
 	fprintf(stderr, "suspend: %d suspended calls before the scanlines\n", calls);
 	free(img);
 	free(s.buf);
+	close(s.fd);
+	return 0;
+}
+
+/* ---- fdsrc: a source of the program's own that reads on by itself ----------- */
+
+struct fdsrc {
+	struct jpeg_source_mgr pub;
+	int fd;
+	long fed;
+	unsigned char buf[CHUNK];
+};
+
+static boolean fd_fill(j_decompress_ptr c)
+{
+	static const JOCTET eoi[2] = { 0xFF, JPEG_EOI };
+	struct fdsrc *s = (struct fdsrc *)c->src;
+	ssize_t r = read(s->fd, s->buf, sizeof(s->buf));
+	if (r <= 0) { /* as libjpeg's own: a fake EOI at the end */
+		s->pub.next_input_byte = eoi;
+		s->pub.bytes_in_buffer = 2;
+		return TRUE;
+	}
+	s->pub.next_input_byte = s->buf;
+	s->pub.bytes_in_buffer = (size_t)r;
+	s->fed += r;
+	return TRUE;
+}
+
+static void fd_skip(j_decompress_ptr c, long n)
+{
+	while (n > (long)c->src->bytes_in_buffer) {
+		n -= (long)c->src->bytes_in_buffer;
+		fd_fill(c);
+	}
+	c->src->next_input_byte += n;
+	c->src->bytes_in_buffer -= (size_t)n;
+}
+
+static int decode_fdsrc(j_decompress_ptr c, const char *path, int images)
+{
+	static struct fdsrc s; /* static: survives the caller's setjmp */
+	s = (struct fdsrc){ .fd = open(path, O_RDONLY | O_CLOEXEC) };
+	if (s.fd < 0)
+		return -1;
+	s.pub = (struct jpeg_source_mgr){ .init_source = src_noop, .fill_input_buffer = fd_fill,
+					  .skip_input_data = fd_skip, .resync_to_restart = jpeg_resync_to_restart,
+					  .term_source = src_noop };
+	c->src = &s.pub;
+	fd_fill(c); /* the first chunk is in the buffer at read_header, as Pillow hands it */
+	for (int i = 0; i < images; i++) {
+		char tag[32];
+		snprintf(tag, sizeof(tag), "fdsrc-%d", i + 1);
+		jpeg_read_header(c, TRUE);
+		finish_image(c, tag);
+	}
+	printf("fdsrc fed=%ld at=%ld\n", s.fed, (long)lseek(s.fd, 0, SEEK_CUR));
 	close(s.fd);
 	return 0;
 }
@@ -423,7 +484,7 @@ int main(int argc, char **argv)
 	size_t la = 0, lb = 0;
 	/* B is read only when it is used: what a thread read last is what the
 	 * shim can prove a buffer to be. suspend reads A itself, chunk by chunk. */
-	int reads_a = !strncmp(mode, "suspend", 7) || !strcmp(mode, "vfork");
+	int reads_a = !strncmp(mode, "suspend", 7) || !strcmp(mode, "vfork") || !strcmp(mode, "fdsrc");
 	unsigned char *a = reads_a ? NULL : slurp(argv[2], &la), *b = NULL;
 	struct jpeg_decompress_struct c;
 	struct err e;
@@ -438,6 +499,11 @@ int main(int argc, char **argv)
 	jpeg_create_decompress(&c);
 	if (!strcmp(mode, "suspend") || !strcmp(mode, "suspend-crop")) {
 		if (decode_suspending(&c, argv[2], !strcmp(mode, "suspend-crop"))) {
+			perror(argv[2]);
+			return 1;
+		}
+	} else if (!strcmp(mode, "fdsrc") && argc > 3) {
+		if (decode_fdsrc(&c, argv[2], atoi(argv[3]))) {
 			perror(argv[2]);
 			return 1;
 		}

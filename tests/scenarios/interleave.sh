@@ -11,7 +11,7 @@
 # each training epoch holds every sample once, every validation batch is the
 # next of the loader in order, and nothing is left in /dev/shm.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 . tests/lib.sh
 need_python "torch"
 unset TSSHIM_MODE TSSHIM_LOG

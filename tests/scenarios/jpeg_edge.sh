@@ -29,6 +29,16 @@ cp "$A" "$RW"
 # P: a progressive image (start_decompress reads all its scans, so it suspends)
 P=$(awk -F'\t' '$7 == "progressive" { print $1; exit }' "$T_TMP/d/manifest.tsv")
 [ -n "$P" ] && P=$T_TMP/d/$P
+# COM: A with a comment holding FF D9 before its EOI, then B; PCOM the same
+# with P (a hit's finish took that FF D9 for the end: the source stood inside
+# A, and B was "Not a JPEG file")
+com() { /usr/bin/python3 -c 'import sys
+a, b = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
+open(sys.argv[3], "wb").write(a[:-2] + bytes([0xFF, 0xFE, 0, 6, 0xFF, 0xD9, 0, 0]) + a[-2:] + b)' "$@"; }
+COM=$T_TMP/d/train/c000/zz-com.jpg
+com "$A" "$B" "$COM"
+PCOM=
+[ -n "$P" ] && PCOM=$T_TMP/d/train/c000/zz-pcom.jpg && com "$P" "$B" "$PCOM"
 # BIG: progressive and larger decoded (1200x1000x3) than a 1 MiB cache can hold;
 # noise, so that the file too is larger than Pillow's 64 KiB chunks (~650 KB)
 /usr/bin/python3 -c 'import sys; from PIL import Image
@@ -40,7 +50,10 @@ mkfifo "$T_TMP/fifo"
 exec 9>"$T_TMP/fifo"
 shim() { TSSHIM_MODE=exact TSSHIM_SESSION=$S LD_PRELOAD="$TS_PRELOAD" "$EDGE" "$@"; }
 # Fill the cache with every image the cases touch, in every output they use.
-for f in "$A" "$B" "$T_TMP/d/train/c000/zz-two.jpg" ${P:+"$P"}; do shim plain "$f" >/dev/null; shim dither "$f" >/dev/null; done
+for f in "$A" "$B" "$T_TMP/d/train/c000/zz-two.jpg" ${P:+"$P"} "$COM" ${PCOM:+"$PCOM"}; do
+	shim plain "$f" >/dev/null
+	shim dither "$f" >/dev/null
+done
 shim nofancy "$A" >/dev/null # fills the image without fancy upsampling: skip, crop-late and overread hit it
 # prefix-open: a prefix handed to libjpeg's memory source while the file is
 # still open where the read ended (was served the whole image: the memory
@@ -59,8 +72,11 @@ shim nofancy "$A" >/dev/null # fills the image without fancy upsampling: skip, c
 # jpeg_consume_input after a hit's last row (it never reached EOI: 50 calls
 # answering JPEG_REACHED_SOS, a loop without a cap spins for ever) and
 # jpeg_input_complete (0 for a progressive image whose real start read it
-# whole).
-for args in "rewrite-mtime $RW" "rewrite-open $RW" "abort-reuse $A" "abort-other $A $B" "trunc $A" "prefix $A" "prefix-open $A" "chunked $A" "chunk-mod $A" "skip $A" "crop-late $A" "overread $A" "early $A" "dither $A" "concat $T_TMP/d/train/c000/zz-two.jpg" "consume $A" ${P:+"consume $P"}; do
+# whole). COM, PCOM: both images of the file, from memory and through a
+# source of the program's own that reads 4 KiB at a time (fdsrc: a hit's
+# finish left that source at its first chunk, and the second image failed).
+for args in "rewrite-mtime $RW" "rewrite-open $RW" "abort-reuse $A" "abort-other $A $B" "trunc $A" "prefix $A" "prefix-open $A" "chunked $A" "chunk-mod $A" "skip $A" "crop-late $A" "overread $A" "early $A" "dither $A" "concat $T_TMP/d/train/c000/zz-two.jpg" "consume $A" ${P:+"consume $P"} "concat $COM" ${PCOM:+"concat $PCOM"} \
+	"fdsrc $COM 2" ${PCOM:+"fdsrc $PCOM 2"} "fdsrc $T_TMP/d/train/c000/zz-two.jpg 2"; do
 	# shellcheck disable=SC2086
 	want=$("$EDGE" $args 2>&1)
 	# shellcheck disable=SC2086
