@@ -306,6 +306,26 @@ void ts_jpeg_unloaded(void)
  */
 enum dmode { D_PASS = 0, D_FILL, D_HIT, D_ABSORB };
 
+/*
+ * Rows a hit hands out per jpeg_read_scanlines call: those libjpeg-turbo's
+ * would (rowsim_call). Before, a hit filled every row asked for; libjpeg
+ * hands out one row group (max_v_samp_factor rows) a call, two at an iMCU
+ * row's end when the upsampler needs context rows, and a program whose
+ * reads depend on the count (reading until row 7, then skipping) went
+ * elsewhere in the image.
+ */
+enum { CTX_POSTPONED, CTX_PREPARE, CTX_PROCESS };
+struct rowsim {
+	int ok;          /* simulated; else a call asking more than one row leaves the hit */
+	int context;     /* the upsampler needs context rows (fancy h2v2, h1v2) */
+	unsigned g;      /* output rows a row group (max_v_samp_factor) */
+	unsigned r;      /* row groups an iMCU row (min_DCT_scaled_size) */
+	unsigned last;   /* row groups of the last iMCU row (set_bottom_pointers) */
+	unsigned imcus;  /* iMCU rows */
+	unsigned done, full, state, ctr, avail; /* jdmainct.c */
+	unsigned next;   /* jdsample.c: rows of the row group handed out */
+};
+
 /* finish's walk to EOI on a hit (walk_eoi): where it stands */
 enum { W_SCAN, W_FF, W_LEN_HI, W_LEN_LO, W_SKIP };
 struct eoi_walk {
@@ -326,6 +346,7 @@ struct dstate {
 	uint64_t row_bytes, rows_done, rows_total, t0;
 	unsigned char *hit;   /* HIT: private copy of the decoded image */
 	struct eoi_walk walk; /* HIT: how far finish consumed the source towards EOI */
+	struct rowsim sim;    /* HIT: the real decoder's rows a call */
 	struct ts_cache_fill fill;
 };
 
@@ -465,6 +486,105 @@ static int exact_eligible(struct dstate *s, j_decompress_ptr c)
 	return params_supported(c);
 }
 
+#if JPEG_LIB_VERSION >= 70
+#define TS_DCT_SCALED(p) ((p)->DCT_h_scaled_size)
+#define TS_MIN_DCT_SCALED(c) ((c)->min_DCT_h_scaled_size)
+#else
+#define TS_DCT_SCALED(p) ((p)->DCT_scaled_size)
+#define TS_MIN_DCT_SCALED(c) ((c)->min_DCT_scaled_size)
+#endif
+
+/* The real decoder's structure, as jinit_upsampler and set_bottom_pointers
+ * see it, from what calc_output_dimensions set (DSTATE_READY). */
+static void rowsim_init(struct rowsim *m, j_decompress_ptr c)
+{
+	*m = (struct rowsim){ 0 };
+	int mins = TS_MIN_DCT_SCALED(c);
+	if (c->num_components < 1 || c->num_components > MAX_COMPONENTS || c->max_v_samp_factor < 1 ||
+	    c->max_h_samp_factor < 1 || mins < 1 || !c->comp_info || !c->total_iMCU_rows)
+		return;
+	int fancy = c->do_fancy_upsampling && mins > 1;
+	for (int ci = 0; ci < c->num_components; ci++) {
+		const jpeg_component_info *p = &c->comp_info[ci];
+		if (ci > 0 && c->out_color_space == JCS_GRAYSCALE && c->jpeg_color_space == JCS_YCbCr)
+			continue; /* only Y is needed (jdcolor.c) */
+		int hin = p->h_samp_factor * TS_DCT_SCALED(p) / mins, vin = p->v_samp_factor * TS_DCT_SCALED(p) / mins;
+		int hout = c->max_h_samp_factor, vout = c->max_v_samp_factor;
+		if (fancy && vin * 2 == vout && (hin == hout || (hin * 2 == hout && p->downsampled_width > 2)))
+			m->context = 1;
+	}
+	const jpeg_component_info *p0 = &c->comp_info[0];
+	unsigned ih = (unsigned)(p0->v_samp_factor * TS_DCT_SCALED(p0)), rg = ih / (unsigned)mins;
+	if (!ih || !rg)
+		return;
+	unsigned left = p0->downsampled_height % ih;
+	m->last = ((left ? left : ih) - 1) / rg + 1;
+	m->g = (unsigned)c->max_v_samp_factor;
+	m->r = (unsigned)mins;
+	m->imcus = c->total_iMCU_rows;
+	m->next = m->g; /* the conversion buffer is empty */
+	m->state = CTX_PREPARE;
+	m->ok = 1;
+}
+
+/* sep_upsample (or the merged upsampler): the rest of one row group, at most */
+static void rowsim_emit(struct rowsim *m, unsigned *n, unsigned max, unsigned *left, unsigned *ctr)
+{
+	if (m->next >= m->g)
+		m->next = 0;
+	unsigned k = m->g - m->next;
+	if (k > *left)
+		k = *left;
+	if (k > max - *n)
+		k = max - *n;
+	*n += k;
+	*left -= k;
+	m->next += k;
+	if (m->next >= m->g)
+		(*ctr)++;
+}
+
+/* The rows of one jpeg_read_scanlines(max) with `left` rows to come: main
+ * controller's process_data_simple_main or process_data_context_main. */
+static unsigned rowsim_call(struct rowsim *m, unsigned max, unsigned left)
+{
+	unsigned n = 0;
+	if (!m->context) {
+		rowsim_emit(m, &n, max, &left, &m->ctr);
+		if (m->ctr >= m->r)
+			m->ctr = 0;
+		return n;
+	}
+	if (!m->full) {
+		m->full = 1;
+		m->done++;
+	}
+	switch (m->state) {
+	case CTX_POSTPONED:
+		rowsim_emit(m, &n, max, &left, &m->ctr);
+		if (m->ctr < m->avail)
+			return n;
+		m->state = CTX_PREPARE;
+		if (n >= max)
+			return n;
+		/* fall through */
+	case CTX_PREPARE:
+		m->ctr = 0;
+		m->avail = m->done == m->imcus ? m->last : m->r - 1;
+		m->state = CTX_PROCESS;
+		/* fall through */
+	default:
+		rowsim_emit(m, &n, max, &left, &m->ctr);
+		if (m->ctr < m->avail)
+			return n;
+		m->full = 0;
+		m->ctr = m->r + 1;
+		m->avail = m->r + 2;
+		m->state = CTX_POSTPONED;
+	}
+	return n;
+}
+
 /* Look the image up: HIT (served from now on), FILL (the decode fills it), or PASS. */
 static int exact_decide(struct dstate *s, j_decompress_ptr c)
 {
@@ -481,6 +601,7 @@ static int exact_decide(struct dstate *s, j_decompress_ptr c)
 		s->hit = copy;
 		s->mode = D_HIT;
 		s->walk = (struct eoi_walk){ .st = W_SCAN };
+		rowsim_init(&s->sim, c);
 		c->output_scanline = 0;
 		return 1;
 	}
@@ -727,7 +848,12 @@ TS_EXPORT JDIMENSION jpeg_read_scanlines(j_decompress_ptr cinfo, JSAMPARRAY rows
 			cinfo->err->emit_message((j_common_ptr)cinfo, -1);
 			return 0;
 		}
+		if (max > 1 && !s->sim.ok) {
+			leave_hit(s, cinfo, a); /* how many rows the real decoder gives is not known */
+			return a->read_scanlines(cinfo, rows, max);
+		}
 		JDIMENSION n = 0;
+		max = rowsim_call(&s->sim, max, (unsigned)(s->rows_total - cinfo->output_scanline));
 		while (n < max && cinfo->output_scanline < s->rows_total) {
 			memcpy(rows[n], s->hit + (uint64_t)cinfo->output_scanline * s->row_bytes, s->row_bytes);
 			cinfo->output_scanline++;

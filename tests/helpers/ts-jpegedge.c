@@ -30,6 +30,10 @@
  *                     read() as libjpeg asks (never suspending), N images
  *                     decoded one after the other; then how many bytes it fed
  *                     and where the file stands
+ *   counts A V        A decoded three times with the output parameters V
+ *                     (plain, nofancy, half, 3/8, gray), asking 64 rows a
+ *                     call, 3, then 1, 2, 5, 8 in turn: how many rows each
+ *                     call gave, run-length coded, and the pixels
  *   consume A         jpeg_input_complete after start; every row; then
  *                     jpeg_consume_input until libjpeg says EOI (at most 50
  *                     calls): the answers, and jpeg_input_complete again
@@ -204,6 +208,59 @@ static int decode_suspending(j_decompress_ptr c, const char *path, int crop)
 	free(s.buf);
 	close(s.fd);
 	return 0;
+}
+
+/* ---- counts: rows a jpeg_read_scanlines call gives ------------------------- */
+
+static void counts_params(j_decompress_ptr c, const char *v)
+{
+	if (!strcmp(v, "nofancy")) {
+		c->do_fancy_upsampling = FALSE;
+	} else if (!strcmp(v, "half")) {
+		c->scale_denom = 2;
+	} else if (!strcmp(v, "3/8")) {
+		c->scale_num = 3;
+		c->scale_denom = 8;
+	} else if (!strcmp(v, "gray")) {
+		c->out_color_space = JCS_GRAYSCALE;
+	}
+}
+
+static void decode_counts(j_decompress_ptr c, const unsigned char *a, size_t la, const char *v)
+{
+	static const unsigned patterns[3][4] = { { 64 }, { 3 }, { 1, 2, 5, 8 } };
+	uint64_t h = 0;
+	printf("counts-%s", v);
+	for (int p = 0; p < 3; p++) {
+		header(c, a, la);
+		counts_params(c, v);
+		jpeg_start_decompress(c);
+		size_t row = (size_t)c->output_width * (size_t)c->output_components;
+		unsigned char *img = calloc(c->output_height + 64u, row);
+		JSAMPROW rows[64];
+		unsigned last = 0, run = 0, k = 0;
+		printf(" ");
+		while (img && c->output_scanline < c->output_height) {
+			unsigned want = patterns[p][k++ % 4] ? patterns[p][(k - 1) % 4] : patterns[p][0];
+			for (unsigned i = 0; i < want; i++)
+				rows[i] = img + row * (c->output_scanline + i);
+			unsigned got = jpeg_read_scanlines(c, rows, want);
+			if (got != last && run) {
+				printf("%ux%u,", last, run);
+				run = 0;
+			}
+			last = got;
+			run++;
+			if (!got)
+				break;
+		}
+		printf("%ux%u", last, run);
+		if (img)
+			h = ts_hash64(img, row * c->output_height, h);
+		free(img);
+		jpeg_finish_decompress(c);
+	}
+	printf(" %016llx warnings=%ld\n", (unsigned long long)h, c->err->num_warnings);
 }
 
 /* ---- fdsrc: a source of the program's own that reads on by itself ----------- */
@@ -507,6 +564,8 @@ int main(int argc, char **argv)
 			perror(argv[2]);
 			return 1;
 		}
+	} else if (!strcmp(mode, "counts") && argc > 3) {
+		decode_counts(&c, a, la, argv[3]);
 	} else if (!strcmp(mode, "plain")) {
 		header(&c, a, la);
 		finish_image(&c, "plain");

@@ -196,6 +196,26 @@ if [ -f "$T_TMP/d/train/c001/zz-big.jpg" ]; then
 	check "suspend, bypass (decode larger than the cache): decoded as without the shim" [ "$want" = "$got" ]
 	[ "$want" = "$got" ] || { echo "# want: $want"; echo "# got:  $got"; }
 fi
+# counts: rows a jpeg_read_scanlines call gives on a hit, asking 64, 3, and
+# 1, 2, 5, 8 in turn, in five outputs, 4:2:0 (fancy upsampling: context
+# rows, 4 rows at an iMCU row's end), progressive, 4:4:4 and 4:2:2: those
+# libjpeg gives (a hit gave every row asked for: 64 a call). Last: its
+# fills (A at 1/2) would leave generic-abort nothing to abort.
+/usr/bin/python3 -c 'import sys; from PIL import Image
+im = Image.open(sys.argv[1]).convert("RGB")
+im.save(sys.argv[2], subsampling=0, quality=90); im.crop((0, 0, 301, 203)).save(sys.argv[3], subsampling=1)' \
+	"$A" "$T_TMP/d/train/c001/zz-444.jpg" "$T_TMP/d/train/c001/zz-422.jpg" 2>/dev/null || echo "# no Pillow: 4:2:0 only"
+bad= n=0
+for f in "$A" ${P:+"$P"} "$T_TMP"/d/train/c001/zz-4*.jpg; do
+	for v in plain nofancy half 3/8 gray; do
+		shim counts "$f" $v >/dev/null
+		want=$("$EDGE" counts "$f" $v 2>&1)
+		got=$(shim counts "$f" $v 2>&1)
+		n=$((n + 1))
+		[ "$want" = "$got" ] || { bad="$bad ${f##*/}:$v"; echo "# want: ${want:0:160}"; echo "# got:  ${got:0:160}"; }
+	done
+done
+check "counts: rows a call, on hits, as without the shim ($n images and outputs${bad:+; not$bad})" [ -z "$bad" ]
 exec 9>&-
 wait
 finish jpeg_edge
