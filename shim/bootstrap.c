@@ -49,6 +49,8 @@ static int python_name(const char *base)
 	if (strncmp(base, "python", 6) != 0)
 		return 0;
 	const char *p = base + 6;
+	if (*p == '2')
+		return 0; /* Python 2: the layer is Python 3's, and its sitecustomize would shadow the user's */
 	p += strspn(p, "0123456789.");
 	return *p == '\0' || strcmp(p, "d") == 0 || strcmp(p, "t") == 0 || strcmp(p, "m") == 0 ||
 	       strcmp(p, "-dbg") == 0;

@@ -13,7 +13,15 @@ first on PYTHONPATH (shim/bootstrap.c), so site.py imports this module as
  3. runs the sitecustomize this one shadows (Debian ships one; pyenv none),
     which then stands in sys.modules['sitecustomize'] as without us. Its
     errors propagate unchanged, so site.py prints the same "Error in
-    sitecustomize" line it would print without tsshim.
+    sitecustomize" line it would print without tsshim. Where there is none,
+    this import fails as it would without us (ModuleNotFoundError, which
+    site.py passes over in silence), so that sys.modules holds no
+    sitecustomize and a later `import sitecustomize` looks afresh: before,
+    it found this module, and a program's own, put on sys.path later, never
+    ran.
+
+Python 2 (a `python` bootstrap.c could not tell from 3's): step 1, then its
+sitecustomize through imp, and no layer.
 
 Start-up cost matters (budget: 20 ms, PRODUCT.md section 6): only sys and os
 are imported (site.py has already imported both); the layer itself,
@@ -30,8 +38,11 @@ try:
     from _frozen_importlib import module_from_spec as _module_from_spec
     from _frozen_importlib_external import PathFinder as _PathFinder
 except ImportError:
-    from importlib.machinery import PathFinder as _PathFinder
-    from importlib.util import module_from_spec as _module_from_spec
+    try:
+        from importlib.machinery import PathFinder as _PathFinder
+        from importlib.util import module_from_spec as _module_from_spec
+    except ImportError:  # Python 2: _tsshim_py2
+        _PathFinder = _module_from_spec = None
 
 _TARGET = "torch.utils.data"
 
@@ -89,9 +100,7 @@ def _shim_loaded():
         return "libtsshim" in os.environ.get("LD_PRELOAD", "")
 
 
-def _tsshim_bootstrap():
-    here = os.path.dirname(os.path.abspath(__file__))
-
+def _restore_pythonpath(here):
     # 1. PYTHONPATH: only undo what is ours, i.e. when our directory is its
     # first entry. bootstrap.c keeps the original in _TSSHIM_ORIG_PYTHONPATH
     # when there was one (even empty); none means it was unset. A PYTHONPATH
@@ -108,6 +117,34 @@ def _tsshim_bootstrap():
             else:
                 del os.environ["PYTHONPATH"]
 
+
+def _not_found():
+    # as the import of a module that does not exist fails
+    try:
+        return ModuleNotFoundError("No module named 'sitecustomize'", name="sitecustomize")
+    except NameError:  # Python 2
+        return ImportError("No module named sitecustomize")
+
+
+def _tsshim_py2(here):
+    _restore_pythonpath(here)
+    import imp
+    try:
+        found = imp.find_module("sitecustomize", [p for p in sys.path if os.path.abspath(p) != here])
+    except ImportError:
+        raise _not_found()
+    del sys.modules["sitecustomize"]  # its own module, not this one run again
+    try:
+        imp.load_module("sitecustomize", *found)
+    finally:
+        if found[0]:
+            found[0].close()
+
+
+def _tsshim_bootstrap():
+    here = os.path.dirname(os.path.abspath(__file__))
+    _restore_pythonpath(here)
+
     # 2. The hook, only where the C shim is loaded (PYTHONPATH is inherited
     # by programs that run without it), and only once per process.
     if os.environ.get("TSSHIM_PYTHON", "1") != "0" and _shim_loaded():
@@ -122,7 +159,33 @@ def _tsshim_bootstrap():
     # 3. The shadowed sitecustomize: the next one on sys.path after ours.
     # site.py's import of this module ends by taking whatever
     # sys.modules['sitecustomize'] then holds: the shadowed module.
-    _run_file_module("sitecustomize", [p for p in sys.path if os.path.abspath(p) != here])
+    if _run_file_module("sitecustomize", [p for p in sys.path if os.path.abspath(p) != here]) is None:
+        _hide_from_later_imports(here)
+        raise _not_found()
 
 
-_tsshim_bootstrap()
+class _WithoutBootstrap:
+    """Our directory's finder, without this module: a later `import
+    sitecustomize` looks only where it would without us."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def find_spec(self, name, target=None):
+        return None if name == "sitecustomize" else self.inner.find_spec(name, target)
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+def _hide_from_later_imports(here):
+    for p in sys.path:
+        f = sys.path_importer_cache.get(p)
+        if f is not None and os.path.abspath(p) == here and not isinstance(f, _WithoutBootstrap):
+            sys.path_importer_cache[p] = _WithoutBootstrap(f)
+
+
+if _PathFinder is None:
+    _tsshim_py2(os.path.dirname(os.path.abspath(__file__)))
+else:
+    _tsshim_bootstrap()

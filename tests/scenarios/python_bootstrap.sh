@@ -48,6 +48,8 @@ def install():
 EOF
 printf 'import sys\nsys._bad_ran = True\nraise ValueError("boom from user sitecustomize")\n' >"$T_TMP/bad/sitecustomize.py"
 printf 'import no_such_module_tsshim_test\n' >"$T_TMP/badimp/sitecustomize.py"
+mkdir -p "$T_TMP/late"
+: >"$T_TMP/late/sitecustomize.py"
 
 for PY in "${PYS[@]}"; do
 	n=$(basename "$PY")
@@ -56,9 +58,19 @@ for PY in "${PYS[@]}"; do
 	# --- our sitecustomize runs, the shadowed one too, in that order ---------
 	out=$(shim "$PY" -c "import sys; print($HOOKED, $SC_FILE, sys.path.count('$OURDIR'))")
 	SHADOW=$(plain "$PY" -c "import sys; print($SC_FILE)")
-	# With nothing to shadow (pyenv), sys.modules['sitecustomize'] is ours.
-	want="True $SHADOW 1"; [ "$SHADOW" = None ] && want="True $OURDIR/sitecustomize.py 1"
-	check "$n: our finder is installed; sitecustomize module as without the shim ($SHADOW)" [ "$out" = "$want" ]
+	# With nothing to shadow (pyenv), none, as without us (it was ours)
+	check "$n: our finder is installed; sitecustomize module as without the shim ($SHADOW)" \
+		[ "$out" = "True $SHADOW 1" ]
+	# ... and a later import of sitecustomize (ours was found again, and a
+	# program's own put on sys.path later never ran)
+	LATE='import sys; sys.path.insert(0, sys.argv[1])
+try:
+    import sitecustomize; print(sitecustomize.__file__)
+except ImportError as e:
+    print(type(e).__name__, e)'
+	want=$(plain "$PY" -c "$LATE" "$T_TMP/late")
+	check "$n: a later import sitecustomize finds what it finds without the shim ($want)" \
+		[ "$(shim "$PY" -c "$LATE" "$T_TMP/late")" = "$want" ]
 	out=$(shim PYTHONPATH="$T_TMP/user" "$PY" -c "import sys; print(sys._user_sc, $SC_FILE)")
 	check "$n: shadowed user sitecustomize ran after ours, saw the user's PYTHONPATH ($out)" \
 		[ "$out" = "(True, '$T_TMP/user') $T_TMP/user/sitecustomize.py" ]
@@ -124,9 +136,33 @@ for PY in "${PYS[@]}"; do
 	done
 
 	# --- the bootstrap run twice: one finder ---------------------------------
-	TWICE="import sys; del sys.modules['sitecustomize']; sys.path.insert(0, '$OURDIR'); import sitecustomize; print(sum(getattr(f, '_tsshim_finder', False) for f in sys.meta_path))"
+	# (by path: a later import sitecustomize no longer finds ours)
+	TWICE="import sys, runpy
+try:
+    runpy.run_path('$OURDIR/sitecustomize.py', run_name='sitecustomize')
+except ImportError:
+    pass
+print(sum(getattr(f, '_tsshim_finder', False) for f in sys.meta_path))"
 	check "$n: sitecustomize imported again: still one finder" [ "$(shim "$PY" -c "$TWICE")" = 1 ]
 done
+
+# --- Python 2: not bootstrapped (our sitecustomize is Python 3's): its own
+# sitecustomize runs and PYTHONPATH is the user's, as without the shim (before,
+# neither: our module failed to import, which Python 2's site.py passes over)
+PY2=
+for p in $(command -v python2.7 python2 2>/dev/null) "$HOME"/.pyenv/versions/2*/bin/python2.7; do
+	[ -x "$p" ] && "$p" -c pass 2>/dev/null && { PY2=$p; break; }
+done
+if [ -n "$PY2" ]; then
+	P2='import os, sys; print(getattr(sys, "_user_sc", None) is not None, os.environ.get("PYTHONPATH"), "_TSSHIM_ORIG_PYTHONPATH" in os.environ)'
+	mkdir -p "$T_TMP/user2"
+	printf 'import sys\nsys._user_sc = 1\n' >"$T_TMP/user2/sitecustomize.py"
+	want=$(plain PYTHONPATH="$T_TMP/user2" "$PY2" -c "$P2" 2>&1)
+	check "python 2 ($PY2): its sitecustomize ran, PYTHONPATH the user's, as without the shim ($want)" \
+		[ "$(shim PYTHONPATH="$T_TMP/user2" "$PY2" -c "$P2" 2>&1)" = "$want" ]
+else
+	echo "# no Python 2: its check skipped"
+fi
 
 # --- a non-Python program sees PYTHONPATH unchanged -------------------------------
 check "sh under the shim: PYTHONPATH unset stays unset" \
