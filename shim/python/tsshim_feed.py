@@ -403,9 +403,16 @@ def _flatten(batch, torch, leaves):
     if isinstance(batch, torch.Tensor):
         if batch.device.type != "cpu" or batch.dim() < 1 or batch.is_sparse or batch.is_quantized:
             raise NotCarried("batch holds a %s tensor of shape %s" % (batch.device.type, tuple(batch.shape)))
+        node = {"t": len(leaves), "dtype": str(batch.dtype).replace("torch.", "")}
+        if batch.dim() == 4 and not batch.is_contiguous() and batch.is_contiguous(memory_format=torch.channels_last):
+            # carried as its bytes lie (N, H, W, C), and given back channels_last:
+            # before, a consumer's batch came contiguous (is_contiguous(), .view()
+            # answered otherwise, and the layout's speed was lost)
+            batch = batch.permute(0, 2, 3, 1)
+            node["perm"] = [0, 3, 1, 2]
         leaves.append(batch)
-        return {"t": len(leaves) - 1, "dtype": str(batch.dtype).replace("torch.", ""),
-                "shape": list(batch.shape[1:])}
+        node["shape"] = list(batch.shape[1:])
+        return node
     if isinstance(batch, tuple) and not hasattr(batch, "_fields"):
         return {"tuple": [_flatten(x, torch, leaves) for x in batch]}
     if isinstance(batch, list):
@@ -419,7 +426,8 @@ def _flatten(batch, torch, leaves):
 
 def _build(node, leaves):
     if "t" in node:
-        return leaves[node["t"]]
+        t = leaves[node["t"]]
+        return t.permute(*node["perm"]) if "perm" in node else t  # stream_layout checked it
     if "tuple" in node:
         return tuple(_build(x, leaves) for x in node["tuple"])
     if "list" in node:
@@ -463,6 +471,8 @@ def stream_layout(node, sample_bytes, torch):
         raise Fallback("the stream's tensors have a dtype this torch does not know: %s"
                        % ", ".join(str(n.get("dtype")) for n in nodes))
     for n, dt, sb in zip(nodes, dtypes, sample_bytes):
+        if "perm" in n and n["perm"] != [0, 3, 1, 2] or "perm" in n and len(n.get("shape", ())) != 3:
+            raise Fallback("the stream's schema has a layout this layer does not make")
         per = torch.empty((), dtype=dt).element_size()
         for d in n["shape"]:
             per *= d
