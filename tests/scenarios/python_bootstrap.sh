@@ -160,6 +160,15 @@ if [ -n "$PY2" ]; then
 	want=$(plain PYTHONPATH="$T_TMP/user2" "$PY2" -c "$P2" 2>&1)
 	check "python 2 ($PY2): its sitecustomize ran, PYTHONPATH the user's, as without the shim ($want)" \
 		[ "$(shim PYTHONPATH="$T_TMP/user2" "$PY2" -c "$P2" 2>&1)" = "$want" ]
+	# A Python 2 under a name bootstrap.c takes for 3's (a virtualenv's copy
+	# named python): the environment it would set, by hand. Our module then
+	# gives PYTHONPATH back and runs the user's sitecustomize; without one,
+	# it fails as a missing module does, which site.py passes over.
+	got=$(plain PYTHONPATH="$OURDIR:$T_TMP/user2" _TSSHIM_ORIG_PYTHONPATH="$T_TMP/user2" "$PY2" -c "$P2" 2>&1)
+	check "python 2 bootstrapped all the same: its sitecustomize ran, PYTHONPATH the user's ($got)" [ "$got" = "$want" ]
+	want=$(plain "$PY2" -c "$P2" 2>&1)
+	got=$(plain PYTHONPATH="$OURDIR" "$PY2" -c "$P2" 2>&1)
+	check "python 2 bootstrapped, no sitecustomize of its own: as without the shim ($got)" [ "$got" = "$want" ]
 else
 	echo "# no Python 2: its check skipped"
 fi
