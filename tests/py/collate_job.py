@@ -73,6 +73,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--start-delay", type=float, default=0.0, help="seconds before the first iter()")
     ap.add_argument("--barrier", metavar="DIR:N", help="before the first iter(), wait for N jobs to reach DIR")
+    ap.add_argument("--after", metavar="FILE", help="before the first iter(), wait (up to 60 s) for FILE")
+    ap.add_argument("--mark", metavar="FILE", help="create FILE once the first batch is made")
     ap.add_argument("--sleep", type=float, default=0.1, help="seconds per batch (default 0.1)")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
@@ -88,6 +90,9 @@ def main():
         while len(os.listdir(d)) < int(n) and time.monotonic() - t0 < 30:
             time.sleep(0.005)
     time.sleep(args.start_delay)
+    t0 = time.monotonic()
+    while args.after and not os.path.exists(args.after) and time.monotonic() - t0 < 60:
+        time.sleep(0.005)
     for ep in range(args.epochs):
         it = iter(dl)
         ids, paired, shapes = [], True, []
@@ -97,6 +102,8 @@ def main():
             ids += got
             paired = paired and ok
             shapes.append(list(x.shape))
+            if args.mark and not os.path.exists(args.mark):
+                open(args.mark, "w").close()
             time.sleep(args.sleep)
         out.write(json.dumps({"epoch": ep, "len": len(dl), "batches": len(shapes), "shapes": shapes,
                               "ids": sorted(ids), "paired": paired}) + "\n")

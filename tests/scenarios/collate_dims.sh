@@ -29,16 +29,19 @@ unset TSSHIM_MODE
 export TSSHIM_LOG=info
 
 for case in seqfirst seqsame twoview filter winit; do
-	shape=$case delay=0
+	shape=$case order=()
 	[ "$case" = seqsame ] && shape=seqfirst
 	mkdir -p "$T_TMP/$case.bar"
 	for i in 1 2; do
 		bs=8; off=0; [ "$i" = 2 ] && { bs=12; off=1000; }
-		[ "$case" = seqsame ] && [ "$i" = 1 ] && delay=0.3
+		# seqsame: job 1 starts once job 2 has made its first batch (it produces).
+		# A fixed head start lost the race on a loaded 2-core CI machine.
+		[ "$case" = seqsame ] && order=(--after "$T_TMP/seqsame.first") &&
+			[ "$i" = 2 ] && order=(--mark "$T_TMP/seqsame.first")
 		OFF=$off env -u LD_PRELOAD timeout 120 "$PY" "$JOB" --shape $shape --batch-size $bs --seed $i --sleep 0 \
 			--out "$T_TMP/$case.plain.$i" >/dev/null 2>&1
 		OFF=$off LD_PRELOAD="$TS_PRELOAD" TSSHIM_SESSION="$(session_name $case)" timeout 120 "$PY" "$JOB" \
-			--shape $shape --batch-size $bs --seed $i --start-delay $delay --barrier "$T_TMP/$case.bar:2" \
+			--shape $shape --batch-size $bs --seed $i "${order[@]}" --barrier "$T_TMP/$case.bar:2" \
 			--out "$T_TMP/$case.$i" \
 			>/dev/null 2>"$T_TMP/$case.$i.err" &
 		eval "pid$i=\$!"
