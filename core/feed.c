@@ -55,10 +55,21 @@ struct ts_feed_ledger {
 	uint32_t pad;
 	uint64_t nbits;
 	_Atomic uint64_t epoch;  /* stream epoch of the bits; NO_EPOCH while rewritten */
-	_Atomic uint64_t count;
-	uint64_t pad2[3];
+	_Atomic uint64_t count;  /* bits set */
+	_Atomic uint64_t made;   /* LEDGER_MADE, LEDGER_ENDED: of this epoch, by ts_feed_made */
+	uint64_t pad2[2];
 	_Atomic uint64_t bits[];
 };
+
+/*
+ * A producer alone in its feed publishes nothing; it notes each batch in the
+ * ledger only (ts_feed_made). LEDGER_MADE: a batch of the ledger's epoch is
+ * not in the ring (a joiner finds the epoch's start gone and notes what the
+ * ledger holds as lost); LEDGER_ENDED: the epoch's last batch was noted (the
+ * next batch published starts an epoch, whole).
+ */
+#define LEDGER_MADE   1ull
+#define LEDGER_ENDED  2ull
 
 static inline uint64_t page_up(uint64_t v)
 {
@@ -218,8 +229,29 @@ static int ledger_at(struct ts_feed *f, uint64_t epoch)
 	for (uint64_t i = 0; i < (f->nindex + 63) / 64; i++)
 		atomic_store_explicit(&l->bits[i], 0, memory_order_relaxed);
 	atomic_store_explicit(&l->count, 0, memory_order_relaxed);
+	atomic_store_explicit(&l->made, 0, memory_order_relaxed);
 	atomic_store_explicit(&l->epoch, epoch, memory_order_release);
 	return 0;
+}
+
+/* Set (clear) the bits of b's indices; counted as they change. */
+static void ledger_bits(struct ts_feed_ledger *l, const struct ts_feed *f, const struct ts_feed_batch *b, bool set)
+{
+	uint64_t changed = 0;
+	for (uint64_t i = 0; i < b->nsamples; i++) {
+		uint64_t x = (uint64_t)b->index[i], bit = 1ull << (x % 64), old;
+		if (x >= f->nindex)
+			continue;
+		if (set)
+			old = atomic_fetch_or_explicit(&l->bits[x / 64], bit, memory_order_relaxed);
+		else
+			old = atomic_fetch_and_explicit(&l->bits[x / 64], ~bit, memory_order_relaxed);
+		changed += !(old & bit) == set;
+	}
+	if (set)
+		atomic_fetch_add_explicit(&l->count, changed, memory_order_relaxed);
+	else
+		atomic_fetch_sub_explicit(&l->count, changed, memory_order_relaxed);
 }
 
 /* Producer, after publishing: mark the batch's indices in its stream epoch. */
@@ -229,12 +261,50 @@ static void ledger_mark(struct ts_feed *f, const struct ts_feed_batch *b)
 	/* replaced since our publish: our successor took the batch from the ring (ts_feed_stream_state) */
 	if (!l || !b->index || ts_session_role(&f->s) != TS_ROLE_PRODUCER || ledger_at(f, b->stream_epoch))
 		return;
-	for (uint64_t i = 0; i < b->nsamples; i++) {
-		uint64_t x = (uint64_t)b->index[i];
-		if (x < f->nindex)
-			atomic_fetch_or_explicit(&l->bits[x / 64], 1ull << (x % 64), memory_order_relaxed);
+	ledger_bits(l, f, b, true);
+}
+
+/*
+ * The ledger's epoch and made flags, read as one (0), or -EAGAIN while a
+ * producer rewrites it. Readers that act on what a producer alone noted
+ * (ts_feed_made) call it after a full fence (ledger_look). noinline, as
+ * ledger_look.
+ */
+__attribute__((noinline)) static int ledger_state(const struct ts_feed *f, uint64_t *epoch, uint64_t *made)
+{
+	const struct ts_feed_ledger *l = f->ledger;
+	if (!l)
+		return -ENOENT;
+	for (int tries = 0; tries < 8; tries++) {
+		uint64_t e = atomic_load_explicit(&l->epoch, memory_order_acquire);
+		*made = atomic_load_explicit(&l->made, memory_order_relaxed);
+		atomic_thread_fence(memory_order_acquire);
+		if (e != NO_EPOCH && atomic_load_explicit(&l->epoch, memory_order_relaxed) == e) {
+			*epoch = e;
+			return 0;
+		}
 	}
-	atomic_fetch_add_explicit(&l->count, b->nsamples, memory_order_relaxed);
+	return -EAGAIN;
+}
+
+/*
+ * ledger_state after a full fence: the reader's half of the pairing with
+ * ts_feed_made (see there). noinline: inlined, the fence trips GCC's -Wtsan
+ * in the TSan build.
+ */
+__attribute__((noinline)) static int ledger_look(const struct ts_feed *f, uint64_t *epoch, uint64_t *made)
+{
+	atomic_thread_fence(memory_order_seq_cst);
+	return ledger_state(f, epoch, made);
+}
+
+/*
+ * Does the ledger speak for the stream? When a batch of its epoch e was
+ * made without the ring and e is the ring's newest epoch re, or later.
+ */
+static inline bool ledger_leads(uint64_t e, uint64_t made, uint64_t re)
+{
+	return (made & LEDGER_MADE) && e >= re && e - re <= LEDGER_AHEAD;
 }
 
 /* ---- open, close, stale files --------------------------------------------- */
@@ -678,6 +748,44 @@ int ts_feed_publish(struct ts_feed *f, const struct ts_feed_batch *b, uint64_t t
 	return 0;
 }
 
+int ts_feed_made(struct ts_feed *f, const struct ts_feed_batch *b)
+{
+	struct ts_feed_ledger *l = f->ledger;
+	if (!b->index || b->nsamples == 0 || b->nsamples > TS_FEED_MAX_SAMPLES || (b->flags & ~TS_BATCH_END_OF_EPOCH))
+		return -EINVAL;
+	for (uint64_t i = 0; i < b->nsamples; i++)
+		if (b->index[i] < 0 || (uint64_t)b->index[i] >= f->nindex)
+			return -EINVAL;
+	if (ts_session_role(&f->s) != TS_ROLE_PRODUCER)
+		return -EPERM;
+	if (!l || ts_session_others(&f->s) || ledger_at(f, b->stream_epoch))
+		return 0;
+	ledger_bits(l, f, b, true);
+	atomic_fetch_or_explicit(&l->made, LEDGER_MADE | (b->flags & TS_BATCH_END_OF_EPOCH ? LEDGER_ENDED : 0),
+				 memory_order_relaxed);
+	/*
+	 * A joiner becomes a member, then looks at the ledger (epoch_start,
+	 * count_stream); we note the batch, then look at the members. A full
+	 * fence in each between the two, so one of us sees the other: when we
+	 * see nobody, the joiner sees this batch noted and makes it itself (it
+	 * notes it lost). When we see it, it may have looked before our note:
+	 * the batch is published as well (2), and it reads it; a joiner that
+	 * noted it lost too counts it read, not lost.
+	 */
+	atomic_thread_fence(memory_order_seq_cst);
+	return ts_session_others(&f->s) ? 2 : 1;
+}
+
+void ts_feed_unmade(struct ts_feed *f, const struct ts_feed_batch *b)
+{
+	struct ts_feed_ledger *l = f->ledger;
+	if (!l || !b->index || b->nsamples > TS_FEED_MAX_SAMPLES)
+		return;
+	uint64_t e = atomic_load_explicit(&l->epoch, memory_order_acquire);
+	if (e == b->stream_epoch)
+		ledger_bits(l, f, b, false);
+}
+
 int ts_feed_evict_laggards(struct ts_feed *f)
 {
 	if (writer_ready(f))
@@ -797,6 +905,27 @@ static int64_t slot_index(const struct ts_feed *f, const struct ts_feed_hdr *h, 
 
 /* ---- stream state (a successor's view) --------------------------------- */
 
+/* The stream epoch of the ring's last batch (seq pub - 1), and whether it ended it. */
+static int ring_last(struct ts_feed *f, uint64_t pub, uint64_t *epoch, int *ended)
+{
+	struct ts_batch_meta m;
+	const struct ts_feed_hdr *h;
+	const char *base;
+	unsigned writer;
+	uint32_t d = ts_ring_depth(f->s.seg);
+	int ret;
+
+	if (!d)
+		return -EBADMSG;
+	if ((ret = ts_ring_slot_meta(f->s.seg, pub - 1, &m, &writer)) ||
+	    (ret = peer_file(f, writer, m.tag, (uint32_t)((pub - 1) % d), pub - 1, &h, &base)) ||
+	    (ret = hdr_matches(h, &m)))
+		return ret;
+	*epoch = h->stream_epoch;
+	*ended = !!(m.flags & TS_BATCH_END_OF_EPOCH);
+	return 0;
+}
+
 /* noinline: inlined, its acquire fence trips GCC's -Wtsan in the TSan build */
 __attribute__((noinline)) static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t *rest,
 						  int count, uint64_t *nrest, uint64_t *npublished, int fence,
@@ -864,18 +993,25 @@ static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t 
 			return ret;
 		pub = atomic_load_explicit(&seg->ring.pub_seq, memory_order_acquire);
 	}
-	if (pub == 0)
+	if (pub && (ret = ring_last(f, pub, epoch, ended)))
+		return ret;
+	/* the batches a producer alone noted and never published (ts_feed_made) */
+	bool ring = pub > 0;
+	uint64_t le, made;
+	if (ledger_look(f, &le, &made) == 0 && (made & LEDGER_MADE) && (!ring || ledger_leads(le, made, *epoch))) {
+		if (!ring || le > *epoch) {
+			*epoch = le;
+			*ended = 0;
+			ring = false; /* none of that epoch there */
+		}
+		*ended = *ended || (made & LEDGER_ENDED);
+	} else if (!ring) {
+		return 0;
+	}
+	if (*ended || !count)
 		return 0;
 	if (!(d = ts_ring_depth(seg))) /* read once, after the wait: divides and bounds the loop below */
 		return -EBADMSG;
-	if ((ret = ts_ring_slot_meta(seg, pub - 1, &m, &writer)) ||
-	    (ret = peer_file(f, writer, m.tag, (uint32_t)((pub - 1) % d), pub - 1, &h, &base)) ||
-	    (ret = hdr_matches(h, &m)))
-		return ret;
-	*epoch = h->stream_epoch;
-	*ended = !!(m.flags & TS_BATCH_END_OF_EPOCH);
-	if (*ended || !count)
-		return 0;
 
 	uint64_t words = (f->nindex + 63) / 64;
 	uint64_t *bits = calloc(words, sizeof(*bits));
@@ -894,7 +1030,7 @@ static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t 
 		memset(bits, 0, words * sizeof(*bits));
 	}
 	/* The ledger lags the ring by at most a batch: add what the ring still holds. */
-	for (uint64_t s = pub > d ? pub - d : 0; s < pub; s++) {
+	for (uint64_t s = pub > d ? pub - d : 0; ring && s < pub; s++) {
 		if (ts_ring_slot_meta(seg, s, &m, &writer) ||
 		    peer_file(f, writer, m.tag, (uint32_t)(s % d), s, &h, &base) || hdr_matches(h, &m) ||
 		    h->stream_epoch != *epoch)
@@ -937,13 +1073,24 @@ static int count_stream(struct ts_feed *f, uint64_t *epoch, int *ended, int64_t 
  * that starts iterating just after an epoch ended reads that epoch at once
  * rather than wait for the next. UINT64_MAX when its start was overwritten.
  */
-static uint64_t epoch_start(struct ts_segment *seg)
+static uint64_t epoch_start(struct ts_feed *f)
 {
-	uint64_t pub = atomic_load_explicit(&seg->ring.pub_seq, memory_order_acquire), s;
+	struct ts_segment *seg = f->s.seg;
+	uint64_t pub = atomic_load_explicit(&seg->ring.pub_seq, memory_order_acquire), s, le, made, re = 0;
 	uint32_t d = ts_ring_depth(seg);
 	struct ts_batch_meta m;
 	unsigned writer;
+	int rended;
 
+	/*
+	 * The newest epoch has batches a producer alone made and never
+	 * published (ts_feed_made; the fence pairs with its): its start is not
+	 * in the ring, or, when its last batch was made, the next starts at the
+	 * head.
+	 */
+	if (ledger_look(f, &le, &made) == 0 && (made & LEDGER_MADE) &&
+	    (pub == 0 || ring_last(f, pub, &re, &rended) || ledger_leads(le, made, re)))
+		return made & LEDGER_ENDED ? pub : UINT64_MAX;
 	if (pub == 0)
 		return 0;
 	/*
@@ -969,7 +1116,7 @@ int ts_feed_attach(struct ts_feed *f, int at_epoch_start)
 		ts_ring_detach(f->s.seg, &f->r);
 	f->attached = 0;
 	f->schema_hash = 0;
-	uint64_t start = at_epoch_start ? epoch_start(f->s.seg) : UINT64_MAX;
+	uint64_t start = at_epoch_start ? epoch_start(f) : UINT64_MAX;
 	/*
 	 * The head is the next seq to be published, not the next to be claimed:
 	 * a batch in flight is the stream's next, and ours to read (a joiner

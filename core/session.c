@@ -615,10 +615,17 @@ unsigned ts_session_others(const struct ts_session *s)
 {
 	if (!s->seg || s->self < 0)
 		return 0;
-	uint64_t now = ts_now_ns();
-	unsigned all = count_alive(s->seg, now);
-	unsigned me = (unsigned)ts_member_alive(ts_member_health(s->seg, (unsigned)s->self, now));
-	return all > me ? all - me : 0; /* two looks at a slot a peer may rewrite in between */
+	uint64_t now = 0;
+	unsigned n = 0;
+	/* free slots first, without a look at /proc: a producer alone asks at every batch */
+	for (unsigned i = 0; i < TS_MAX_MEMBERS; i++) {
+		if ((int)i == s->self || !atomic_load_explicit(&s->seg->members[i].pid, memory_order_acquire))
+			continue;
+		if (!now)
+			now = ts_now_ns();
+		n += ts_member_alive(ts_member_health(s->seg, i, now));
+	}
+	return n;
 }
 
 enum ts_role ts_session_tick(struct ts_session *s)

@@ -393,6 +393,38 @@ TS_EXPORT int tsshim_feed_publish(int h, uint32_t npos, uint32_t flags, uint64_t
 	return ret;
 }
 
+/*
+ * A producer's batch nth (from 0) of its stream epoch, noted and not
+ * published while nobody else is in the feed (ts_feed_made: 1 noted,
+ * nothing to publish; 0 or 2: publish it). The first ring depth of an
+ * epoch's batches are published even so (0): a job started a moment after
+ * this one (jobs launched together) then finds the epoch's start in the
+ * ring and reads it whole, as it does when it comes first. A job alone
+ * publishes that many an epoch and no more. A batch noted is this epoch's as
+ * a published one is (trained).
+ */
+TS_EXPORT int tsshim_feed_made(int h, uint32_t flags, uint64_t nsamples, const int64_t *index, uint64_t stream_epoch,
+			       uint64_t nth)
+{
+	struct ts_feed_batch b = {
+		.flags = flags, .nsamples = nsamples, .index = index, .stream_epoch = stream_epoch,
+	};
+	if (!index)
+		return -EINVAL;
+	int ret = FEED_CALL(h, f, nth < ts_ring_depth(f->s.seg) ? 0 : ts_feed_made(f, &b));
+	struct feed_track *t = ret == 1 && h >= 0 && h < MAX_FEEDS ? feed_tracks[h] : NULL;
+	for (uint64_t i = 0; t && i < nsamples; i++)
+		ts_bit_set(t->trained, (uint64_t)index[i]); /* in [0, nindex): ts_feed_made checked */
+	return ret;
+}
+
+/* A batch tsshim_feed_made noted (2) whose publish failed: out of the ledger again. */
+TS_EXPORT int tsshim_feed_unmade(int h, uint64_t nsamples, const int64_t *index, uint64_t stream_epoch)
+{
+	struct ts_feed_batch b = { .nsamples = nsamples, .index = index, .stream_epoch = stream_epoch };
+	return FEED_CALL(h, f, (ts_feed_unmade(f, &b), 0));
+}
+
 TS_EXPORT int tsshim_feed_evict_laggards(int h)
 {
 	return FEED_CALL(h, f, ts_feed_evict_laggards(f));

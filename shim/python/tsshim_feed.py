@@ -254,6 +254,7 @@ def _bind():
         "served": (i32, [i32, u64, u64]),
         "gpu": (i32, [i32]),
         "others": (i32, [i32]),
+        "made": (i32, [i32, u32, u64, ctypes.POINTER(ctypes.c_int64), u64, u64]), "unmade": (i32, [i32, u64, vp, u64]),
         "gpu_published": (i32, [i32, u32, ctypes.POINTER(vp), pu64]),
         "gpu_read": (i32, [i32, u32, ctypes.POINTER(vp), pu64, i32]),
         "epoch_begin": (i32, [i32]), "note_loss": (i32, [i32]), "lost": (i32, [i32, vp, u64, pu64]),
@@ -727,24 +728,49 @@ class _Epoch:
         self.gathering = False    # reading the stream's next epoch for what ours lacks (gather)
         self.skipping = False     # reading past the rest of a stream epoch (skip_to_epoch_start)
         self.given = None         # samples handed to the job this epoch (give); False: not known
+        self.to_give, self.to_give_n = [], 0  # given, not yet in self.given (given_now)
         self.carry_ids = None     # dataset indices of the part of a batch we hold (carry), or None
         self.fresh = False        # consume has read nothing of this epoch yet: an eviction is a fresh start
 
     # -- what this epoch handed to the job --
     def give(self, ids):
         """Note the samples of a batch we hand to the job now (ids: their dataset
-        indices; None, or any not an index: not known, and a fallback runs the
+        indices, a tensor or a list; None, or any not an index: not known, and a fallback runs the
         job's own loader as before). What an epoch was given is what
         unshared_rest leaves out when the layer fails part-way."""
-        torch, n = self.torch, self.st.nindex
         if self.given is False:
             return
-        if ids is None or (len(ids) and (bool((ids < 0).any()) or bool((ids >= n).any()))):
-            self.given = False
+        if ids is None:
+            self.given, self.to_give = False, []
             return
-        if self.given is None:
-            self.given = torch.zeros(n, dtype=torch.bool)
-        self.given[ids] = True
+        # noted in bulk (given_now): a mask update a batch cost a tiny batch's
+        # making again (36 us a batch)
+        self.to_give.append(ids)
+        self.to_give_n += len(ids)
+        if self.to_give_n >= 4096:
+            self.given_now()
+
+    def given_now(self):
+        """What give() noted so far: a mask over the dataset, None (nothing
+        given yet) or False (not known)."""
+        torch, n = self.torch, self.st.nindex
+        if self.to_give and self.given is not False:
+            parts = [x for x in self.to_give if isinstance(x, torch.Tensor)]
+            lists = [x for x in self.to_give if not isinstance(x, torch.Tensor)]
+            try:
+                if lists:  # a producer's batches' indices, as its sampler gave them
+                    parts.append(torch.tensor(list(itertools.chain.from_iterable(lists)), dtype=torch.int64))
+                ids = torch.cat(parts)
+            except (TypeError, ValueError, OverflowError, RuntimeError):  # not dataset positions
+                ids = None
+            if ids is None or len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
+                self.given = False
+            else:
+                if self.given is None:
+                    self.given = torch.zeros(n, dtype=torch.bool)
+                self.given[ids] = True
+        self.to_give, self.to_give_n = [], 0
+        return self.given
 
     def give_carry(self, cut=None):
         """give() for the part of a batch we held (its ids as hold_carry noted
@@ -768,7 +794,7 @@ class _Epoch:
         job's own loader restarts for the epoch's remaining nbatches, as before,
         and may repeat samples of it."""
         torch, st = self.torch, self.st
-        if self.given is False or not nbatches:
+        if self.given_now() is False or not nbatches:
             yield from itertools.islice(st.own_iter(self.loader, self.orig_iter), nbatches)
             return
         given = self.given if self.given is not None else torch.zeros(st.nindex, dtype=torch.bool)
@@ -862,12 +888,30 @@ class _Epoch:
 
     def publish(self, batch, indices, eoe, cpu_ns):
         """The batch's contiguous tensors once published; False: replaced as producer."""
+        schema, leaves, n, idx = self.carried(batch, indices)
+        ret = publish_leaves(self.lib, self.h, self.feed.stall_ms, leaves, n, schema, idx, eoe, self.stream_epoch,
+                             cpu_ns)
+        # EPERM: replaced while we worked. EDEADLK: elected again, but behind our own
+        # place in the ring (a successor published while we were stopped): either way
+        # the stream goes on without this batch and we read it like everyone else.
+        if ret in (-errno.EPERM, -errno.EDEADLK):
+            return False
+        if ret:
+            self.lib.tsshim_feed_set_unshareable(self.h)
+            raise Fallback("cannot publish a batch: %s" % _err(ret))
+        return leaves  # the batch as published (what the job uploads)
+
+    def carried(self, batch, indices):
+        """(schema, contiguous tensors, samples, indices as a tensor) of a batch the
+        stream can carry; NotCarried when it cannot."""
         schema, leaves, n = describe_batch(batch, self.torch)
         if self.schema is None:
             self.schema = schema
         elif schema != self.schema:
             raise NotCarried("batch structure or sample shape changed between batches")
-        idx = self.torch.tensor(indices, dtype=self.torch.int64) if indices is not None else None
+        idx = indices
+        if idx is not None and not isinstance(idx, self.torch.Tensor):
+            idx = self.torch.tensor(indices, dtype=self.torch.int64)
         if idx is not None and idx.numel() != n:
             # The collate function's dim 0 is not the batch's samples (sequence
             # first, two views concatenated, samples filtered out): the stream,
@@ -882,17 +926,7 @@ class _Epoch:
             # samples, and so every tensor's, are along dim 0.
             raise NotCarried("the collate function's batch has %d along its first dimension and another: "
                              "which holds the samples is not known" % n)
-        ret = publish_leaves(self.lib, self.h, self.feed.stall_ms, leaves, n, schema, idx, eoe, self.stream_epoch,
-                             cpu_ns)
-        # EPERM: replaced while we worked. EDEADLK: elected again, but behind our own
-        # place in the ring (a successor published while we were stopped): either way
-        # the stream goes on without this batch and we read it like everyone else.
-        if ret in (-errno.EPERM, -errno.EDEADLK):
-            return False
-        if ret:
-            self.lib.tsshim_feed_set_unshareable(self.h)
-            raise Fallback("cannot publish a batch: %s" % _err(ret))
-        return leaves  # the batch as published (what the job uploads)
+        return schema, leaves, n, idx
 
     def skip_own(self, batch_bytes):
         """Move our reader past the batch we just published (no copy)."""
@@ -996,9 +1030,10 @@ class _Epoch:
         workers = lambda: [w.pid for w in getattr(real, "_workers", []) if w.pid]  # noqa: E731
         k = 0
         publishing = True
+        alone = False  # the last batch was made with nobody else in the feed
         while True:
             t0 = time.process_time_ns()
-            w0 = sum(_proc_cpu_ns(p) for p in workers())
+            w0 = None if alone else sum(_proc_cpu_ns(p) for p in workers())
             try:
                 batch = _user_or_interrupt(next, real)
             except StopIteration:
@@ -1028,19 +1063,42 @@ class _Epoch:
                     publishing = None
                 yield _Raised(u.exc)
                 continue
-            cost = time.process_time_ns() - t0 + max(0, sum(_proc_cpu_ns(p) for p in workers()) - w0)
             indices = rec.notes.popleft() if rec.notes else None
             eoe = nb is not None and k == nb - 1
             k += 1
-            if publishing:
+            # Nobody else in the feed: past the epoch's first few (the ring's
+            # depth, for a job started a moment after this one), the batch is only
+            # noted (what a joiner or a successor must know of the stream's epoch),
+            # not published. A job alone pays for no copy, no description of its
+            # batch, no look at its workers' CPU (before: 10,000 tiny batches took
+            # 2.0-2.4 s against 0.4-0.55 s without the shim).
+            made = 0
+            if publishing and indices:
+                n = len(indices)
                 try:
-                    ok = self.publish(batch, indices, eoe, cost)
+                    ids = (ctypes.c_int64 * n)(*indices)
+                except (TypeError, OverflowError):  # not dataset positions: publish says so
+                    ids = None
+                if ids is not None:
+                    made = self.lib.tsshim_feed_made(self.h, EOE if eoe else 0, n, ids, self.stream_epoch, k - 1)
+            alone = made == 1
+            if publishing and not alone:
+                idx = None if indices is None else self.torch.tensor(indices, dtype=self.torch.int64)
+                cost = time.process_time_ns() - t0
+                if w0 is not None:  # not looked at after a batch made alone: the main process's only
+                    cost += max(0, sum(_proc_cpu_ns(p) for p in workers()) - w0)
+                try:
+                    ok = self.publish(batch, idx, eoe, cost)
                 except Exception as e:  # Fallback, NotCarried, or a fault of the layer
                     # consumers see the flag and finish the epoch on their own; ours goes on
                     # from our own loader, unshared: no sample twice, none lost
                     self.lib.tsshim_feed_set_unshareable(self.h)
                     self.st.disable(_why_off(e), _off_level(e))
                     publishing = ok = None
+                if made == 2 and not ok:
+                    # noted as made, then not published: a successor (or a joiner's
+                    # private loader) makes it, not nobody
+                    self.lib.tsshim_feed_unmade(self.h, len(idx), idx.data_ptr(), self.stream_epoch)
                 if ok:
                     leaves = ok
                     lens = [t.numel() * t.element_size() for t in leaves]
@@ -1066,7 +1124,7 @@ class _Epoch:
                 # len(loader) batches (range(len(dl)), zip, islice) closes us on
                 # this yield and never asks for the StopIteration after it.
                 self.done_clean = True
-            self.give(None if indices is None else self.torch.as_tensor(indices, dtype=self.torch.int64))
+            self.give(indices)
             yield batch
         self.done_clean = True
 
@@ -1177,7 +1235,7 @@ class _Epoch:
         noted = self.lib.tsshim_feed_note_loss(self.h)
         if noted == 1:
             self.loss_noted = True
-            self.loss_why = "published before it joined"
+            self.loss_why = "made before it joined"
         elif noted == 2:
             # the stream is between epochs: what is ahead of us is the next one, whole
             self.lib.tsshim_feed_epoch_begin(self.h)
@@ -1195,12 +1253,12 @@ class _Epoch:
     def in_order(self):
         """Our epoch keeps the loader's index order (SequentialSampler: a job may
         pair its outputs with dataset positions), and we know what it was given."""
-        return self.st.kind == "sequential" and self.given is not False
+        return self.st.kind == "sequential" and self.given_now() is not False
 
     def had_mask(self, carry):
         """The samples this epoch has had, given or held (carry), as a mask over
         the dataset; None when that is not known."""
-        if self.given is False:
+        if self.given_now() is False:
             return None
         had = self.given.clone() if self.given is not None else self.torch.zeros(self.st.nindex, dtype=self.torch.bool)
         if carry:
@@ -1321,12 +1379,23 @@ class _Epoch:
     def take_lost(self):
         """At the end of an epoch that lost its place: the samples published while
         we were away that we never read (an index tensor), or None."""
+        torch = self.torch
         self.loss_noted = False
-        out = self.torch.empty(self.st.nindex, dtype=self.torch.int64)
+        out = torch.empty(self.st.nindex, dtype=torch.int64)
         n = ctypes.c_uint64()
         if self.lib.tsshim_feed_lost(self.h, out.data_ptr(), self.st.nindex, ctypes.byref(n)):
             return None
-        return out[:n.value]
+        lost = out[:n.value]
+        # The C side counts what we read or published; what we made privately
+        # since (a joiner's head, caught up first) is ours too, not lost. Before,
+        # a joiner evicted later made its head twice (416 samples in an epoch).
+        given = self.given_now()
+        if len(lost) and given is not None and given is not False:
+            keep = ~given[lost]
+            if self.carry_ids is not None:
+                keep &= ~torch.isin(lost, self.carry_ids)
+            lost = lost[keep]
+        return lost
 
     def epoch_gone(self, carry):
         """Evicted, and the stream's epoch we were reading ended while we were away:
@@ -1478,6 +1547,14 @@ class _Epoch:
         except (Fallback, NotProducer):
             return
         if not ended:
+            lost = self.take_lost() if self.loss_noted else None
+            if lost is not None and len(lost):
+                # what the stream had made before we joined (or while we were away)
+                # is ours to make too: before, that epoch ended short of it
+                if self.st.kind == "subset":
+                    lost = lost[self.torch.isin(lost, self.st.subset)]
+                rest = self.torch.cat([lost, rest]).sort().values  # disjoint: made, and not
+                npub -= len(lost)
             self.rest_plan = (rest, npub, carry, "nobody published")
 
     def private_rest(self, may_gather=True, log=True):

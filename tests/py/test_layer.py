@@ -5,6 +5,7 @@ plain Python process: what needs no shim and no feed.
 Run by tests/scenarios/layer.sh with /usr/bin/python3 (needs torch):
   python3 tests/py/test_layer.py      (TSSHIM_PYDIR: the layer's directory)
 """
+import ctypes
 import multiprocessing.process
 import multiprocessing.util
 import os
@@ -13,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -115,6 +117,63 @@ class DroppedPrivateLoader(unittest.TestCase):
         self.assertEqual(aborted, 2)
         self.assertIsInstance(raised, RuntimeError)
         self.assertIn("killed by signal", str(raised))
+
+
+class FakeFeedLib:
+    """The C calls an epoch makes to learn what it lacks, answered from lists:
+    the stream's epoch under way with `rest` not made yet, and `lost` noted as
+    made before we joined and never read."""
+
+    def __init__(self, rest, npub, lost):
+        self.rest, self.npub, self.lost = rest, npub, lost
+
+    @staticmethod
+    def _put(ptr, ids):
+        t = torch.tensor(ids, dtype=torch.int64)
+        ctypes.memmove(ptr, t.data_ptr(), 8 * len(ids))
+
+    def tsshim_feed_stream_state(self, h, epoch, ended, rest, nrest, npub, ms):
+        epoch._obj.value, ended._obj.value = 3, 0
+        self._put(rest, self.rest)
+        nrest._obj.value, npub._obj.value = len(self.rest), self.npub
+        return 0
+
+    def tsshim_feed_lost(self, h, out, cap, n):
+        self._put(out, self.lost)
+        n._obj.value = len(self.lost)
+        return 0
+
+
+def fake_epoch(lib, nindex=20):
+    feed = types.SimpleNamespace(lib=lib, h=0, stall_ms=1000, key="fake")
+    st = types.SimpleNamespace(nindex=nindex, kind="random", epoch_samples=nindex, subset=None)
+    return tsshim_feed._Epoch(DataLoader(Squares(), batch_size=4), None, st, feed)
+
+
+class WhatAnEpochLacks(unittest.TestCase):
+    """A joiner that came after the stream's epoch started notes what was made
+    before it joined (published, or made by a producer alone) as lost."""
+
+    def test_a_stream_that_stops_leaves_the_rest_and_the_head_to_make(self):
+        """The producer stopped publishing (its loader raised, a batch it cannot
+        carry): what we make privately is the stream's rest and the head we
+        never read. Before, only the rest: the epoch ended 4 samples short."""
+        ep = fake_epoch(FakeFeedLib(rest=list(range(10, 20)), npub=10, lost=[0, 1, 2, 3]))
+        ep.loss_noted = True
+        ep.plan_rest(None)
+        rest, npub, carry, _ = ep.rest_plan
+        self.assertEqual(rest.tolist(), [0, 1, 2, 3] + list(range(10, 20)))
+        self.assertEqual(npub, 6)
+        self.assertFalse(ep.loss_noted, "the loss is taken once")
+
+    def test_what_was_made_privately_since_is_not_lost(self):
+        """The head made privately (a joiner in index order catches up first) is
+        given already: not lost again when the epoch ends after an eviction.
+        Before, it was made twice (sequential.sh case pl: 528 samples)."""
+        ep = fake_epoch(FakeFeedLib(rest=[], npub=0, lost=list(range(8))))
+        ep.give(torch.tensor([0, 1, 2, 3]))
+        ep.hold_carry(torch.tensor([4]), 1)
+        self.assertEqual(ep.take_lost().tolist(), [5, 6, 7])
 
 
 if __name__ == "__main__":

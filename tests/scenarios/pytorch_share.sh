@@ -373,7 +373,7 @@ print("%.1f" % max(b - a for a, b in zip(t, t[1:])))' "$T_TMP/$c.1.jsonl" 2>/dev
 		SJ_KEPT=1
 		echo "# ($c) the producer paused ${pause} s on its own, past the stall time: the joiner kept its place"
 		check "($c) the slow joiner made its head privately while the producer paused on its own" \
-			grep -q 'finishing the epoch privately ([0-9]* samples published before it joined)' "$T_TMP/$c.2.err"
+			grep -q 'finishing the epoch privately ([0-9]* samples made before it joined)' "$T_TMP/$c.2.err"
 	else
 		check "($c) the slow joiner gathered the rest of its head when the producer waited on it: $(grep -o 'our place, and .*: gathering' "$T_TMP/$c.2.err" | sed 's/^our place, and //; s/: gathering$//')" \
 			grep -q "the producer waits on our place, and .*: gathering them from the stream's next epoch" "$T_TMP/$c.2.err"
