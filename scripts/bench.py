@@ -31,6 +31,10 @@ Configurations (job counts by --jobs):
   gpu3py    socket3's PyTorch jobs uploading each batch to the CUDA test
             device (share_job.py --emu-cuda: by ctypes, as x.cuda() does;
             Debian's torch has no CUDA): host-to-device bytes
+  tiny1     one PyTorch job alone (tests/py/tiny_job.py: 10,000 batches of 4
+            in-memory samples of 16 floats, no workers): what the layer costs
+            a batch where making one costs next to nothing (the brief: a job
+            alone costs within noise; nothing is published)
 
 Pass-through overhead: tsshim-overhead (4 KiB pread and open+read+close of a
 non-dataset file, a non-batch cudaMemcpyAsync on the test device) and
@@ -39,6 +43,7 @@ non-dataset file, a non-batch cudaMemcpyAsync on the test device) and
 Output: a table, build/bench/results.json, build/bench/bench.png (when
 matplotlib is installed) and a last line
   RESULT cpu_ratio_socket3=X throughput_ratio_socket3=Y cpu_ratio_exact3=Z h2d_ratio_socket3=W
+         cpu_ratio_alone_tiny=V (tiny1's CPU after start-up)
 """
 import argparse
 import json
@@ -174,6 +179,23 @@ def run_gpu(args, name, k, shim, rnd=0):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def run_tiny(args, name, shim, rnd=0):
+    tmp = tempfile.mkdtemp(prefix="tsshim-bench.")
+    try:
+        env = dict(os.environ)
+        env.pop("LD_PRELOAD", None)
+        if shim:
+            env.update(LD_PRELOAD=args.lib, TSSHIM_MODE="socket", TSSHIM_SESSION="bench-%d-%s-%d" % (os.getpid(), name, rnd))
+        go = os.path.join(tmp, "go")
+        cmd = [PY, os.path.join(ROOT, "tests", "py", "tiny_job.py"), "--barrier", go + ":1"]
+        cpu, wall, rss, outs = run_jobs([cmd], env, tmp, barrier=go)
+        samples = sum(int(m.group(1)) for o in outs for m in re.finditer(r"^job: .*samples=(\d+)", o, re.M))
+        startup = sum(float(m.group(1)) for o in outs for m in re.finditer(r"^job: .*startup_cpu_s=([\d.]+)", o, re.M))
+        return Run(name, "shim" if shim else "plain", cpu, wall, samples, rss, startup=startup)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def overhead(args, rounds=5, starts=20):
     """Pass-through cost, plain vs shim, interleaved: tsshim-overhead's per-call
     figures (medians of `rounds` runs) and Python start-up (median of `starts`)."""
@@ -221,6 +243,7 @@ def configs(args):
         out.append(("exact3lr", lambda shim, r: run_torch(args, "exact3lr", 3, shim, "exact", same_seed=True, rnd=r,
                                                           sweep=True)))
         out.append(("starved3", lambda shim, r: run_torch(args, "starved3", 3, shim, "socket", pin=True, rnd=r)))
+        out.append(("tiny1", lambda shim, r: run_tiny(args, "tiny1", shim, rnd=r)))
         if os.path.exists(os.path.join(args.build, "emu", "libcudart.so.13")):
             out.append(("gpu3", lambda shim, r: run_gpu(args, "gpu3", 3, shim, rnd=r)))
             out.append(("gpu3py", lambda shim, r: run_torch(args, "gpu3py", 3, shim, "socket", gpu=True, rnd=r)))
@@ -354,8 +377,9 @@ def main():
     def med(name, key):
         r = res.get(name, {}).get("ratio", {}).get(key)
         return "%.3f" % r["median"] if r else "nan"
-    log("RESULT cpu_ratio_socket3=%s throughput_ratio_socket3=%s cpu_ratio_exact3=%s h2d_ratio_socket3=%s" % (
-        med("socket3", "cpu"), med("starved3", "rate"), med("exact3", "cpu"), med("gpu3", "h2d")))
+    log("RESULT cpu_ratio_socket3=%s throughput_ratio_socket3=%s cpu_ratio_exact3=%s h2d_ratio_socket3=%s "
+        "cpu_ratio_alone_tiny=%s" % (med("socket3", "cpu"), med("starved3", "rate"), med("exact3", "cpu"),
+                                     med("gpu3", "h2d"), med("tiny1", "cpu_train")))
 
 
 if __name__ == "__main__":
