@@ -39,11 +39,14 @@ def main():
     ap.add_argument("--drop-last", action="store_true")
     ap.add_argument("--sleep", type=float, default=0.0, help="seconds per batch")
     ap.add_argument("--go", help="wait for this file before the first iter()")
-    ap.add_argument("--mark", help="PATH:K: write our pid to PATH after K batches of epoch 0")
+    ap.add_argument("--mark", action="append", default=[],
+                    help="PATH:K: write our pid to PATH after K batches of epoch 0 (may be repeated)")
+    ap.add_argument("--wait", help="PATH:K: after K batches of epoch 0, wait (up to 60 s) for PATH")
     args = ap.parse_args()
     dl = DataLoader(Numbered(args.n), batch_size=args.batch_size, shuffle=False, num_workers=args.workers,
                     drop_last=args.drop_last)
-    mark, after = (args.mark.rsplit(":", 1) + [None])[:2] if args.mark else (None, None)
+    marks = [(p, int(k)) for p, k in (m.rsplit(":", 1) for m in args.mark)]
+    wait, wait_at = args.wait.rsplit(":", 1) if args.wait else (None, 0)
     if args.go:
         wait_file(args.go)
     out = open(args.out, "w", buffering=1)
@@ -53,10 +56,13 @@ def main():
             paired = paired and x[:, 0].long().tolist() == y.tolist()
             ids += y.tolist()
             batches += 1
-            if mark and ep == 0 and batches == int(after):
-                with open(mark + ".tmp", "w") as f:
-                    f.write("%d\n" % os.getpid())
-                os.rename(mark + ".tmp", mark)
+            for mark, after in marks:
+                if ep == 0 and batches == after:
+                    with open(mark + ".tmp", "w") as f:
+                        f.write("%d\n" % os.getpid())
+                    os.rename(mark + ".tmp", mark)
+            if wait and ep == 0 and batches == int(wait_at):
+                wait_file(wait)
             print(ep, batches, flush=True)  # progress: epoch, batches so far
             time.sleep(args.sleep)
         st = dl.__dict__.get("_tsshim_state")

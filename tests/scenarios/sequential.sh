@@ -98,12 +98,15 @@ check "(j) then read the stream: samples made privately by the end of each epoch
 
 # stopped_consumer CASE WAKE ARGS...: two jobs of 2 epochs (ARGS for both); job 2
 # starts once job 1 (the producer) has trained a batch (the ring holds the epoch's
-# start), is stopped at its 4th batch (evicted: its heartbeat stops) and woken when
+# start; job 1 goes on once job 2 has its first batch: a job 2 slow to start on a
+# loaded machine joined late, past the ring's start, and failed the case's premise),
+# is stopped at its 4th batch (evicted: its heartbeat stops) and woken when
 # job 1's progress has a line WAKE ("EPOCH BATCHES")
 stopped_consumer() {
 	local c=$1 wake=$2 pid; shift 2
-	TSSHIM_TIMEOUT_MS=500 job "$c" 1 --epochs 2 --sleep 0.2 "$@" --mark "$T_TMP/$c.go:1"
-	TSSHIM_TIMEOUT_MS=500 job "$c" 2 --epochs 2 --sleep 0.2 "$@" --go "$T_TMP/$c.go" --mark "$T_TMP/$c.stop:4"
+	TSSHIM_TIMEOUT_MS=500 job "$c" 1 --epochs 2 --sleep 0.2 "$@" --mark "$T_TMP/$c.go:1" --wait "$T_TMP/$c.in:1"
+	TSSHIM_TIMEOUT_MS=500 job "$c" 2 --epochs 2 --sleep 0.2 "$@" --go "$T_TMP/$c.go" --mark "$T_TMP/$c.in:1" \
+		--mark "$T_TMP/$c.stop:4"
 	if wait_for_file "$T_TMP/$c.stop"; then
 		pid=$(cat "$T_TMP/$c.stop")
 		kill -STOP "$pid"
@@ -160,9 +163,12 @@ check "(ed) woken after the stream's epoch ended, with drop_last: epochs in inde
 # and a loop of len(loader) next() calls died of StopIteration (found by a
 # differential run: 19 of 19 runs, in order and shuffled).
 for c in p pl; do
-	at=1; [ $c = pl ] && at=8 # pl: the ring (4) no longer holds the epoch's start
-	TSSHIM_TIMEOUT_MS=500 job $c 1 --epochs 1 --sleep 0.05 --mark "$T_TMP/$c.go:$at"
-	TSSHIM_TIMEOUT_MS=500 job $c 2 --epochs 2 --sleep 0.05 --go "$T_TMP/$c.go" --mark "$T_TMP/$c.stop:$((at + 3))"
+	# pl: the ring (4) no longer holds the epoch's start; p: job 1 goes on once
+	# job 2 has its first batch (it joined at the epoch's start, as for e)
+	at=1 wait=(--wait "$T_TMP/p.in:1"); [ $c = pl ] && at=8 wait=()
+	TSSHIM_TIMEOUT_MS=500 job $c 1 --epochs 1 --sleep 0.05 --mark "$T_TMP/$c.go:$at" "${wait[@]}"
+	TSSHIM_TIMEOUT_MS=500 job $c 2 --epochs 2 --sleep 0.05 --go "$T_TMP/$c.go" --mark "$T_TMP/$c.in:1" \
+		--mark "$T_TMP/$c.stop:$((at + 3))"
 	if wait_for_file "$T_TMP/$c.stop"; then
 		pid=$(cat "$T_TMP/$c.stop")
 		kill -STOP "$pid"
