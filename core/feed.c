@@ -26,7 +26,7 @@
 
 #define FEED_MAGIC    0x31304445454653ULL /* "SFEED01" */
 #define LEDGER_MAGIC  0x3130524744454cULL /* "LEDGR01" */
-#define FEED_VERSION  2u
+#define FEED_VERSION  3u /* 3: the ledger's made word (a build without it misreads a lone producer's stream) */
 #define PAGE          4096ull
 #define NO_EPOCH      UINT64_MAX
 
@@ -55,9 +55,8 @@ struct ts_feed_ledger {
 	uint32_t pad;
 	uint64_t nbits;
 	_Atomic uint64_t epoch;  /* stream epoch of the bits; NO_EPOCH while rewritten */
-	_Atomic uint64_t count;  /* bits set */
 	_Atomic uint64_t made;   /* LEDGER_MADE, LEDGER_ENDED: of this epoch, by ts_feed_made */
-	uint64_t pad2[2];
+	uint64_t pad2[3];
 	_Atomic uint64_t bits[];
 };
 
@@ -228,30 +227,23 @@ static int ledger_at(struct ts_feed *f, uint64_t epoch)
 	/* our nindex, not the file's nbits: checked equal at open, but a peer may rewrite it since */
 	for (uint64_t i = 0; i < (f->nindex + 63) / 64; i++)
 		atomic_store_explicit(&l->bits[i], 0, memory_order_relaxed);
-	atomic_store_explicit(&l->count, 0, memory_order_relaxed);
 	atomic_store_explicit(&l->made, 0, memory_order_relaxed);
 	atomic_store_explicit(&l->epoch, epoch, memory_order_release);
 	return 0;
 }
 
-/* Set (clear) the bits of b's indices; counted as they change. */
+/* Set (clear) the bits of b's indices. */
 static void ledger_bits(struct ts_feed_ledger *l, const struct ts_feed *f, const struct ts_feed_batch *b, bool set)
 {
-	uint64_t changed = 0;
 	for (uint64_t i = 0; i < b->nsamples; i++) {
-		uint64_t x = (uint64_t)b->index[i], bit = 1ull << (x % 64), old;
+		uint64_t x = (uint64_t)b->index[i], bit = 1ull << (x % 64);
 		if (x >= f->nindex)
 			continue;
 		if (set)
-			old = atomic_fetch_or_explicit(&l->bits[x / 64], bit, memory_order_relaxed);
+			atomic_fetch_or_explicit(&l->bits[x / 64], bit, memory_order_relaxed);
 		else
-			old = atomic_fetch_and_explicit(&l->bits[x / 64], ~bit, memory_order_relaxed);
-		changed += !(old & bit) == set;
+			atomic_fetch_and_explicit(&l->bits[x / 64], ~bit, memory_order_relaxed);
 	}
-	if (set)
-		atomic_fetch_add_explicit(&l->count, changed, memory_order_relaxed);
-	else
-		atomic_fetch_sub_explicit(&l->count, changed, memory_order_relaxed);
 }
 
 /* Producer, after publishing: mark the batch's indices in its stream epoch. */
@@ -748,17 +740,45 @@ int ts_feed_publish(struct ts_feed *f, const struct ts_feed_batch *b, uint64_t t
 	return 0;
 }
 
+/*
+ * Anyone else in the feed? Asked at every batch while the stream is shared:
+ * free member slots are told without a look at /proc, and a live member seen
+ * within the last OTHERS_SEEN_NS is taken as still there (a killed one costs
+ * at most that many publishes more).
+ */
+#define OTHERS_SEEN_NS (100ull * 1000000)
+
+static bool others_here(struct ts_feed *f)
+{
+	const struct ts_segment *seg = f->s.seg;
+	unsigned i;
+	for (i = 0; i < TS_MAX_MEMBERS; i++)
+		if ((int)i != f->s.self && atomic_load_explicit(&seg->members[i].pid, memory_order_acquire))
+			break;
+	if (i == TS_MAX_MEMBERS)
+		return false;
+	uint64_t now = ts_now_ns();
+	if (f->others_seen_ns && now - f->others_seen_ns < OTHERS_SEEN_NS)
+		return true;
+	if (!ts_session_others(&f->s))
+		return false; /* only dead members' slots, not reaped yet */
+	f->others_seen_ns = now;
+	return true;
+}
+
 int ts_feed_made(struct ts_feed *f, const struct ts_feed_batch *b)
 {
 	struct ts_feed_ledger *l = f->ledger;
 	if (!b->index || b->nsamples == 0 || b->nsamples > TS_FEED_MAX_SAMPLES || (b->flags & ~TS_BATCH_END_OF_EPOCH))
 		return -EINVAL;
+	if (ts_session_role(&f->s) != TS_ROLE_PRODUCER)
+		return -EPERM;
+	if (!l || others_here(f))
+		return 0;
 	for (uint64_t i = 0; i < b->nsamples; i++)
 		if (b->index[i] < 0 || (uint64_t)b->index[i] >= f->nindex)
 			return -EINVAL;
-	if (ts_session_role(&f->s) != TS_ROLE_PRODUCER)
-		return -EPERM;
-	if (!l || ts_session_others(&f->s) || ledger_at(f, b->stream_epoch))
+	if (ledger_at(f, b->stream_epoch))
 		return 0;
 	ledger_bits(l, f, b, true);
 	atomic_fetch_or_explicit(&l->made, LEDGER_MADE | (b->flags & TS_BATCH_END_OF_EPOCH ? LEDGER_ENDED : 0),
@@ -773,7 +793,7 @@ int ts_feed_made(struct ts_feed *f, const struct ts_feed_batch *b)
 	 * noted it lost too counts it read, not lost.
 	 */
 	atomic_thread_fence(memory_order_seq_cst);
-	return ts_session_others(&f->s) ? 2 : 1;
+	return others_here(f) ? 2 : 1;
 }
 
 void ts_feed_unmade(struct ts_feed *f, const struct ts_feed_batch *b)

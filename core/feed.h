@@ -81,6 +81,7 @@ struct ts_feed {
 	uint32_t gen[TS_MAX_DEPTH];    /* generation of our file per slot (a held file is replaced) */
 	uint64_t w_word;               /* producer word w was set up for; 0: none */
 	uint64_t published;            /* since w_word */
+	uint64_t others_seen_ns;       /* when ts_feed_made last found a live member (others_here) */
 	struct ts_feed_map own[TS_MAX_DEPTH];
 	/* consumer */
 	struct ts_ring_reader r;

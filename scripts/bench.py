@@ -34,7 +34,8 @@ Configurations (job counts by --jobs):
   tiny1     one PyTorch job alone (tests/py/tiny_job.py: 10,000 batches of 4
             in-memory samples of 16 floats, no workers): what the layer costs
             a batch where making one costs next to nothing (the brief: a job
-            alone costs within noise; nothing is published)
+            alone costs within noise; it publishes only an epoch's first
+            TSSHIM_DEPTH batches)
 
 Pass-through overhead: tsshim-overhead (4 KiB pread and open+read+close of a
 non-dataset file, a non-batch cudaMemcpyAsync on the test device) and
