@@ -306,6 +306,21 @@ def fetch_ahead(it):
     yield prev
 
 
+def interrupt_at(k):
+    """The k-th image loaded in this process raises KeyboardInterrupt, inside
+    Pillow (where Ctrl-C lands most often in such a job): the dataset, its
+    loader function and transform (the layer's key) stay what they are."""
+    from PIL import Image
+    convert, loads = Image.Image.convert, [0]
+
+    def converting(self, *args, **kw):
+        loads[0] += 1
+        if loads[0] == k:
+            raise KeyboardInterrupt
+        return convert(self, *args, **kw)
+    Image.Image.convert = converting
+
+
 def layer_role():
     """The shared loader's role in tsshim's PyTorch layer (1 producer, 2 consumer), or None."""
     tf = sys.modules.get("tsshim_feed")
@@ -389,6 +404,12 @@ def main():
     ap.add_argument("--worker-start", type=float, default=0.0, metavar="S",
                     help="each loader worker sleeps S seconds as it starts (before its first batch), as a "
                          "worker that loads a large index or opens remote storage does")
+    ap.add_argument("--interrupt-at", type=int, default=0, metavar="K",
+                    help="the K-th image this process loads raises KeyboardInterrupt, as Ctrl-C there does "
+                         "(with --workers 0: in the job's next()); the job does not catch it")
+    ap.add_argument("--mark", metavar="FILE", help="create FILE once the first training batch is recorded")
+    ap.add_argument("--after", metavar="FILE",
+                    help="after the barrier, before the first epoch, wait (up to 60 s) for FILE")
     ap.add_argument("--start-delay", type=float, default=0.0, metavar="S",
                     help="sleep S seconds after the barrier, before the first epoch")
     ap.add_argument("--upload-device", type=int, default=0, metavar="N",
@@ -436,6 +457,8 @@ def main():
         for p in (a.record + ".workers", a.record + ".workers-cpu", a.record + ".workers-seed"):
             open(p, "w").close()
 
+    if a.interrupt_at:
+        interrupt_at(a.interrupt_at)
     tf = make_transform(a.transform)
     train_ds = datasets.ImageFolder(os.path.join(a.root, "train"), transform=tf)
     val_ds = datasets.ImageFolder(os.path.join(a.root, "val"), transform=tf) if a.val else None
@@ -469,6 +492,9 @@ def main():
         TorchUploads(a.upload_device, a.pin_memory) if a.torch_cuda else None
     if a.barrier:
         wait_barrier(a.barrier)
+    t0 = time.monotonic()
+    while a.after and not os.path.exists(a.after) and time.monotonic() - t0 < 60:
+        time.sleep(0.01)
     if a.start_delay > 0:
         time.sleep(a.start_delay)
     startup_cpu = time.process_time()  # Python, torch, datasets, model: before any loading
@@ -533,6 +559,8 @@ def main():
             if rec.f:  # hashing costs CPU a benchmark must not count
                 rec(loader="train", epoch=epoch, batch=i, n=len(y), h=h or [sample_hash(s) for s in x],
                     y=y.tolist(), loss=round(loss.item(), 6), t=round(time.monotonic(), 4), **up)
+            if a.mark and not os.path.exists(a.mark):
+                open(a.mark, "w").close()
             if a.scribble:
                 x.zero_()
                 y.zero_()

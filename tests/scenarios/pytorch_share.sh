@@ -20,6 +20,8 @@
 #   g      --val: val loaders share among themselves, in ImageFolder order
 #   h      a DataLoader subclass, spawn + persistent workers and a plain job
 #   i      Ctrl-C in a waiting consumer; --break-after in a consumer
+#   vi     Ctrl-C inside the producer's own loader: a consumer takes over, the
+#          others share to the end (the stream does not stop)
 #   j      a fast producer ends while a slow consumer still has its last
 #          batches to read: elected producer, it reads them (no hang)
 #   k      the producer SIGSTOPped until its successor has finished; woken,
@@ -1090,6 +1092,33 @@ check "(vs) job 1 was the producer and left after its first batch ($(cat "$T_TMP
 	cond "grep -q 'left after \\[4\\]' '$T_TMP/vs.1.out'"
 check "(vs) its successor sees what one job sees without the shim ($(grep -h '^epoch' "$T_TMP/vs.2.out" | xargs))" \
 	cond "grep -q 'producing the rest of stream epoch' '$T_TMP/vs.2.err' && cmp -s '$T_TMP/v.ref' '$T_TMP/vs.2.out'"
+
+# --- vi: Ctrl-C inside the producer's own loader -------------------------------------
+# Job 3 produces (jobs 1 and 2 begin once it has recorded a batch) and loads its
+# images in its main process (no workers): its 240th image load raises
+# KeyboardInterrupt inside next(), in epoch 1, as Ctrl-C there does; it does not
+# catch it. The stream goes on without it: a consumer takes over the rest of the
+# epoch, and jobs 1 and 2 share every epoch to the end, every epoch whole. Before,
+# the interrupt stopped the stream: both went off sharing and ran their own loaders
+# for the rest of their training, each in its own order (stress, seed 8448934).
+job vi 3 1 --seed 3 --model c --batch-size 16 --workers 0 --epochs 3 --sleep 0.1 --interrupt-at 240 \
+	--barrier "$T_TMP/vi.go:3" --mark "$T_TMP/vi.first"
+job vi 1 1 --seed 1 --model a --batch-size 32 --workers 2 --epochs 3 --sleep 0.1 \
+	--barrier "$T_TMP/vi.go:3" --after "$T_TMP/vi.first"
+job vi 2 1 --seed 2 --model b --batch-size 48 --workers 2 --epochs 3 --sleep 0.1 \
+	--barrier "$T_TMP/vi.go:3" --after "$T_TMP/vi.first"
+{ wait "${JPID[vi.3]}"; } 2>/dev/null
+rc=$?
+check "(vi) job 3 produced and was interrupted in epoch 1, uncaught (exit $rc)" \
+	cond "[ $rc = 130 ] && grep -q 'the job was interrupted (KeyboardInterrupt) in its loader' '$T_TMP/vi.3.err' &&
+		grep -q '\"epoch\":1,' '$T_TMP/vi.3.jsonl' && ! grep -q '\"role\":2' '$T_TMP/vi.3.jsonl'"
+finished vi 2
+verify vi "an interrupted producer: the others' epochs whole, one stream" $(recs vi 3)
+grep '^note: stream' "$T_TMP/vi.verify" | sed 's/^/# (vi) /'
+shared2=$(grep -h '"epoch":2,"batch"' "$T_TMP/vi.1.jsonl" "$T_TMP/vi.2.jsonl" | grep -c '"role":[12]')
+check "(vi) jobs 1 and 2 shared to the end: no sharing off, a successor, every epoch-2 batch shared ($shared2 of 9)" \
+	cond "! grep -q 'sharing off' '$T_TMP/vi.1.err' '$T_TMP/vi.2.err' &&
+		grep -q 'producing the rest of stream epoch' '$T_TMP/vi.1.err' '$T_TMP/vi.2.err' && [ '$shared2' = 9 ]"
 
 # --- w: a collate function that pads each batch to its longest sample ---------------
 # Sample i is 1 + i // 10 long; the collate function pads a batch to its longest
