@@ -766,6 +766,16 @@ static bool others_here(struct ts_feed *f)
 	return true;
 }
 
+/*
+ * Between a lone producer's note and its second look at the members: the
+ * unit tests define their own, which brings a joiner in at that moment
+ * (test_feed); nothing here.
+ */
+__attribute__((weak, noinline)) void ts_feed_noted(struct ts_feed *f)
+{
+	(void)f;
+}
+
 int ts_feed_made(struct ts_feed *f, const struct ts_feed_batch *b)
 {
 	struct ts_feed_ledger *l = f->ledger;
@@ -788,22 +798,23 @@ int ts_feed_made(struct ts_feed *f, const struct ts_feed_batch *b)
 	 * count_stream); we note the batch, then look at the members. A full
 	 * fence in each between the two, so one of us sees the other: when we
 	 * see nobody, the joiner sees this batch noted and makes it itself (it
-	 * notes it lost). When we see it, it may have looked before our note:
-	 * the batch is published as well (2), and it reads it; a joiner that
-	 * noted it lost too counts it read, not lost.
+	 * notes it lost).
 	 */
 	atomic_thread_fence(memory_order_seq_cst);
-	return others_here(f) ? 2 : 1;
-}
-
-void ts_feed_unmade(struct ts_feed *f, const struct ts_feed_batch *b)
-{
-	struct ts_feed_ledger *l = f->ledger;
-	if (!l || !b->index || b->nsamples > TS_FEED_MAX_SAMPLES)
-		return;
-	uint64_t e = atomic_load_explicit(&l->epoch, memory_order_acquire);
-	if (e == b->stream_epoch)
-		ledger_bits(l, f, b, false);
+	ts_feed_noted(f);
+	if (!others_here(f))
+		return 1;
+	/*
+	 * We see it: it may have looked before our note, so the batch is
+	 * published as well (2), and it reads it; one that noted it lost counts
+	 * it read, not lost. Out of the ledger again at once: should we be
+	 * replaced before that publish (stopped there for a takeover's
+	 * timeout), our successor counts it among the rest of the epoch and
+	 * makes it. Kept in until the publish failed, it was counted as made,
+	 * and nobody made it: a batch short in every reader's epoch.
+	 */
+	ledger_bits(l, f, b, false);
+	return 2;
 }
 
 int ts_feed_evict_laggards(struct ts_feed *f)

@@ -157,14 +157,15 @@ int ts_feed_publish(struct ts_feed *f, const struct ts_feed_batch *b, uint64_t t
  * Producer, instead of a publish: note batch b (its index is required) in the
  * ledger as made, and publish nothing when nobody else is in the feed. 1:
  * noted, nobody here (nothing to publish); 0: someone is, nothing noted
- * (publish it); 2: noted, and someone came meanwhile (publish it, and take
- * it back with ts_feed_unmade if that publish fails). -EPERM: not the
+ * (publish it); 2: someone came meanwhile (publish it; it was noted, and
+ * taken out of the ledger again before the return). -EPERM: not the
  * producer; -EINVAL. The stream's state (ts_feed_stream_state) and a
  * joiner's place (ts_feed_attach) count such batches as published: a joiner
  * notes them lost and makes them itself, a successor makes the rest.
  */
 int ts_feed_made(struct ts_feed *f, const struct ts_feed_batch *b);
-void ts_feed_unmade(struct ts_feed *f, const struct ts_feed_batch *b);
+/* Called by ts_feed_made between its note and its second look (a test seam: a weak no-op). */
+void ts_feed_noted(struct ts_feed *f);
 /* After a publish timed out for long enough: evict the consumers that stopped reading. */
 int ts_feed_evict_laggards(struct ts_feed *f);
 /* The same, for the consumers away from the feed and waiting in another for min_ns (ts_member.away_ns). */

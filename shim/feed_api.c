@@ -418,13 +418,6 @@ TS_EXPORT int tsshim_feed_made(int h, uint32_t flags, uint64_t nsamples, const i
 	return ret;
 }
 
-/* A batch tsshim_feed_made noted (2) whose publish failed: out of the ledger again. */
-TS_EXPORT int tsshim_feed_unmade(int h, uint64_t nsamples, const int64_t *index, uint64_t stream_epoch)
-{
-	struct ts_feed_batch b = { .nsamples = nsamples, .index = index, .stream_epoch = stream_epoch };
-	return FEED_CALL(h, f, (ts_feed_unmade(f, &b), 0));
-}
-
 TS_EXPORT int tsshim_feed_evict_laggards(int h)
 {
 	return FEED_CALL(h, f, ts_feed_evict_laggards(f));

@@ -22,7 +22,6 @@ int tsshim_feed_flags(int h);
 int tsshim_feed_set_unshareable(int h);
 int tsshim_feed_made(int h, uint32_t flags, uint64_t nsamples, const int64_t *index, uint64_t stream_epoch,
 	uint64_t nth);
-int tsshim_feed_unmade(int h, uint64_t nsamples, const int64_t *index, uint64_t stream_epoch);
 int tsshim_feed_publish(int h, uint32_t npos, uint32_t flags, uint64_t nsamples, const uint64_t *len,
 	const void *const *src, const int64_t *index, uint64_t stream_epoch,
 	const char *schema, uint32_t schema_len, uint64_t cpu_ns, uint32_t timeout_ms);

@@ -254,7 +254,7 @@ def _bind():
         "served": (i32, [i32, u64, u64]),
         "gpu": (i32, [i32]),
         "others": (i32, [i32]),
-        "made": (i32, [i32, u32, u64, ctypes.POINTER(ctypes.c_int64), u64, u64]), "unmade": (i32, [i32, u64, ctypes.POINTER(ctypes.c_int64), u64]),
+        "made": (i32, [i32, u32, u64, ctypes.POINTER(ctypes.c_int64), u64, u64]),
         "gpu_published": (i32, [i32, u32, ctypes.POINTER(vp), pu64]),
         "gpu_read": (i32, [i32, u32, ctypes.POINTER(vp), pu64, i32]),
         "epoch_begin": (i32, [i32]), "note_loss": (i32, [i32]), "lost": (i32, [i32, vp, u64, pu64]),
@@ -1104,10 +1104,6 @@ class _Epoch:
                     self.lib.tsshim_feed_set_unshareable(self.h)
                     self.st.disable(_why_off(e), _off_level(e))
                     publishing = ok = None
-                if made == 2 and not ok:
-                    # noted as made, then not published: a successor (or a joiner's
-                    # private loader) makes it, not nobody
-                    self.lib.tsshim_feed_unmade(self.h, len(indices), ids, self.stream_epoch)
                 if ok:
                     leaves = ok
                     lens = [t.numel() * t.element_size() for t in leaves]
