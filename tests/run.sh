@@ -91,7 +91,7 @@ if [ "$TESTS" != unit ] && [ "$TEST_LANES" -ge 2 ]; then
 		for s in tests/scenarios/*.sh; do is_heavy "$s" && claim "$(basename "$s")" && run_scenario "$s"; done
 		mapfile -t rest < <(printf '%s\n' tests/scenarios/*.sh | sort -r)
 		for s in "${rest[@]}"; do
-			[ -f "$s" ] && ! is_heavy "$s" && claim "$(basename "$s")" && run_scenario "$s"
+			[ -f "$s" ] && claim "$(basename "$s")" && run_scenario "$s"
 		done
 	) &
 	lane_pid=$!

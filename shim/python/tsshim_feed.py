@@ -1056,20 +1056,20 @@ class _Epoch:
                 if rec.notes:
                     rec.notes.popleft()  # the failed batch's indices
                 k += 1
-                if publishing and isinstance(u.exc, (KeyboardInterrupt, SystemExit)):
-                    # The job was interrupted (Ctrl-C, an alarm's handler), not failed
-                    # by its data: the stream need not stop. We leave the feed, as a
-                    # producer that exits does, and a consumer takes over the rest of
-                    # the stream's epoch, this batch included (before, the stream
-                    # stopped: every consumer ran its own loader for the rest of its
-                    # training). The job, if it goes on, goes on from its own loader.
-                    self.st.disable("the job was interrupted (%s) in its loader; the stream goes on "
-                                    "without it" % type(u.exc).__name__, level="info")
-                    publishing = None
-                elif publishing:
-                    self.lib.tsshim_feed_set_unshareable(self.h)
-                    self.st.disable("the job's loader raised %s; the stream stops here" % type(u.exc).__name__,
-                                    level="info")
+                if publishing:
+                    exc_name = type(u.exc).__name__
+                    if isinstance(u.exc, (KeyboardInterrupt, SystemExit)):
+                        # The job was interrupted (Ctrl-C, an alarm's handler), not failed
+                        # by its data: the stream need not stop. Leaving the feed (below)
+                        # hands it on as a producer that exits does: a consumer makes the
+                        # rest of the stream's epoch, this batch included (before, the
+                        # stream stopped, and every consumer ran its own loader for the
+                        # rest of its training). The job, if it goes on, runs its own.
+                        why = "the job was interrupted (%s) in its loader; the stream goes on without it" % exc_name
+                    else:
+                        self.lib.tsshim_feed_set_unshareable(self.h)
+                        why = "the job's loader raised %s; the stream stops here" % exc_name
+                    self.st.disable(why, level="info")
                     publishing = None
                 yield _Raised(u.exc)
                 continue

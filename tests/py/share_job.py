@@ -492,8 +492,8 @@ def main():
         TorchUploads(a.upload_device, a.pin_memory) if a.torch_cuda else None
     if a.barrier:
         wait_barrier(a.barrier)
-    t0 = time.monotonic()
-    while a.after and not os.path.exists(a.after) and time.monotonic() - t0 < 60:
+    after_by = time.monotonic() + 60
+    while a.after and not os.path.exists(a.after) and time.monotonic() < after_by:
         time.sleep(0.01)
     if a.start_delay > 0:
         time.sleep(a.start_delay)
